@@ -1,0 +1,410 @@
+package receipts
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/locktable"
+	"github.com/receiptstore/receipts/internal/machine"
+)
+
+// tokenBlock is how many fencing tokens are reserved by one synced write of
+// the token ceiling. A restart skips what was left of the block.
+const tokenBlock = 4096
+
+// waitRecheck bounds how long a waiter sleeps before it re-reads the lease
+// clock. Wake-ups from holders in this process are channel-driven; this only
+// matters for a holder that died (its lease runs out) and for injected clocks.
+const waitRecheck = 250 * time.Millisecond
+
+// DB is a receipts store. It is safe for concurrent use.
+type DB struct {
+	opts      Options
+	pdb       *pebble.DB
+	dirLock   *pebble.Lock
+	locks     *locktable.Table
+	width     int64 // epoch width, ns
+	retention int64 // ns
+	ttl       int64 // ns
+	secret    []byte
+
+	clock    atomic.Int64  // the store's time high-water mark (Unix ns): never goes back
+	minEpoch atomic.Uint64 // no record lives in an older epoch
+	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
+
+	tok struct {
+		sync.Mutex        // protects next and ceil; held across the ceiling's sync (once per tokenBlock)
+		next, ceil uint64 // next token to hand out; first token not yet reserved on disk
+	}
+
+	closeMu  sync.RWMutex  // protects closed
+	closed   bool          //
+	closing  chan struct{} // closed when Close starts: waiters give up
+	inflight sync.WaitGroup
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup // background goroutines (GC loop)
+
+	gcMu   sync.Mutex // one GC at a time
+	lastGC atomic.Pointer[GCStats]
+
+	n counters
+}
+
+type counters struct {
+	claims, replays, takeovers, commits, fails, releases, abandons, conflicts, mismatches atomic.Uint64
+}
+
+// Open opens the store in dir, creating it if needed. Open copies opts; nil
+// means defaults. It fails with ErrInvalidOptions for options that cannot
+// work, ErrUnknownFormat for a store of a newer format, ErrLocked if another
+// process holds dir, and ErrCorrupt if the store's meta data is damaged.
+func Open(dir string, opts *Options) (*DB, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.ensureDefaults()
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	po := o.pebbleOptions()
+	if err := po.FS.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("receipts: create %s: %w", dir, err)
+	}
+	lock, err := pebble.LockDirectory(dir, po.FS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, dir, err)
+	}
+	po.Lock = lock
+	pdb, err := pebble.Open(dir, po)
+	if err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("receipts: open %s: %w", dir, err)
+	}
+	db := &DB{
+		opts:      o,
+		pdb:       pdb,
+		dirLock:   lock,
+		locks:     locktable.New(),
+		retention: int64(o.Retention),
+		ttl:       int64(o.LeaseTTL),
+		closing:   make(chan struct{}),
+	}
+	if err := db.load(); err != nil {
+		_ = pdb.Close()
+		_ = lock.Close()
+		return nil, err
+	}
+	db.lastGC.Store(&GCStats{})
+	ctx, cancel := context.WithCancel(context.Background())
+	db.bgCancel = cancel
+	if interval := db.gcInterval(); interval > 0 {
+		db.bg.Add(1)
+		go db.gcLoop(ctx, interval)
+	}
+	return db, nil
+}
+
+// load reads or creates the meta record and restores the token counter, the
+// GC floor, the oldest epoch and the clock's high-water mark.
+func (db *DB) load() error {
+	now := db.opts.Now().UnixNano()
+	meta, err := db.getMeta()
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		meta = &encoding.Meta{Format: encoding.StoreFormat, EpochWidth: int64(db.opts.EpochWidth), Secret: make([]byte, 32), CreatedAt: now}
+		_, _ = rand.Read(meta.Secret)
+		b, err := encoding.EncodeMeta(meta)
+		if err != nil {
+			return err
+		}
+		if err := db.pdb.Set(keys.Meta, b, pebble.Sync); err != nil {
+			return fmt.Errorf("receipts: write meta: %w", err)
+		}
+	case err != nil:
+		return err
+	case meta.Format != encoding.StoreFormat:
+		return fmt.Errorf("%w: store format %d, this version reads format %d", ErrUnknownFormat, meta.Format, encoding.StoreFormat)
+	}
+	db.width, db.secret = meta.EpochWidth, meta.Secret
+
+	ceil, err := db.getCounter(keys.TokenCeiling)
+	if err != nil {
+		return err
+	}
+	db.tok.next, db.tok.ceil = max(ceil, 1), max(ceil, 1)
+	floor, err := db.getCounter(keys.GCFloor)
+	if err != nil {
+		return err
+	}
+	db.floor.Store(floor)
+
+	// The clock never runs behind what the store has seen: the newest epoch
+	// holding a record, and the time at which GC could drop the floor.
+	hwm := now
+	if floor > 0 {
+		hwm = max(hwm, int64(floor)*db.width+db.retention)
+	}
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	if err != nil {
+		return fmt.Errorf("receipts: open iterator: %w", err)
+	}
+	defer it.Close()
+	minEpoch := uint64(max(hwm, 0) / db.width)
+	if it.First() {
+		e, ok := keys.Epoch(it.Key())
+		if !ok {
+			return fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
+		}
+		minEpoch = min(minEpoch, e)
+	}
+	if it.Last() {
+		e, ok := keys.Epoch(it.Key())
+		if !ok {
+			return fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
+		}
+		hwm = max(hwm, int64(e)*db.width)
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("receipts: scan epochs: %w", err)
+	}
+	db.minEpoch.Store(max(minEpoch, floor))
+	db.clock.Store(hwm)
+	return nil
+}
+
+func (db *DB) getMeta() (*encoding.Meta, error) {
+	v, closer, err := db.pdb.Get(keys.Meta)
+	if err != nil {
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("receipts: read meta: %w", err)
+	}
+	defer closer.Close()
+	m, err := encoding.DecodeMeta(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: meta: %w", ErrCorrupt, err)
+	}
+	return m, nil
+}
+
+func (db *DB) getCounter(key []byte) (uint64, error) {
+	v, closer, err := db.pdb.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("receipts: read %q: %w", key, err)
+	}
+	defer closer.Close()
+	n, err := encoding.DecodeUint64(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q: %w", ErrCorrupt, key, err)
+	}
+	return n, nil
+}
+
+// Close waits for in-flight calls to finish (their commits land or fail
+// cleanly), stops background work and closes the engine. Callers waiting for
+// another holder's receipt get ErrClosed. Afterwards every method returns
+// ErrClosed. A second Close returns nil.
+func (db *DB) Close() error {
+	db.closeMu.Lock()
+	if db.closed {
+		db.closeMu.Unlock()
+		return nil
+	}
+	db.closed = true
+	close(db.closing)
+	db.closeMu.Unlock()
+
+	db.inflight.Wait()
+	db.bgCancel()
+	db.bg.Wait()
+	err := db.pdb.Close()
+	if lerr := db.dirLock.Close(); err == nil {
+		err = lerr
+	}
+	if err != nil {
+		return fmt.Errorf("receipts: close: %w", err)
+	}
+	return nil
+}
+
+// enter registers an in-flight call; exit ends it.
+func (db *DB) enter() error {
+	db.closeMu.RLock()
+	defer db.closeMu.RUnlock()
+	if db.closed {
+		return ErrClosed
+	}
+	db.inflight.Add(1)
+	return nil
+}
+
+func (db *DB) exit() { db.inflight.Done() }
+
+// Pebble returns the engine the store runs on, for the application's own
+// data. The store's keys all start with the reserved prefix "\x00rcpt"; keep
+// the application's keys out of it. Do not close it: Close does.
+func (db *DB) Pebble() *pebble.DB { return db.pdb }
+
+// Checkpoint writes a consistent copy of the store (and of the application's
+// data in the same engine) to dir, which must not exist. Open the copy to
+// inspect a running service's receipts offline.
+func (db *DB) Checkpoint(dir string) error {
+	if err := db.enter(); err != nil {
+		return err
+	}
+	defer db.exit()
+	if err := db.pdb.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return fmt.Errorf("receipts: checkpoint to %s: %w", dir, err)
+	}
+	return nil
+}
+
+// now returns the store's time: Options.Now, but never earlier than any time
+// the store has already used.
+func (db *DB) now() int64 {
+	t := db.opts.Now().UnixNano()
+	for {
+		hw := db.clock.Load()
+		if t <= hw {
+			return hw
+		}
+		if db.clock.CompareAndSwap(hw, t) {
+			return t
+		}
+	}
+}
+
+// epochOf is the epoch a write at t lands in: never below the GC floor.
+func (db *DB) epochOf(t int64) uint64 {
+	return max(uint64(max(t, 0)/db.width), db.floor.Load())
+}
+
+// newToken hands out the next fencing token, reserving a new block on disk
+// (synced) when the current one is used up. Tokens are unique store-wide and
+// never reused, across restarts and GC.
+func (db *DB) newToken() (uint64, error) {
+	db.tok.Lock()
+	defer db.tok.Unlock()
+	if db.tok.next >= db.tok.ceil {
+		ceil := db.tok.next + tokenBlock
+		if err := db.pdb.Set(keys.TokenCeiling, encoding.EncodeUint64(ceil), pebble.Sync); err != nil {
+			return 0, fmt.Errorf("receipts: reserve tokens: %w", err)
+		}
+		db.tok.ceil = ceil
+	}
+	t := db.tok.next
+	db.tok.next++
+	return t, nil
+}
+
+// read returns the visible record of k at now and the key it is stored
+// under. If the newest record is past retention, rec is nil and stored is its
+// key (to delete with the next write). Read errors are returned as errors,
+// never as "absent"; undecodable bytes as ErrCorrupt.
+//
+// REQUIRES: k's lock held, for anything that writes based on the result.
+func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
+	lo := max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width))
+	hi := db.epochOf(now)
+	key := keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), hi, k.Scope, k.ID)
+	for e := hi; ; e-- {
+		keys.SetEpoch(key, e)
+		v, closer, err := db.pdb.Get(key)
+		if err == nil {
+			rec = new(encoding.Record)
+			derr := encoding.DecodeRecordInto(rec, v)
+			_ = closer.Close()
+			if derr != nil {
+				return nil, nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, k, derr)
+			}
+			if !machine.Visible(rec, now, db.retention) {
+				return nil, key, nil
+			}
+			return rec, key, nil
+		}
+		if !errors.Is(err, pebble.ErrNotFound) {
+			return nil, nil, fmt.Errorf("receipts: read %s: %w", k, err)
+		}
+		if e <= lo {
+			return nil, nil, nil
+		}
+	}
+}
+
+// put adds the write of next (last written at now) to b, moving the record
+// to the current epoch: the stored key, if any other, is deleted.
+func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, now int64) error {
+	key := keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), db.epochOf(now), k.Scope, k.ID)
+	if stored != nil && string(stored) != string(key) {
+		if err := b.Delete(stored, nil); err != nil {
+			return err
+		}
+	}
+	return b.Set(key, encoding.EncodeRecord(next), nil)
+}
+
+// commit writes b, synced unless noSync.
+func commitBatch(b *pebble.Batch, noSync bool) error {
+	wo := pebble.Sync
+	if noSync {
+		wo = pebble.NoSync
+	}
+	return b.Commit(wo)
+}
+
+func (db *DB) beforeReplay(ctx context.Context, r *Receipt) error {
+	if db.opts.BeforeReplay == nil {
+		return nil
+	}
+	return db.opts.BeforeReplay(ctx, r)
+}
+
+func (db *DB) receipt(k Key, rec *encoding.Record) *Receipt {
+	return newReceipt(k, rec, db.opts.Retention)
+}
+
+// Lookup returns the visible record of k in any state (a Pending claim
+// included), after Options.BeforeReplay. It returns ErrNotFound if there is
+// none.
+func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, err
+	}
+	defer db.exit()
+	if err := k.validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	e, err := db.locks.Lock(ctx, keys.LockKey(k.Scope, k.ID))
+	if err != nil {
+		return nil, err
+	}
+	rec, _, err := db.read(k, db.now())
+	e.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
+	}
+	r := db.receipt(k, rec)
+	if err := db.beforeReplay(ctx, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}

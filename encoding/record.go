@@ -1,0 +1,219 @@
+// Package encoding holds the on-disk form of receipts records and the
+// canonical fingerprint of an intent.
+//
+// A record is versioned and checksummed:
+//
+//	version (1 byte) | state (1 byte) | msgpack array body | CRC-32C (4 bytes, big-endian)
+//
+// The body of version 1 is a msgpack array of exactly seven elements:
+// fingerprint (bin), result (bin or nil), attempts (uint), token (uint),
+// created, updated and lease-expiry times (int, Unix nanoseconds).
+//
+// Decode never panics and never allocates by a length that the bytes declare
+// before checking it against the bytes that are there: every malformed input
+// returns an error wrapping ErrCorrupt.
+package encoding
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// RecordVersion is the record format this package writes.
+const RecordVersion = 1
+
+// State is a record's state as stored (same values as receipts.State).
+type State uint8
+
+// Record states.
+const (
+	StatePending State = iota + 1
+	StateSucceeded
+	StateFailed
+)
+
+// Valid reports whether s is one of the stored states.
+func (s State) Valid() bool { return s >= StatePending && s <= StateFailed }
+
+// ErrCorrupt is wrapped by every decoding error.
+var ErrCorrupt = errors.New("encoding: corrupt record")
+
+// Record is one receipt or claim as stored. Times are Unix nanoseconds.
+type Record struct {
+	State          State
+	Fingerprint    []byte
+	Result         []byte
+	Attempts       uint32
+	Token          uint64
+	CreatedAt      int64
+	UpdatedAt      int64
+	LeaseExpiresAt int64
+}
+
+const (
+	headerLen   = 2
+	trailerLen  = 4
+	bodyFields  = 7
+	minEncoding = headerLen + 1 + trailerLen // at least an array header
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// AppendRecord appends the encoding of r to dst and returns the result.
+func AppendRecord(dst []byte, r *Record) []byte {
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	enc := msgpack.GetEncoder()
+	enc.Reset(buf)
+	enc.UseCompactInts(true)
+	// Writing to a bytes.Buffer cannot fail.
+	_ = enc.EncodeArrayLen(bodyFields)
+	_ = enc.EncodeBytes(r.Fingerprint)
+	_ = enc.EncodeBytes(r.Result)
+	_ = enc.EncodeUint(uint64(r.Attempts))
+	_ = enc.EncodeUint(r.Token)
+	_ = enc.EncodeInt(r.CreatedAt)
+	_ = enc.EncodeInt(r.UpdatedAt)
+	_ = enc.EncodeInt(r.LeaseExpiresAt)
+	msgpack.PutEncoder(enc)
+
+	start := len(dst)
+	dst = append(dst, RecordVersion, byte(r.State))
+	dst = append(dst, buf.Bytes()...)
+	bufPool.Put(buf)
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// EncodeRecord returns the encoding of r.
+func EncodeRecord(r *Record) []byte {
+	return AppendRecord(make([]byte, 0, 64+len(r.Fingerprint)+len(r.Result)), r)
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+// PeekState returns the state of an encoded record after checking only its
+// length, version and state byte (not the checksum). Use DecodeRecord for
+// anything that is exposed to a caller.
+func PeekState(b []byte) (State, error) {
+	if len(b) < minEncoding {
+		return 0, corrupt("record of %d bytes is too short", len(b))
+	}
+	if b[0] != RecordVersion {
+		return 0, corrupt("unknown record version %d", b[0])
+	}
+	s := State(b[1])
+	if !s.Valid() {
+		return 0, corrupt("unknown state %d", b[1])
+	}
+	return s, nil
+}
+
+// DecodeRecord decodes b into a new Record. The result does not alias b.
+func DecodeRecord(b []byte) (*Record, error) {
+	r := new(Record)
+	if err := DecodeRecordInto(r, b); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// DecodeRecordInto decodes b into r. On error r is left in an unspecified
+// state. The result does not alias b.
+func DecodeRecordInto(r *Record, b []byte) (err error) {
+	state, err := PeekState(b)
+	if err != nil {
+		return err
+	}
+	n := len(b) - trailerLen
+	if got, want := crc32.Checksum(b[:n], castagnoli), binary.BigEndian.Uint32(b[n:]); got != want {
+		return corrupt("checksum mismatch (%08x, want %08x)", got, want)
+	}
+	body := b[headerLen:n]
+	rd := bytes.NewReader(body)
+	dec := msgpack.GetDecoder()
+	dec.Reset(rd)
+	defer msgpack.PutDecoder(dec)
+	// The decoder is only ever asked for scalar values and lengths, which
+	// cannot panic; guard anyway, since a panic here would take the service
+	// down on a corrupt disk.
+	defer func() {
+		if p := recover(); p != nil {
+			err = corrupt("decoder panic: %v", p)
+		}
+	}()
+
+	fields, err := dec.DecodeArrayLen()
+	if err != nil {
+		return corrupt("body: %v", err)
+	}
+	if fields != bodyFields {
+		return corrupt("body has %d fields, want %d", fields, bodyFields)
+	}
+	r.State = state
+	if r.Fingerprint, err = readBin(dec, rd); err != nil {
+		return corrupt("fingerprint: %v", err)
+	}
+	if r.Result, err = readBin(dec, rd); err != nil {
+		return corrupt("result: %v", err)
+	}
+	attempts, err := dec.DecodeUint64()
+	if err != nil {
+		return corrupt("attempts: %v", err)
+	}
+	if attempts > 1<<32-1 {
+		return corrupt("attempts %d out of range", attempts)
+	}
+	r.Attempts = uint32(attempts)
+	if r.Token, err = dec.DecodeUint64(); err != nil {
+		return corrupt("token: %v", err)
+	}
+	if r.CreatedAt, err = dec.DecodeInt64(); err != nil {
+		return corrupt("created: %v", err)
+	}
+	if r.UpdatedAt, err = dec.DecodeInt64(); err != nil {
+		return corrupt("updated: %v", err)
+	}
+	if r.LeaseExpiresAt, err = dec.DecodeInt64(); err != nil {
+		return corrupt("lease expiry: %v", err)
+	}
+	if rd.Len() != 0 {
+		return corrupt("%d trailing bytes", rd.Len())
+	}
+	if len(r.Fingerprint) == 0 {
+		return corrupt("empty fingerprint")
+	}
+	return nil
+}
+
+// readBin reads a msgpack bin (or nil) value, checking the declared length
+// against the bytes left before allocating.
+func readBin(dec *msgpack.Decoder, rd *bytes.Reader) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, nil
+	}
+	if n > rd.Len() {
+		return nil, fmt.Errorf("declared length %d exceeds the %d bytes left", n, rd.Len())
+	}
+	if n == 0 {
+		return []byte{}, nil
+	}
+	out := make([]byte, n)
+	if err := dec.ReadFull(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,162 @@
+package receipts
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Test for them with errors.Is; the engine wraps them with
+// context (the key, the operation) using %w.
+var (
+	// ErrNotFound is returned by Lookup when no visible record exists for the
+	// key: it was never claimed, it was released, or its retention ran out.
+	ErrNotFound = errors.New("receipts: not found")
+
+	// ErrIntentMismatch is returned when a key is used again with a different
+	// fingerprint ("same key, different intent"), whatever the record's state.
+	ErrIntentMismatch = errors.New("receipts: same key, different intent")
+
+	// ErrInProgress is returned when another caller holds a live lease on the
+	// key. It always arrives wrapped in an *InProgressError that says when to
+	// retry.
+	ErrInProgress = errors.New("receipts: operation in progress")
+
+	// ErrLeaseLost is returned by Renew, Commit, Fail, CommitWith and Release
+	// when the lease's fencing token is stale: another caller took the key
+	// over, or the record is gone (released, or past retention). Nothing was
+	// written.
+	ErrLeaseLost = errors.New("receipts: lease lost")
+
+	// ErrInvalidArgument is the parent of every bad-input error
+	// (ErrInvalidKey, ErrInvalidFingerprint, ErrResultTooLarge,
+	// ErrInvalidOptions). Bad input never changes the store.
+	ErrInvalidArgument = errors.New("receipts: invalid argument")
+
+	// ErrInvalidKey is returned for an empty or over-long (MaxKeyPartLen)
+	// Scope or ID. An invalid fingerprint also matches it, since the
+	// fingerprint is part of what a key's request is identified by.
+	ErrInvalidKey = &sentinel{msg: "receipts: invalid key", parents: []error{ErrInvalidArgument}}
+
+	// ErrInvalidFingerprint is returned for a nil, empty or over-long
+	// (MaxFingerprintLen) fingerprint. It matches ErrInvalidKey and
+	// ErrInvalidArgument too.
+	ErrInvalidFingerprint = &sentinel{msg: "receipts: invalid fingerprint", parents: []error{ErrInvalidKey}}
+
+	// ErrResultTooLarge is returned when a result exceeds MaxResultSize.
+	ErrResultTooLarge = &sentinel{msg: "receipts: result too large", parents: []error{ErrInvalidArgument}}
+
+	// ErrInvalidOptions is returned by Open for options that cannot work
+	// (negative durations, LeaseTTL >= Retention, ...).
+	ErrInvalidOptions = &sentinel{msg: "receipts: invalid options", parents: []error{ErrInvalidArgument}}
+
+	// ErrClosed is returned by every method called after Close.
+	ErrClosed = errors.New("receipts: closed")
+
+	// ErrCorrupt marks bytes read from disk that do not decode: a record or
+	// the store's meta data. A corrupt record is never read as absent.
+	ErrCorrupt = errors.New("receipts: corrupt record")
+
+	// ErrFailed is wrapped by the error Do returns together with a Failed
+	// receipt, the first time and on every replay.
+	ErrFailed = errors.New("receipts: operation failed")
+
+	// ErrUnknownFormat is returned by Open for a store written in a format
+	// this version does not know (a newer one).
+	ErrUnknownFormat = errors.New("receipts: unknown store format")
+
+	// ErrLocked is returned by Open when another process (or another DB in
+	// this process) holds the directory. Inspect a running service through
+	// its AdminHandler, or open a Checkpoint of it.
+	ErrLocked = errors.New("receipts: store is locked by another process (use the service's admin endpoint, or open a checkpoint)")
+)
+
+// sentinel is an error value that also matches its parents under errors.Is.
+type sentinel struct {
+	msg     string
+	parents []error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+
+func (e *sentinel) Is(target error) bool {
+	for _, p := range e.parents {
+		if errors.Is(p, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// InProgressError reports that another caller holds a live lease on Key. It
+// wraps ErrInProgress (and, when the caller's context ended while waiting,
+// the context's error).
+type InProgressError struct {
+	Key Key
+	// RetryAfter is how long until the holder's lease runs out, by the
+	// store's clock: a caller retrying after it either finds the receipt or
+	// takes the key over.
+	RetryAfter time.Duration
+	cause      error
+}
+
+func (e *InProgressError) Error() string {
+	msg := fmt.Sprintf("receipts: operation in progress for %s (retry after %s)", e.Key, e.RetryAfter)
+	if e.cause != nil {
+		msg += ": " + e.cause.Error()
+	}
+	return msg
+}
+
+// Unwrap returns ErrInProgress and, if waiting was cut short, the context's
+// error.
+func (e *InProgressError) Unwrap() []error {
+	if e.cause != nil {
+		return []error{ErrInProgress, e.cause}
+	}
+	return []error{ErrInProgress}
+}
+
+// outcomeError carries fn's error from Do, marked NotPerformed or Permanent.
+type outcomeError struct {
+	kind outcomeKind
+	err  error
+}
+
+type outcomeKind uint8
+
+const (
+	kindNotPerformed outcomeKind = iota + 1
+	kindPermanent
+)
+
+func (e *outcomeError) Error() string {
+	if e.err == nil {
+		if e.kind == kindPermanent {
+			return "permanent failure"
+		}
+		return "not performed"
+	}
+	return e.err.Error()
+}
+
+func (e *outcomeError) Unwrap() error { return e.err }
+
+// NotPerformed marks an error returned by Do's fn as "nothing happened": Do
+// releases the claim, so the key is free for a later attempt, and returns an
+// error wrapping err.
+func NotPerformed(err error) error { return &outcomeError{kind: kindNotPerformed, err: err} }
+
+// Permanent marks an error returned by Do's fn as a definitive failure: Do
+// stores a Failed receipt (its result is the bytes fn returned, or err's text
+// if fn returned none), replayed like a success, and returns it with an error
+// wrapping both ErrFailed and err.
+func Permanent(err error) error { return &outcomeError{kind: kindPermanent, err: err} }
+
+func outcomeOf(err error) (outcomeKind, bool) {
+	var oe *outcomeError
+	if errors.As(err, &oe) {
+		return oe.kind, true
+	}
+	return 0, false
+}

@@ -1,0 +1,111 @@
+// Package keys is the receipts store's key layout in Pebble.
+//
+// Every key the store writes starts with Prefix, a byte string that begins
+// with 0x00 so that it sorts before ordinary text keys:
+//
+//	Prefix "m"                                      meta record
+//	Prefix "t"                                      token ceiling
+//	Prefix "g"                                      GC floor (first epoch not yet dropped)
+//	Prefix "r" | epoch (uint64 BE) | len(scope) (1 byte) | scope | id
+//	                                                a record
+//
+// The scope is length-prefixed, so ("ab","c") and ("a","bc") never collide,
+// and the id runs to the end of the key. The epoch is the record's last-write
+// time divided by the store's epoch width; it comes first so that a whole
+// epoch is one contiguous range for GC's range deletion.
+package keys
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+// Prefix is the reserved prefix of all the store's keys.
+const Prefix = "\x00rcpt"
+
+const recordsPrefix = Prefix + "r"
+
+// Fixed keys.
+var (
+	Meta         = []byte(Prefix + "m")
+	TokenCeiling = []byte(Prefix + "t")
+	GCFloor      = []byte(Prefix + "g")
+	// StoreStart and StoreEnd bound every key of the store.
+	StoreStart = []byte(Prefix)
+	StoreEnd   = []byte("\x00rcpu")
+	// RecordsStart and RecordsEnd bound every record key.
+	RecordsStart = []byte(recordsPrefix)
+	RecordsEnd   = []byte(Prefix + "s")
+)
+
+// MaxPartLen is the longest scope or id, in bytes.
+const MaxPartLen = 255
+
+// epochOffset is where the epoch starts in a record key.
+const epochOffset = len(recordsPrefix)
+
+// recordHeaderLen is the fixed part of a record key.
+const recordHeaderLen = epochOffset + 8 + 1
+
+// AppendRecord appends the key of (epoch, scope, id) to dst.
+func AppendRecord(dst []byte, epoch uint64, scope, id string) []byte {
+	dst = append(dst, recordsPrefix...)
+	dst = binary.BigEndian.AppendUint64(dst, epoch)
+	dst = append(dst, byte(len(scope)))
+	dst = append(dst, scope...)
+	return append(dst, id...)
+}
+
+// RecordLen is the length of the key of (scope, id).
+func RecordLen(scope, id string) int { return recordHeaderLen + len(scope) + len(id) }
+
+// SetEpoch overwrites the epoch of a record key in place.
+func SetEpoch(key []byte, epoch uint64) {
+	binary.BigEndian.PutUint64(key[epochOffset:], epoch)
+}
+
+// EpochStart is the first key of an epoch.
+func EpochStart(epoch uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte(recordsPrefix), epoch)
+}
+
+// ScopeStart is the first key of a scope within an epoch; ScopeEnd bounds it.
+func ScopeStart(epoch uint64, scope string) []byte {
+	b := EpochStart(epoch)
+	b = append(b, byte(len(scope)))
+	return append(b, scope...)
+}
+
+// ErrMalformed is returned for a key that is not a record key.
+var ErrMalformed = errors.New("keys: malformed record key")
+
+// ParseRecord splits a record key. The strings are copies.
+func ParseRecord(key []byte) (epoch uint64, scope, id string, err error) {
+	if len(key) < recordHeaderLen || string(key[:epochOffset]) != recordsPrefix {
+		return 0, "", "", ErrMalformed
+	}
+	epoch = binary.BigEndian.Uint64(key[epochOffset:])
+	n := int(key[epochOffset+8])
+	rest := key[recordHeaderLen:]
+	if n == 0 || n > len(rest) || len(rest)-n == 0 || len(rest)-n > MaxPartLen {
+		return 0, "", "", ErrMalformed
+	}
+	return epoch, string(rest[:n]), string(rest[n:]), nil
+}
+
+// Epoch returns the epoch of a record key without parsing the rest.
+func Epoch(key []byte) (uint64, bool) {
+	if len(key) < epochOffset+8 || string(key[:epochOffset]) != recordsPrefix {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(key[epochOffset:]), true
+}
+
+// LockKey is the identity of (scope, id) without the epoch, for the lock
+// table: length-prefixed like the record key.
+func LockKey(scope, id string) string {
+	b := make([]byte, 0, 1+len(scope)+len(id))
+	b = append(b, byte(len(scope)))
+	b = append(b, scope...)
+	return string(append(b, id...))
+}

@@ -1,0 +1,127 @@
+// Package locktable serializes read-check-write of one key inside a process.
+//
+// The table is sharded by a hash of the key; each shard's mutex guards only
+// its map and reference counts and is never held while waiting or doing I/O.
+// Every key gets its own entry, so different keys never wait on each other.
+// The per-key lock is a one-slot channel, so acquiring it honours a context,
+// and it may be held across I/O (a sync) by design.
+package locktable
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+)
+
+const shards = 64
+
+// Table is a set of per-key locks. The zero value is not usable; use New.
+type Table struct {
+	seed   maphash.Seed
+	shards [shards]shard
+}
+
+type shard struct {
+	mu sync.Mutex // protects m and every entry's refs
+	m  map[string]*Entry
+}
+
+// Entry is one key's lock and its change notification.
+type Entry struct {
+	key  string
+	sh   *shard
+	refs int           // protected by sh.mu
+	sem  chan struct{} // one slot: the key lock
+	// changed is closed and replaced on every change that waiters care
+	// about. REQUIRES: the key lock held to read or replace it.
+	changed chan struct{}
+}
+
+// New returns an empty table.
+func New() *Table {
+	t := &Table{seed: maphash.MakeSeed()}
+	for i := range t.shards {
+		t.shards[i].m = make(map[string]*Entry)
+	}
+	return t
+}
+
+func (t *Table) ref(key string) *Entry {
+	sh := &t.shards[maphash.String(t.seed, key)%shards]
+	sh.mu.Lock()
+	e, ok := sh.m[key]
+	if !ok {
+		e = &Entry{key: key, sh: sh, sem: make(chan struct{}, 1), changed: make(chan struct{})}
+		sh.m[key] = e
+	}
+	e.refs++
+	sh.mu.Unlock()
+	return e
+}
+
+func (e *Entry) unref() {
+	e.sh.mu.Lock()
+	e.refs--
+	if e.refs == 0 {
+		delete(e.sh.m, e.key)
+	}
+	e.sh.mu.Unlock()
+}
+
+// Lock acquires key's lock, or returns ctx's error.
+func (t *Table) Lock(ctx context.Context, key string) (*Entry, error) {
+	e := t.ref(key)
+	select {
+	case e.sem <- struct{}{}:
+		return e, nil
+	default:
+	}
+	select {
+	case e.sem <- struct{}{}:
+		return e, nil
+	case <-ctx.Done():
+		e.unref()
+		return nil, ctx.Err()
+	}
+}
+
+// Unlock releases the key lock.
+func (e *Entry) Unlock() {
+	<-e.sem
+	e.unref()
+}
+
+// Notify wakes every watcher of the key. REQUIRES: the key lock held.
+func (e *Entry) Notify() {
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+// Watch returns a channel closed at the key's next Notify, and keeps the
+// entry alive until Done. REQUIRES: the key lock held.
+func (e *Entry) Watch() Watch {
+	e.sh.mu.Lock()
+	e.refs++
+	e.sh.mu.Unlock()
+	return Watch{C: e.changed, e: e}
+}
+
+// Watch is a pending wake-up; call Done when no longer waiting.
+type Watch struct {
+	C <-chan struct{}
+	e *Entry
+}
+
+// Done releases the watch.
+func (w Watch) Done() { w.e.unref() }
+
+// Len is the number of live entries (for tests).
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.shards {
+		t.shards[i].mu.Lock()
+		n += len(t.shards[i].m)
+		t.shards[i].mu.Unlock()
+	}
+	return n
+}

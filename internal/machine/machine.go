@@ -1,0 +1,138 @@
+// Package machine is the receipts state machine, free of I/O: given the
+// stored record (or none), a request and the time, it returns the record to
+// store and the outcome. A storage backend reads the record under its key
+// lock, calls one of these functions, and writes what it returns.
+//
+// Times are Unix nanoseconds by the store's clock.
+package machine
+
+import (
+	"bytes"
+
+	"github.com/receiptstore/receipts/encoding"
+)
+
+// Outcome is the result of a claim.
+type Outcome uint8
+
+// Claim outcomes.
+const (
+	// Claimed: the caller holds a new lease; write Next.
+	Claimed Outcome = iota + 1
+	// Replay: a finished receipt exists; return it, write nothing.
+	Replay
+	// Mismatch: the key exists with another fingerprint.
+	Mismatch
+	// InProgress: another holder's lease is live.
+	InProgress
+)
+
+// Visible reports whether r is still within retention at now: a record is
+// visible until its last write plus retention, and never after.
+func Visible(r *encoding.Record, now, retention int64) bool {
+	return r != nil && now < r.UpdatedAt+retention
+}
+
+// LeaseLive reports whether r's lease is live at now.
+func LeaseLive(r *encoding.Record, now int64) bool {
+	return r.State == encoding.StatePending && now < r.LeaseExpiresAt
+}
+
+// ClaimResult is what Claim decided.
+type ClaimResult struct {
+	Outcome Outcome
+	// Next is the record to write when Outcome is Claimed.
+	Next *encoding.Record
+	// Recovered: the claim takes over an abandoned one whose outcome is
+	// unknown.
+	Recovered bool
+	// RetryAfter: for InProgress, nanoseconds until the holder's lease ends.
+	RetryAfter int64
+}
+
+// Claim decides a claim of a key whose visible record is cur (nil if none)
+// with fingerprint fp. token is called only when a new lease is granted and
+// must return a fresh, store-wide unique token larger than any before it.
+func Claim(cur *encoding.Record, fp []byte, now, ttl int64, token func() (uint64, error)) (ClaimResult, error) {
+	if cur == nil {
+		t, err := token()
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		return ClaimResult{Outcome: Claimed, Next: &encoding.Record{
+			State:          encoding.StatePending,
+			Fingerprint:    bytes.Clone(fp),
+			Attempts:       1,
+			Token:          t,
+			CreatedAt:      now,
+			UpdatedAt:      now,
+			LeaseExpiresAt: now + ttl,
+		}}, nil
+	}
+	if !bytes.Equal(cur.Fingerprint, fp) {
+		return ClaimResult{Outcome: Mismatch}, nil
+	}
+	switch {
+	case cur.State != encoding.StatePending:
+		return ClaimResult{Outcome: Replay}, nil
+	case LeaseLive(cur, now):
+		return ClaimResult{Outcome: InProgress, RetryAfter: cur.LeaseExpiresAt - now}, nil
+	}
+	t, err := token()
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	next := *cur
+	next.Token = t
+	next.Attempts++
+	next.UpdatedAt = now
+	next.LeaseExpiresAt = now + ttl
+	return ClaimResult{Outcome: Claimed, Next: &next, Recovered: true}, nil
+}
+
+// holds reports whether a lease with token still holds cur.
+func holds(cur *encoding.Record, token uint64) bool {
+	return cur != nil && cur.State == encoding.StatePending && cur.Token == token
+}
+
+// Renew extends the lease of token to now+ttl. ok is false if the lease is
+// lost. Fencing is by token, not time: a holder whose lease ran out but whom
+// nobody took over may renew.
+func Renew(cur *encoding.Record, token uint64, now, ttl int64) (next *encoding.Record, ok bool) {
+	if !holds(cur, token) {
+		return nil, false
+	}
+	n := *cur
+	n.UpdatedAt = now
+	n.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+ttl)
+	return &n, true
+}
+
+// Finish records the outcome (Succeeded or Failed) and result of token's
+// attempt.
+func Finish(cur *encoding.Record, token uint64, state encoding.State, result []byte, now int64) (next *encoding.Record, ok bool) {
+	if !holds(cur, token) {
+		return nil, false
+	}
+	n := *cur
+	n.State = state
+	n.Result = result
+	n.UpdatedAt = now
+	n.LeaseExpiresAt = 0
+	return &n, true
+}
+
+// Release checks that token holds cur; the caller then deletes the record.
+func Release(cur *encoding.Record, token uint64) (ok bool) { return holds(cur, token) }
+
+// Abandon ends token's lease at once, keeping the claim: the outcome is
+// unknown, and the next claim takes over with Recovered set.
+func Abandon(cur *encoding.Record, token uint64, now int64) (next *encoding.Record, ok bool) {
+	if !holds(cur, token) {
+		return nil, false
+	}
+	n := *cur
+	n.UpdatedAt = now
+	n.LeaseExpiresAt = now
+	return &n, true
+}

@@ -1,0 +1,348 @@
+package receipts
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/machine"
+)
+
+// ClaimOption changes how Claim behaves.
+type ClaimOption func(*claimConfig)
+
+type claimConfig struct {
+	wait   bool // wait for a live holder instead of ErrInProgress
+	noSync bool // DoBatch: the claim guards only an effect in the same batch as the receipt
+}
+
+// WaitForResult makes Claim block, bounded by its context, while another
+// caller holds a live lease on the key: until the holder commits (Claim then
+// returns the receipt), releases or lets its lease run out (Claim then
+// returns a lease). Holders in this process wake waiters through a channel;
+// a holder from before a restart is waited out until its lease expires.
+func WaitForResult() ClaimOption { return func(c *claimConfig) { c.wait = true } }
+
+// Lease is the right to execute one operation, held by one caller. It is
+// fenced by a token: once another caller takes the key over, every method
+// returns ErrLeaseLost and writes nothing.
+type Lease struct {
+	db        *DB
+	key       Key
+	lockKey   string
+	token     uint64
+	attempt   uint32
+	recovered bool
+}
+
+// Key returns the operation's key.
+func (l *Lease) Key() Key { return l.key }
+
+// Token returns the lease's fencing token: unique store-wide, larger than
+// every token handed out before it.
+func (l *Lease) Token() uint64 { return l.token }
+
+// Attempt returns 1 for the first claim of a key, plus one per takeover.
+func (l *Lease) Attempt() uint32 { return l.attempt }
+
+// Recovered reports that this lease took over an abandoned claim whose
+// outcome is unknown (its holder crashed, failed in an unknown way, or let
+// its lease run out). Reconcile first: ask the external provider, using
+// ProviderKey, whether the effect happened.
+func (l *Lease) Recovered() bool { return l.recovered }
+
+// ProviderKey returns the idempotency key to forward to external providers
+// for this operation. It is the same for every attempt of the key (and
+// across restarts), reveals neither scope nor ID (an HMAC-SHA256 of both,
+// keyed by a random secret created with the store), and is "rk_" followed by
+// 43 characters of [A-Za-z0-9_-].
+func (l *Lease) ProviderKey() string { return l.db.providerKey(l.lockKey) }
+
+func (db *DB) providerKey(lockKey string) string {
+	mac := hmac.New(sha256.New, db.secret)
+	mac.Write([]byte(lockKey))
+	return "rk_" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// Claim claims k for the caller with the intent's fingerprint. Exactly one
+// of lease and receipt is non-nil when err is nil:
+//   - a lease: the caller must run the effect, then Commit, Fail or Release
+//     (the claim is synced before Claim returns, so an external effect may
+//     start at once);
+//   - a receipt: the operation already finished (Succeeded or Failed); its
+//     stored result is returned after Options.BeforeReplay, and nothing runs.
+//
+// Errors: ErrIntentMismatch if k was used with another fingerprint;
+// *InProgressError (ErrInProgress) while another caller holds a live lease,
+// unless WaitForResult is given; ErrInvalidKey, ErrInvalidFingerprint,
+// ErrCorrupt, ErrClosed, or the context's error.
+func (db *DB) Claim(ctx context.Context, k Key, fingerprint []byte, opts ...ClaimOption) (*Lease, *Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, nil, err
+	}
+	defer db.exit()
+	var cfg claimConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return db.claim(ctx, k, fingerprint, cfg)
+}
+
+func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Lease, *Receipt, error) {
+	if err := k.validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := validateFingerprint(fp); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	lk := keys.LockKey(k.Scope, k.ID)
+	for {
+		e, err := db.locks.Lock(ctx, lk)
+		if err != nil {
+			return nil, nil, err
+		}
+		now := db.now()
+		cur, stored, err := db.read(k, now)
+		if err != nil {
+			e.Unlock()
+			return nil, nil, err
+		}
+		res, err := machine.Claim(cur, fp, now, db.ttl, db.newToken)
+		if err != nil {
+			e.Unlock()
+			return nil, nil, err
+		}
+		switch res.Outcome {
+		case machine.Claimed:
+			b := db.pdb.NewBatch()
+			err := db.put(b, k, stored, res.Next, now)
+			if err == nil {
+				err = commitBatch(b, cfg.noSync)
+			}
+			_ = b.Close()
+			e.Unlock()
+			if err != nil {
+				return nil, nil, fmt.Errorf("receipts: claim %s: %w", k, err)
+			}
+			db.n.claims.Add(1)
+			if res.Recovered {
+				db.n.takeovers.Add(1)
+			}
+			return &Lease{db: db, key: k, lockKey: lk, token: res.Next.Token, attempt: res.Next.Attempts, recovered: res.Recovered}, nil, nil
+
+		case machine.Replay:
+			e.Unlock()
+			db.n.replays.Add(1)
+			r := db.receipt(k, cur)
+			if err := db.beforeReplay(ctx, r); err != nil {
+				return nil, nil, err
+			}
+			return nil, r, nil
+
+		case machine.Mismatch:
+			e.Unlock()
+			db.n.mismatches.Add(1)
+			return nil, nil, fmt.Errorf("%w: %s", ErrIntentMismatch, k)
+		}
+
+		// InProgress.
+		db.n.conflicts.Add(1)
+		retry := time.Duration(res.RetryAfter)
+		if !cfg.wait {
+			e.Unlock()
+			return nil, nil, &InProgressError{Key: k, RetryAfter: retry}
+		}
+		w := e.Watch()
+		e.Unlock()
+		t := time.NewTimer(min(retry, waitRecheck))
+		select {
+		case <-w.C:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			w.Done()
+			return nil, nil, &InProgressError{Key: k, RetryAfter: retry, cause: ctx.Err()}
+		case <-db.closing:
+			t.Stop()
+			w.Done()
+			return nil, nil, ErrClosed
+		}
+		t.Stop()
+		w.Done()
+	}
+}
+
+// update runs fn on l's current record under the key lock and writes what
+// it returns (nil: delete the record). The batch is synced unless noSync.
+// ok=false from fn means the lease is lost: nothing is written.
+func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool,
+	fn func(cur *encoding.Record, now int64, b *pebble.Batch) (next *encoding.Record, ok bool, err error),
+) (*encoding.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	db := l.db
+	e, err := db.locks.Lock(ctx, l.lockKey)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Unlock()
+	now := db.now()
+	cur, stored, err := db.read(l.key, now)
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		b = db.pdb.NewBatch()
+		defer b.Close()
+	}
+	next, ok, err := fn(cur, now, b)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, l.key, l.token)
+	}
+	if next == nil {
+		err = b.Delete(stored, nil)
+	} else {
+		err = db.put(b, l.key, stored, next, now)
+	}
+	if err == nil {
+		err = commitBatch(b, noSync)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receipts: write %s: %w", l.key, err)
+	}
+	if notify {
+		e.Notify()
+	}
+	return next, nil
+}
+
+// Renew extends the lease to now + LeaseTTL. Do renews in the background;
+// callers of Claim renew themselves when the effect takes longer than the
+// lease. Renewals are not synced: a crash ends the lease anyway.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.db.enter(); err != nil {
+		return err
+	}
+	defer l.db.exit()
+	return l.renew(ctx)
+}
+
+func (l *Lease) renew(ctx context.Context) error {
+	_, err := l.update(ctx, nil, true, false, func(cur *encoding.Record, now int64, _ *pebble.Batch) (*encoding.Record, bool, error) {
+		next, ok := machine.Renew(cur, l.token, now, l.db.ttl)
+		return next, ok, nil
+	})
+	return err
+}
+
+// Commit records the operation as Succeeded with result, synced before it
+// returns. Every later Claim, Do or Lookup of the key gets this receipt.
+func (l *Lease) Commit(ctx context.Context, result []byte) (*Receipt, error) {
+	return l.finishPublic(ctx, Succeeded, result, nil)
+}
+
+// Fail records a definitive failure with result (for example the provider's
+// error), replayed to later callers like a success. Use Release instead if
+// nothing happened and the operation may be tried again.
+func (l *Lease) Fail(ctx context.Context, result []byte) (*Receipt, error) {
+	return l.finishPublic(ctx, Failed, result, nil)
+}
+
+// CommitWith commits the receipt together with an effect in this engine:
+// effect writes into b (the application's own keys in db.Pebble()), and b
+// commits with the receipt in one synced batch. If the lease is lost, effect
+// is not called and nothing is written (ErrLeaseLost); if effect returns an
+// error, nothing is written, the lease is still held, and that error is
+// returned (wrapped).
+func (l *Lease) CommitWith(ctx context.Context, result []byte, effect func(b *pebble.Batch) error) (*Receipt, error) {
+	return l.finishPublic(ctx, Succeeded, result, effect)
+}
+
+func (l *Lease) finishPublic(ctx context.Context, state State, result []byte, effect func(*pebble.Batch) error) (*Receipt, error) {
+	if err := l.db.enter(); err != nil {
+		return nil, err
+	}
+	defer l.db.exit()
+	return l.finish(ctx, state, result, nil, effect)
+}
+
+// finish records state and result; b, if not nil, already holds the
+// effect (DoBatch) and is written with the receipt.
+func (l *Lease) finish(ctx context.Context, state State, result []byte, b *pebble.Batch, effect func(*pebble.Batch) error) (*Receipt, error) {
+	if err := validateResult(result); err != nil {
+		return nil, err
+	}
+	result = bytes.Clone(result)
+	if result == nil {
+		result = []byte{}
+	}
+	next, err := l.update(ctx, b, false, true, func(cur *encoding.Record, now int64, b *pebble.Batch) (*encoding.Record, bool, error) {
+		next, ok := machine.Finish(cur, l.token, encoding.State(state), result, now)
+		if !ok {
+			return nil, false, nil // the effect is not applied
+		}
+		if effect != nil {
+			if err := effect(b); err != nil {
+				return nil, false, fmt.Errorf("receipts: effect of %s: %w", l.key, err)
+			}
+		}
+		return next, true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if state == Succeeded {
+		l.db.n.commits.Add(1)
+	} else {
+		l.db.n.fails.Add(1)
+	}
+	return l.db.receipt(l.key, next), nil
+}
+
+// Release gives the key up: no effect happened, the record is deleted, and
+// the next Claim starts afresh (Attempt 1, not Recovered). Callers waiting
+// for the key wake up and one of them takes it.
+func (l *Lease) Release(ctx context.Context) error {
+	if err := l.db.enter(); err != nil {
+		return err
+	}
+	defer l.db.exit()
+	return l.release(ctx)
+}
+
+func (l *Lease) release(ctx context.Context) error {
+	_, err := l.update(ctx, nil, false, true, func(cur *encoding.Record, _ int64, _ *pebble.Batch) (*encoding.Record, bool, error) {
+		return nil, machine.Release(cur, l.token), nil
+	})
+	if err == nil {
+		l.db.n.releases.Add(1)
+	}
+	return err
+}
+
+// abandon ends the lease at once, leaving the outcome unknown: the next
+// claim takes over with Recovered set.
+func (l *Lease) abandon(ctx context.Context) error {
+	_, err := l.update(ctx, nil, false, true, func(cur *encoding.Record, now int64, _ *pebble.Batch) (*encoding.Record, bool, error) {
+		next, ok := machine.Abandon(cur, l.token, now)
+		return next, ok, nil
+	})
+	if err == nil {
+		l.db.n.abandons.Add(1)
+	}
+	return err
+}

@@ -1,0 +1,145 @@
+package receipts
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+)
+
+// Defaults.
+const (
+	DefaultRetention = 24 * time.Hour
+	DefaultLeaseTTL  = 30 * time.Second
+)
+
+// Limits on input. Anything larger is rejected with an error wrapping
+// ErrInvalidArgument, and nothing is written.
+const (
+	MaxKeyPartLen     = 255     // bytes in Key.Scope and in Key.ID (each non-empty)
+	MaxFingerprintLen = 1024    // bytes in a fingerprint (non-empty)
+	MaxResultSize     = 1 << 20 // bytes in a result
+)
+
+// Options configure a DB. A nil *Options means all defaults. Open copies the
+// options; it never changes the caller's struct.
+type Options struct {
+	// Retention is how long a receipt, or an abandoned claim, stays visible
+	// after its last write. Default 24h.
+	Retention time.Duration
+	// LeaseTTL is how long a claim's lease lasts without renewal. Default
+	// 30s; must be less than Retention.
+	LeaseTTL time.Duration
+	// GCInterval is how often background GC runs. Zero means the default
+	// (the epoch width, at most one hour); negative disables background GC
+	// (call DB.GC yourself).
+	GCInterval time.Duration
+	// EpochWidth is the width of the time partitions records are kept in.
+	// It is used only when the store is created (default Retention/4) and
+	// persisted; later opens use the stored width.
+	EpochWidth time.Duration
+	// CompactOnGC makes GC ask Pebble to compact the dropped range at once,
+	// returning the disk space immediately rather than when Pebble's
+	// delete-only compactions get to it.
+	CompactOnGC bool
+	// Now is the clock. Default time.Now. Tests inject a fake one. The store
+	// never lets its time go backwards: a clock that jumps back is treated
+	// as standing still until it catches up.
+	Now func() time.Time
+	// Pebble tunes the engine (cache, FS, ...). It is cloned, never changed.
+	// Its FS lets tests use vfs.NewMem, vfs.NewCrashableMem or errorfs.
+	// Levels without a filter policy get 10-bit Bloom filters.
+	Pebble *pebble.Options
+	// Logger receives the store's own diagnostics (background GC). Default
+	// slog.Default().
+	Logger *slog.Logger
+	// BeforeReplay, if set, runs before a stored result is exposed to a
+	// caller (Claim and Do replays, Lookup). Re-check the caller's current
+	// authorization there: if it returns an error, that error is returned
+	// and nothing is exposed.
+	BeforeReplay func(ctx context.Context, r *Receipt) error
+}
+
+// ensureDefaults fills zero fields. REQUIRES: o is the DB's own copy.
+func (o *Options) ensureDefaults() {
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultLeaseTTL
+	}
+	if o.EpochWidth == 0 {
+		o.EpochWidth = max(o.Retention/4, time.Nanosecond)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.Retention < 0:
+		return fmt.Errorf("%w: negative Retention %s", ErrInvalidOptions, o.Retention)
+	case o.LeaseTTL < 0:
+		return fmt.Errorf("%w: negative LeaseTTL %s", ErrInvalidOptions, o.LeaseTTL)
+	case o.EpochWidth < 0:
+		return fmt.Errorf("%w: negative EpochWidth %s", ErrInvalidOptions, o.EpochWidth)
+	case o.LeaseTTL >= o.Retention:
+		return fmt.Errorf("%w: LeaseTTL %s must be less than Retention %s", ErrInvalidOptions, o.LeaseTTL, o.Retention)
+	}
+	return nil
+}
+
+// pebbleOptions returns the engine options: a clone of the caller's, with
+// Bloom filters on every level that has none.
+func (o *Options) pebbleOptions() *pebble.Options {
+	var po *pebble.Options
+	if o.Pebble != nil {
+		po = o.Pebble.Clone()
+	} else {
+		po = &pebble.Options{}
+	}
+	if po.Filters != nil { // Clone is shallow: never add to the caller's map
+		filters := make(map[string]pebble.FilterPolicy, len(po.Filters)+1)
+		for k, v := range po.Filters {
+			filters[k] = v
+		}
+		po.Filters = filters
+	}
+	for i := range po.Levels {
+		if po.Levels[i].FilterPolicy == nil {
+			po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+		}
+	}
+	if po.Logger == nil && po.LoggerAndTracer == nil {
+		po.Logger = pebbleLogger{o.Logger}
+	}
+	po.EnsureDefaults()
+	return po
+}
+
+// pebbleLogger sends Pebble's messages to the store's slog.Logger. Fatalf
+// keeps Pebble's fail-stop behaviour: Pebble calls it when it can no longer
+// guarantee durability (a failed WAL sync), and the process exits; a restart
+// recovers from the WAL. Set Options.Pebble.Logger to change that.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error("pebble: fatal: " + fmt.Sprintf(format, args...))
+	os.Exit(1)
+}

@@ -1,0 +1,155 @@
+package receipts
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"iter"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/machine"
+)
+
+// Filter selects the records Scan returns. The zero Filter selects every
+// visible record.
+type Filter struct {
+	Scope     string // "" = every scope
+	State     State  // 0 = any state
+	Abandoned bool   // only Pending records whose lease has run out: outcomes to reconcile
+	Limit     int    // 0 = no limit
+}
+
+func (f *Filter) validate() error {
+	if len(f.Scope) > MaxKeyPartLen {
+		return fmt.Errorf("%w: filter scope of %d bytes", ErrInvalidKey, len(f.Scope))
+	}
+	if f.State > Failed {
+		return fmt.Errorf("%w: filter state %d", ErrInvalidArgument, f.State)
+	}
+	if f.Limit < 0 {
+		return fmt.Errorf("%w: negative limit", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Scan returns the visible records that match f, in storage order (by epoch
+// of last write, then scope, then ID), from a consistent snapshot. It is an
+// operator's tool: Options.BeforeReplay is not called. A record that does not
+// decode is reported as an error wrapping ErrCorrupt, and the scan goes on if
+// the caller continues.
+func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
+	return func(yield func(*Receipt, error) bool) {
+		if err := db.enter(); err != nil {
+			yield(nil, err)
+			return
+		}
+		defer db.exit()
+		if err := f.validate(); err != nil {
+			yield(nil, err)
+			return
+		}
+		now := db.now()
+		n := 0
+		for r, err := range db.records(ctx, now, f.Scope) {
+			if err != nil {
+				if !yield(nil, err) {
+					return
+				}
+				continue
+			}
+			if f.State != 0 && r.State != f.State {
+				continue
+			}
+			if f.Abandoned && !r.Abandoned(unixTime(now)) {
+				continue
+			}
+			if !yield(r, nil) {
+				return
+			}
+			if n++; f.Limit > 0 && n >= f.Limit {
+				return
+			}
+		}
+	}
+}
+
+// rawRecords iterates every record key in the live epochs (scope-restricted
+// if scope is not empty), with its epoch and undecoded value.
+func (db *DB) rawRecords(ctx context.Context, lo uint64, scope string, fn func(epoch uint64, key, value []byte) bool) error {
+	it, err := db.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.EpochStart(lo), UpperBound: keys.RecordsEnd})
+	if err != nil {
+		return fmt.Errorf("receipts: scan: %w", err)
+	}
+	defer it.Close()
+	var valid bool
+	if scope == "" {
+		valid = it.First()
+	} else {
+		valid = it.SeekGE(keys.ScopeStart(lo, scope))
+	}
+	for i := 0; valid; i++ {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		e, ok := keys.Epoch(it.Key())
+		if !ok {
+			return fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
+		}
+		if scope != "" {
+			prefix := keys.ScopeStart(e, scope)
+			if !bytes.HasPrefix(it.Key(), prefix) {
+				if bytes.Compare(it.Key(), prefix) < 0 {
+					valid = it.SeekGE(prefix)
+				} else {
+					valid = it.SeekGE(keys.ScopeStart(e+1, scope))
+				}
+				continue
+			}
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return fmt.Errorf("receipts: scan: %w", err)
+		}
+		if !fn(e, it.Key(), v) {
+			return nil
+		}
+		valid = it.Next()
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("receipts: scan: %w", err)
+	}
+	return nil
+}
+
+// records yields the decoded visible records of the live epochs.
+func (db *DB) records(ctx context.Context, now int64, scope string) iter.Seq2[*Receipt, error] {
+	return func(yield func(*Receipt, error) bool) {
+		lo := max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width))
+		stopped := false
+		err := db.rawRecords(ctx, lo, scope, func(_ uint64, key, value []byte) bool {
+			_, s, id, kerr := keys.ParseRecord(key)
+			if kerr != nil {
+				stopped = !yield(nil, fmt.Errorf("%w: record key %q: %w", ErrCorrupt, key, kerr))
+				return !stopped
+			}
+			k := Key{Scope: s, ID: id}
+			rec, derr := encoding.DecodeRecord(value)
+			if derr != nil {
+				stopped = !yield(nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, k, derr))
+				return !stopped
+			}
+			if !machine.Visible(rec, now, db.retention) {
+				return true
+			}
+			stopped = !yield(db.receipt(k, rec), nil)
+			return !stopped
+		})
+		if err != nil && !stopped {
+			yield(nil, err)
+		}
+	}
+}

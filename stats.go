@@ -1,0 +1,89 @@
+package receipts
+
+import (
+	"context"
+	"time"
+
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/machine"
+)
+
+// Stats describes the store. Record counts come from a scan of the live
+// epochs (about a second per million records); the counters count calls
+// since Open.
+type Stats struct {
+	Retention, LeaseTTL, EpochWidth time.Duration
+	// LiveEpochs is the number of epochs that hold records (GC has not
+	// dropped them yet).
+	LiveEpochs int
+	// Visible records by state; Abandoned is the part of Pending whose lease
+	// has run out (outcomes to reconcile).
+	Pending, Abandoned, Succeeded, Failed int64
+	// Expired counts records past retention that GC has not dropped yet.
+	Expired int64
+	// Corrupt counts records that do not decode.
+	Corrupt int64
+	// DiskBytes is the engine's disk usage (the application's data in the
+	// same engine included).
+	DiskBytes uint64
+	// LastGC is the last garbage collection (zero if none since Open).
+	LastGC GCStats
+
+	// Counters since Open.
+	Claims, Replays, Takeovers, Commits, Fails, Releases, Abandons, Conflicts, Mismatches uint64
+}
+
+// Stats returns the store's figures. After Close it returns only the
+// configuration.
+func (db *DB) Stats() Stats {
+	s := Stats{
+		Retention:  db.opts.Retention,
+		LeaseTTL:   db.opts.LeaseTTL,
+		EpochWidth: time.Duration(db.width),
+		Claims:     db.n.claims.Load(),
+		Replays:    db.n.replays.Load(),
+		Takeovers:  db.n.takeovers.Load(),
+		Commits:    db.n.commits.Load(),
+		Fails:      db.n.fails.Load(),
+		Releases:   db.n.releases.Load(),
+		Abandons:   db.n.abandons.Load(),
+		Conflicts:  db.n.conflicts.Load(),
+		Mismatches: db.n.mismatches.Load(),
+	}
+	if err := db.enter(); err != nil {
+		return s
+	}
+	defer db.exit()
+	s.LastGC = *db.lastGC.Load()
+	s.DiskBytes = db.pdb.Metrics().DiskSpaceUsage()
+	now := db.now()
+	var rec encoding.Record
+	last, seen := uint64(0), false
+	_ = db.rawRecords(context.Background(), db.minEpoch.Load(), "", func(e uint64, _, value []byte) bool {
+		if !seen || e != last {
+			s.LiveEpochs++
+			last, seen = e, true
+		}
+		if err := encoding.DecodeRecordInto(&rec, value); err != nil {
+			s.Corrupt++
+			return true
+		}
+		if !machine.Visible(&rec, now, db.retention) {
+			s.Expired++
+			return true
+		}
+		switch State(rec.State) {
+		case Pending:
+			s.Pending++
+			if !machine.LeaseLive(&rec, now) {
+				s.Abandoned++
+			}
+		case Succeeded:
+			s.Succeeded++
+		case Failed:
+			s.Failed++
+		}
+		return true
+	})
+	return s
+}
