@@ -14,6 +14,7 @@ import (
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/locktable"
 	"github.com/receiptstore/receipts/internal/machine"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // tokenBlock is how many fencing tokens are reserved by one synced write of
@@ -359,7 +360,7 @@ func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, 
 // commit writes b, synced unless noSync.
 func commitBatch(b *pebble.Batch, noSync bool) error {
 	wo := pebble.Sync
-	if noSync {
+	if noSync || mutate.Name == mutate.NoSync {
 		wo = pebble.NoSync
 	}
 	return b.Commit(wo)

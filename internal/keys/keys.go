@@ -18,6 +18,8 @@ package keys
 import (
 	"encoding/binary"
 	"errors"
+
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // Prefix is the reserved prefix of all the store's keys.
@@ -51,7 +53,11 @@ const recordHeaderLen = epochOffset + 8 + 1
 func AppendRecord(dst []byte, epoch uint64, scope, id string) []byte {
 	dst = append(dst, recordsPrefix...)
 	dst = binary.BigEndian.AppendUint64(dst, epoch)
-	dst = append(dst, byte(len(scope)))
+	if mutate.Name == mutate.NaiveKey {
+		dst = append(dst, 0) // broken on purpose: ("ab","c") == ("a","bc")
+	} else {
+		dst = append(dst, byte(len(scope)))
+	}
 	dst = append(dst, scope...)
 	return append(dst, id...)
 }
@@ -105,7 +111,9 @@ func Epoch(key []byte) (uint64, bool) {
 // table: length-prefixed like the record key.
 func LockKey(scope, id string) string {
 	b := make([]byte, 0, 1+len(scope)+len(id))
-	b = append(b, byte(len(scope)))
+	if mutate.Name != mutate.NaiveKey {
+		b = append(b, byte(len(scope)))
+	}
 	b = append(b, scope...)
 	return string(append(b, id...))
 }

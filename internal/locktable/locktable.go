@@ -11,6 +11,8 @@ import (
 	"context"
 	"hash/maphash"
 	"sync"
+
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 const shards = 64
@@ -33,7 +35,7 @@ type Entry struct {
 	refs int           // protected by sh.mu
 	sem  chan struct{} // one slot: the key lock
 	// changed is closed and replaced on every change that waiters care
-	// about. REQUIRES: the key lock held to read or replace it.
+	// about. Protected by sh.mu.
 	changed chan struct{}
 }
 
@@ -71,6 +73,9 @@ func (e *Entry) unref() {
 // Lock acquires key's lock, or returns ctx's error.
 func (t *Table) Lock(ctx context.Context, key string) (*Entry, error) {
 	e := t.ref(key)
+	if mutate.Name == mutate.NoLock {
+		return e, nil
+	}
 	select {
 	case e.sem <- struct{}{}:
 		return e, nil
@@ -87,14 +92,18 @@ func (t *Table) Lock(ctx context.Context, key string) (*Entry, error) {
 
 // Unlock releases the key lock.
 func (e *Entry) Unlock() {
-	<-e.sem
+	if mutate.Name != mutate.NoLock {
+		<-e.sem
+	}
 	e.unref()
 }
 
 // Notify wakes every watcher of the key. REQUIRES: the key lock held.
 func (e *Entry) Notify() {
+	e.sh.mu.Lock()
 	close(e.changed)
 	e.changed = make(chan struct{})
+	e.sh.mu.Unlock()
 }
 
 // Watch returns a channel closed at the key's next Notify, and keeps the
@@ -102,8 +111,9 @@ func (e *Entry) Notify() {
 func (e *Entry) Watch() Watch {
 	e.sh.mu.Lock()
 	e.refs++
+	w := Watch{C: e.changed, e: e}
 	e.sh.mu.Unlock()
-	return Watch{C: e.changed, e: e}
+	return w
 }
 
 // Watch is a pending wake-up; call Done when no longer waiting.

@@ -10,6 +10,7 @@ import (
 	"bytes"
 
 	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // Outcome is the result of a claim.
@@ -92,7 +93,7 @@ func Claim(cur *encoding.Record, fp []byte, now, ttl int64, token func() (uint64
 
 // holds reports whether a lease with token still holds cur.
 func holds(cur *encoding.Record, token uint64) bool {
-	return cur != nil && cur.State == encoding.StatePending && cur.Token == token
+	return cur != nil && cur.State == encoding.StatePending && (cur.Token == token || mutate.Name == mutate.NoFence)
 }
 
 // Renew extends the lease of token to now+ttl. ok is false if the lease is
