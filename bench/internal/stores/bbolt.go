@@ -43,7 +43,7 @@ func (s *Bolt) Name() string { return "bbolt" }
 func (s *Bolt) Close() error { return s.db.Close() }
 
 func (s *Bolt) Do(_ context.Context, k workload.Key, fp, result []byte) (bool, error) {
-	key := recordKey(k)
+	key := recordKey(k, 0)
 	var found bool
 	var tok uint64
 	now := time.Now()
@@ -65,7 +65,7 @@ func (s *Bolt) Do(_ context.Context, k workload.Key, fp, result []byte) (bool, e
 }
 
 func (s *Bolt) Replay(_ context.Context, k workload.Key, fp []byte) error {
-	key := recordKey(k)
+	key := recordKey(k, 0)
 	return s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(boltBucket).Get(key)
 		if v == nil {

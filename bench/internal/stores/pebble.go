@@ -2,6 +2,7 @@ package stores
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,19 @@ type Floor struct {
 	Effect bool
 	// NoSyncClaim leaves the claim unsynced (the floor of DoBatch).
 	NoSyncClaim bool
+	// epoch is the time partition new records go to, as in the engine's layout.
+	epoch atomic.Uint32
+}
+
+// SetEpoch makes later writes go to epoch e.
+func (f *Floor) SetEpoch(e uint32) { f.epoch.Store(e) }
+
+// DropEpoch deletes every record of epoch e with one synced range deletion: the floor of
+// the engine's GC.
+func (f *Floor) DropEpoch(e uint32) error {
+	start := binary.BigEndian.AppendUint32([]byte{'r'}, e)
+	end := binary.BigEndian.AppendUint32([]byte{'r'}, e+1)
+	return f.DB.DeleteRange(start, end, pebble.Sync)
 }
 
 // OpenFloor opens (creating) a Pebble store in dir.
@@ -64,7 +78,7 @@ func (f *Floor) Name() string { return "pebble-floor" }
 func (f *Floor) Close() error { return f.DB.Close() }
 
 func (f *Floor) Do(_ context.Context, k workload.Key, fp, result []byte) (bool, error) {
-	key := recordKey(k)
+	key := recordKey(k, f.epoch.Load())
 	mu := f.locks.lock(k)
 	defer mu.Unlock()
 	v, c, err := f.DB.Get(key)
@@ -98,7 +112,7 @@ func (f *Floor) Do(_ context.Context, k workload.Key, fp, result []byte) (bool, 
 }
 
 func (f *Floor) Replay(_ context.Context, k workload.Key, fp []byte) error {
-	v, c, err := f.DB.Get(recordKey(k))
+	v, c, err := f.DB.Get(recordKey(k, f.epoch.Load()))
 	if err != nil {
 		if errors.Is(err, pebble.ErrNotFound) {
 			return ErrNotCommitted

@@ -79,9 +79,11 @@ func checkRecord(v, fp []byte) error {
 }
 
 // recordKey lays a key out like the engine does: tag, epoch, len(scope), scope, id.
-func recordKey(k workload.Key) []byte {
+func recordKey(k workload.Key, epoch uint32) []byte {
 	b := make([]byte, 0, 1+4+1+len(k.Scope)+len(k.ID))
-	b = append(b, 'r', 0, 0, 0, 0, byte(len(k.Scope)))
+	b = append(b, 'r')
+	b = binary.BigEndian.AppendUint32(b, epoch)
+	b = append(b, byte(len(k.Scope)))
 	b = append(b, k.Scope...)
 	return append(b, k.ID...)
 }

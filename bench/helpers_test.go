@@ -1,0 +1,162 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/receiptstore/receipts/bench/internal/engine"
+	"github.com/receiptstore/receipts/bench/internal/stores"
+	"github.com/receiptstore/receipts/bench/internal/workload"
+)
+
+// concs are the concurrencies every throughput benchmark runs at.
+var concs = []int{1, 8, 64}
+
+// replayKeys is how many committed keys replay benchmarks read from.
+const replayKeys = 4096
+
+// parallel runs op b.N times in total from conc goroutines, timing only that.
+// op gets the worker index and a global operation index in [0, b.N).
+func parallel(b *testing.B, conc int, op func(ctx context.Context, w int, i int) error) {
+	b.Helper()
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	b.ReportAllocs()
+	b.ResetTimer()
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !failed.Load() {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				if err := op(ctx, w, int(i)); err != nil {
+					if failed.CompareAndSwap(false, true) {
+						b.Errorf("op %d: %v", i, err)
+					}
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// openEngine opens the engine on disk in a fresh temporary directory.
+func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) *engine.Store {
+	b.Helper()
+	s, err := engine.Open(b.TempDir(), engine.Options(now), mode)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	return s
+}
+
+// openFloor opens raw Pebble on disk in a fresh temporary directory.
+func openFloor(b *testing.B) *stores.Floor {
+	b.Helper()
+	f, err := stores.OpenFloor(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	return f
+}
+
+// newKeys benchmarks first calls on keys never seen before, at each concurrency.
+func newKeys(b *testing.B, s stores.Store) {
+	for _, conc := range concs {
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+			run := workload.RunID()
+			parallel(b, conc, func(ctx context.Context, w, i int) error {
+				k := workload.NewKey(run, w, uint64(i))
+				replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+				if err == nil && replayed {
+					err = fmt.Errorf("new key %v was replayed", k)
+				}
+				return err
+			})
+		})
+	}
+}
+
+// populate commits n fixed keys of set through s, 64-way.
+func populate(b *testing.B, s stores.Store, set string, n int) {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				k := workload.FixedKey(set, i)
+				if _, err := s.Do(context.Background(), k, workload.Fingerprint(k), workload.ResultFor(k)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// replays benchmarks retries of committed keys, at each concurrency.
+func replays(b *testing.B, s stores.Store) {
+	set := "replay-" + workload.RunID()
+	populate(b, s, set, replayKeys)
+	fps := make([][]byte, replayKeys)
+	ks := make([]workload.Key, replayKeys)
+	for i := range ks {
+		ks[i] = workload.FixedKey(set, i)
+		fps[i] = workload.Fingerprint(ks[i])
+	}
+	for _, conc := range concs {
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+			parallel(b, conc, func(ctx context.Context, w, i int) error {
+				j := int(uint64(i) * 2654435761 % replayKeys) // spread over the set
+				return s.Replay(ctx, ks[j], fps[j])
+			})
+		})
+	}
+}
+
+// fakeClock is a settable clock for Options.Now.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *fakeClock) Now() time.Time           { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
