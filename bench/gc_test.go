@@ -69,4 +69,3 @@ func BenchmarkGC(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*gcReceipts), "ns/receipt")
 	})
 }
-
