@@ -36,6 +36,7 @@ type DB struct {
 	retention int64 // ns
 	ttl       int64 // ns
 	secret    []byte
+	loc       *time.Location // of Options.Now's times: receipts report times in it
 
 	clock    atomic.Int64  // the store's time high-water mark (Unix ns): never goes back
 	minEpoch atomic.Uint64 // no record lives in an older epoch
@@ -117,7 +118,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 // load reads or creates the meta record and restores the token counter, the
 // GC floor, the oldest epoch and the clock's high-water mark.
 func (db *DB) load() error {
-	now := db.opts.Now().UnixNano()
+	t := db.opts.Now()
+	db.loc = t.Location()
+	now := t.UnixNano()
 	meta, err := db.getMeta()
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
@@ -374,7 +377,7 @@ func (db *DB) beforeReplay(ctx context.Context, r *Receipt) error {
 }
 
 func (db *DB) receipt(k Key, rec *encoding.Record) *Receipt {
-	return newReceipt(k, rec, db.opts.Retention)
+	return newReceipt(k, rec, db.opts.Retention, db.loc)
 }
 
 // Lookup returns the visible record of k in any state (a Pending claim

@@ -53,7 +53,7 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 	defer db.gcMu.Unlock()
 	start := time.Now()
 	now := db.now()
-	st := GCStats{At: unixTime(now)}
+	st := GCStats{At: unixTime(now, db.loc)}
 
 	// Epochs below newFloor are dead.
 	newFloor := uint64(max(now-db.retention, 0) / db.width)

@@ -121,14 +121,15 @@ func (r *Receipt) Abandoned(now time.Time) bool {
 	return r.State == Pending && !now.Before(r.LeaseExpiresAt)
 }
 
-func unixTime(ns int64) time.Time {
+// unixTime converts store time to a time.Time in loc.
+func unixTime(ns int64, loc *time.Location) time.Time {
 	if ns == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, ns)
+	return time.Unix(0, ns).In(loc)
 }
 
-func newReceipt(k Key, rec *encoding.Record, retention time.Duration) *Receipt {
+func newReceipt(k Key, rec *encoding.Record, retention time.Duration, loc *time.Location) *Receipt {
 	return &Receipt{
 		Key:            k,
 		Fingerprint:    rec.Fingerprint,
@@ -136,9 +137,9 @@ func newReceipt(k Key, rec *encoding.Record, retention time.Duration) *Receipt {
 		Result:         rec.Result,
 		Attempts:       rec.Attempts,
 		Token:          rec.Token,
-		CreatedAt:      unixTime(rec.CreatedAt),
-		UpdatedAt:      unixTime(rec.UpdatedAt),
-		ExpiresAt:      unixTime(rec.UpdatedAt + int64(retention)),
-		LeaseExpiresAt: unixTime(rec.LeaseExpiresAt),
+		CreatedAt:      unixTime(rec.CreatedAt, loc),
+		UpdatedAt:      unixTime(rec.UpdatedAt, loc),
+		ExpiresAt:      unixTime(rec.UpdatedAt+int64(retention), loc),
+		LeaseExpiresAt: unixTime(rec.LeaseExpiresAt, loc),
 	}
 }

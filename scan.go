@@ -62,7 +62,7 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 			if f.State != 0 && r.State != f.State {
 				continue
 			}
-			if f.Abandoned && !r.Abandoned(unixTime(now)) {
+			if f.Abandoned && !r.Abandoned(unixTime(now, db.loc)) {
 				continue
 			}
 			if !yield(r, nil) {

@@ -1,0 +1,91 @@
+package receipts_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/receiptstore/receipts"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeClock is an injectable clock for Options.Now.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// testStore is a DB on an in-memory FS with a fake clock, reopenable.
+type testStore struct {
+	t     testing.TB
+	fs    vfs.FS
+	dir   string
+	clock *fakeClock
+	opts  receipts.Options
+	db    *receipts.DB
+}
+
+func newTestStore(t testing.TB, mod func(*receipts.Options)) *testStore {
+	t.Helper()
+	s := &testStore{t: t, fs: vfs.NewMem(), dir: "db", clock: newFakeClock()}
+	s.opts = receipts.Options{
+		Retention:  time.Hour,
+		LeaseTTL:   30 * time.Second,
+		GCInterval: -1,
+		Now:        s.clock.Now,
+	}
+	if mod != nil {
+		mod(&s.opts)
+	}
+	s.open()
+	t.Cleanup(func() {
+		if s.db != nil {
+			require.NoError(t, s.db.Close())
+		}
+	})
+	return s
+}
+
+func (s *testStore) open() {
+	s.t.Helper()
+	o := s.opts
+	po := &pebble.Options{}
+	if o.Pebble != nil {
+		po = o.Pebble.Clone()
+	}
+	po.FS = s.fs
+	o.Pebble = po
+	db, err := receipts.Open(s.dir, &o)
+	require.NoError(s.t, err)
+	s.db = db
+}
+
+func (s *testStore) reopen() {
+	s.t.Helper()
+	require.NoError(s.t, s.db.Close())
+	s.db = nil
+	s.open()
+}
+
+var bg = context.Background()
+
+func key(scope, id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
