@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/receiptstore/receipts/bench/internal/engine"
+	"github.com/receiptstore/receipts/bench/internal/pgtemp"
+	"github.com/receiptstore/receipts/bench/internal/stores"
+	"github.com/receiptstore/receipts/bench/internal/workload"
+)
+
+// result is one row of the table.
+type result struct {
+	Workload     string        `json:"workload"`
+	Store        string        `json:"store"`
+	Conc         int           `json:"conc"`
+	Ops          uint64        `json:"ops"`
+	Seconds      float64       `json:"seconds"`
+	OpsPerSec    float64       `json:"ops_per_sec"`
+	P50          time.Duration `json:"p50_ns"`
+	P99          time.Duration `json:"p99_ns"`
+	Mean         time.Duration `json:"mean_ns"`
+	RatioToFloor float64       `json:"ratio_to_floor,omitempty"`
+	FirstCalls   uint64        `json:"first_calls,omitempty"`
+	Error        string        `json:"error,omitempty"`
+}
+
+type report struct {
+	Machine    machine           `json:"machine"`
+	Duration   time.Duration     `json:"duration_per_config_ns"`
+	ReplayKeys int               `json:"replay_keys"`
+	Postgres   string            `json:"postgres"`
+	Skipped    map[string]string `json:"skipped,omitempty"`
+	Results    []result          `json:"results"`
+}
+
+const (
+	hotGoroutines  = 64
+	hotKeys        = 16
+	hotCallsPerKey = 32
+)
+
+func runCompare(ctx context.Context, cfg *config) error {
+	base, err := os.MkdirTemp(cfg.dir, "receiptbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(base)
+
+	rep := &report{Machine: describeMachine(), Duration: cfg.duration, Skipped: map[string]string{}, ReplayKeys: 10000}
+	if cfg.quick {
+		rep.ReplayKeys = 2000
+	}
+	if rep.Machine.FsyncP50, err = measureFsync(base); err != nil {
+		return err
+	}
+	progress("%s, %d CPUs (GOMAXPROCS %d), %s; fdatasync p50 %s; %s per configuration",
+		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Go, fmtDur(rep.Machine.FsyncP50), cfg.duration)
+
+	dsn := cfg.dsn
+	if cfg.stores["postgres"] {
+		switch {
+		case dsn != "":
+			rep.Postgres = "given DSN"
+		default:
+			progress("starting a throwaway PostgreSQL cluster")
+			c, err := pgtemp.Start(ctx)
+			switch {
+			case errors.Is(err, pgtemp.ErrNoServer):
+				rep.Skipped["postgres"] = "no -dsn given and no PostgreSQL server binaries found (Debian: apt-get install postgresql)"
+				progress("postgres: skipped: %s", rep.Skipped["postgres"])
+			case err != nil:
+				rep.Skipped["postgres"] = "throwaway cluster failed to start: " + err.Error()
+				progress("postgres: skipped: %s", rep.Skipped["postgres"])
+			default:
+				defer func() {
+					if err := c.Stop(); err != nil {
+						progress("stopping PostgreSQL: %v", err)
+					} else {
+						progress("throwaway PostgreSQL cluster stopped and removed")
+					}
+				}()
+				dsn = c.DSN
+				rep.Postgres = "throwaway cluster (" + filepath.Base(filepath.Dir(c.BinDir)) + ")"
+				progress("PostgreSQL up at %s", c.DSN)
+			}
+		}
+	}
+
+	maxConc := slices.Max(append(slices.Clone(cfg.concs), hotGoroutines))
+	for _, name := range allStores {
+		if !cfg.stores[name] || rep.Skipped[name] != "" {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		dir := filepath.Join(base, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		var s stores.Store
+		switch name {
+		case "pebble-floor":
+			s, err = stores.OpenFloor(dir, nil)
+		case "receipts":
+			s, err = engine.Open(dir, engine.Options(nil), engine.ModeDo)
+		case "bbolt":
+			s, err = stores.OpenBolt(dir)
+		case "sqlite":
+			s, err = stores.OpenSQLite(dir, maxConc)
+		case "postgres":
+			s, err = stores.OpenPostgres(ctx, dsn, maxConc)
+		}
+		if err != nil {
+			rep.Skipped[name] = "open failed: " + err.Error()
+			progress("%s: skipped: %v", name, err)
+			continue
+		}
+		rep.Results = append(rep.Results, runStore(ctx, cfg, rep, s)...)
+		if err := s.Close(); err != nil {
+			progress("%s: close: %v", name, err)
+		}
+		os.RemoveAll(dir)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ratios(rep.Results)
+	if cfg.json {
+		return printJSON(os.Stdout, rep)
+	}
+	printTable(os.Stdout, rep, cfg)
+	return nil
+}
+
+// runStore runs every selected workload on s.
+func runStore(ctx context.Context, cfg *config, rep *report, s stores.Store) []result {
+	var out []result
+	name := s.Name()
+	add := func(wl string, conc int, r *workload.Result, firsts uint64) {
+		row := result{Workload: wl, Store: name, Conc: conc, Ops: r.Ops, Seconds: r.Elapsed.Seconds(),
+			OpsPerSec: r.OpsPerSec(), P50: r.Hist.Quantile(0.50), P99: r.Hist.Quantile(0.99), Mean: r.Hist.Mean(), FirstCalls: firsts}
+		if r.FirstErr != nil {
+			row.Error = r.FirstErr.Error()
+			progress("%-6s %-12s conc=%-3d ERROR %v", wl, name, conc, r.FirstErr)
+		} else {
+			progress("%-6s %-12s conc=%-3d %10.0f ops/s  p50 %-8s p99 %s", wl, name, conc, row.OpsPerSec, fmtDur(row.P50), fmtDur(row.P99))
+		}
+		out = append(out, row)
+	}
+	if cfg.workloads["new"] {
+		for _, conc := range cfg.concs {
+			run := workload.RunID()
+			r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+				k := workload.NewKey(run, w, seq)
+				replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+				if err == nil && replayed {
+					err = fmt.Errorf("new key %v was replayed", k)
+				}
+				return err
+			})
+			add("new", conc, r, 0)
+		}
+	}
+	if cfg.workloads["replay"] && ctx.Err() == nil {
+		set := "replay-" + workload.RunID()
+		n := rep.ReplayKeys
+		progress("%-6s %-12s populating %d committed keys", "replay", name, n)
+		var next atomic.Uint64
+		pr := workload.Run(ctx, 64, 0, uint64(n), func(ctx context.Context, _ int, _ uint64) error {
+			k := workload.FixedKey(set, int(next.Add(1)-1))
+			_, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+			return err
+		})
+		if pr.FirstErr != nil {
+			add("replay", 0, pr, 0)
+		} else {
+			ks := make([]workload.Key, n)
+			fps := make([][]byte, n)
+			for i := range ks {
+				ks[i] = workload.FixedKey(set, i)
+				fps[i] = workload.Fingerprint(ks[i])
+			}
+			for _, conc := range cfg.concs {
+				r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+					j := int((uint64(w)*7919 + seq*2654435761) % uint64(n))
+					return s.Replay(ctx, ks[j], fps[j])
+				})
+				add("replay", conc, r, 0)
+			}
+		}
+	}
+	// Hot keys need a store that waits for an in-flight first call: the peers answer
+	// "in progress" instead (they have no waiting), so only the engine and the floor run it.
+	if cfg.workloads["hot"] && ctx.Err() == nil && (name == "receipts" || name == "pebble-floor") {
+		run := workload.RunID()
+		var calls [hotKeys]atomic.Uint64
+		var firsts, slotSeq atomic.Uint64
+		r := workload.Run(ctx, hotGoroutines, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+			slot := slotSeq.Add(1) % hotKeys
+			gen := (calls[slot].Add(1) - 1) / hotCallsPerKey
+			k := workload.FixedKey(run+"-"+strconv.FormatUint(gen, 10), int(slot))
+			replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+			if err == nil && !replayed {
+				firsts.Add(1)
+			}
+			return err
+		})
+		add("hot", hotGoroutines, r, firsts.Load())
+	}
+	return out
+}
+
+// ratios fills RatioToFloor: each row's ops/s over the floor's in the same workload and
+// concurrency.
+func ratios(rs []result) {
+	floor := map[string]float64{}
+	for _, r := range rs {
+		if r.Store == "pebble-floor" && r.Error == "" {
+			floor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
+		}
+	}
+	for i := range rs {
+		if f := floor[rs[i].Workload+"/"+strconv.Itoa(rs[i].Conc)]; f > 0 && rs[i].Error == "" {
+			rs[i].RatioToFloor = rs[i].OpsPerSec / f
+		}
+	}
+}
+
+// measureFsync times appending 4 KiB to a file and fdatasync-ing it, the unit of cost of
+// every durable write here, and returns the median.
+func measureFsync(dir string) (time.Duration, error) {
+	f, err := os.Create(filepath.Join(dir, "fsync-probe"))
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	buf := make([]byte, 4096)
+	var h workload.Hist
+	for range 200 {
+		t0 := time.Now()
+		if _, err := f.Write(buf); err != nil {
+			return 0, err
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			return 0, err
+		}
+		h.Record(time.Since(t0))
+	}
+	return h.Quantile(0.5), nil
+}

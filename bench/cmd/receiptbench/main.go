@@ -1,0 +1,194 @@
+// Command receiptbench measures receipts side by side with the raw Pebble floor and the
+// stores users would otherwise pick for idempotency keys (bbolt, SQLite, PostgreSQL), and
+// prints one table: ops/s, p50, p99 and each store's ratio to the floor, per workload and
+// concurrency. Every store runs on disk in a temporary directory; fsync is the point.
+//
+//	go run ./cmd/receiptbench                      # 5s per configuration
+//	go run ./cmd/receiptbench -quick               # 1s per configuration, fewer keys
+//	go run ./cmd/receiptbench -dsn postgres://...  # an existing PostgreSQL
+//	go run ./cmd/receiptbench -json > out.json
+//	go run ./cmd/receiptbench -mem                 # memory: load 1M receipts, RSS and disk
+//	go run ./cmd/receiptbench -mem=10M             # the same with 10M receipts
+//
+// Without -dsn, PostgreSQL runs as a throwaway cluster (initdb in a temp dir, a server on
+// 127.0.0.1 at a free port, stopped and removed at the end) when its server binaries are
+// installed (Debian: apt-get install postgresql); as root, the cluster runs as the
+// postgres system user through runuser. With neither, the PostgreSQL rows are skipped and
+// the table says so. Progress goes to stderr, one line per configuration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	dsn       string
+	duration  time.Duration
+	quick     bool
+	json      bool
+	concs     []int
+	stores    map[string]bool
+	workloads map[string]bool
+	dir       string
+	mem       memFlag
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "receiptbench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cfg.mem > 0 {
+		err = runMem(ctx, cfg)
+	} else {
+		err = runCompare(ctx, cfg)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "receiptbench:", err)
+		os.Exit(1)
+	}
+}
+
+var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres"}
+var allWorkloads = []string{"new", "replay", "hot"}
+
+func parseFlags(args []string) (*config, error) {
+	fs := flag.NewFlagSet("receiptbench", flag.ContinueOnError)
+	cfg := &config{}
+	var concs, storeList, workloadList string
+	fs.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL DSN (default: a throwaway cluster if the server binaries are installed)")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured time per configuration")
+	fs.BoolVar(&cfg.quick, "quick", false, "short run: 1s per configuration, fewer replay keys")
+	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
+	fs.StringVar(&concs, "conc", "1,8,64", "concurrencies (goroutines), comma-separated")
+	fs.StringVar(&storeList, "stores", strings.Join(allStores, ","), "stores to run, comma-separated")
+	fs.StringVar(&workloadList, "workloads", strings.Join(allWorkloads, ","),
+		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys)")
+	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
+	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: receiptbench [flags]\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if cfg.quick && !flagSet(fs, "duration") {
+		cfg.duration = time.Second
+	}
+	if cfg.duration <= 0 {
+		return nil, errors.New("-duration must be positive")
+	}
+	for _, c := range strings.Split(concs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad -conc value %q", c)
+		}
+		cfg.concs = append(cfg.concs, n)
+	}
+	var err error
+	if cfg.stores, err = setOf(storeList, allStores); err != nil {
+		return nil, fmt.Errorf("-stores: %w", err)
+	}
+	if cfg.workloads, err = setOf(workloadList, allWorkloads); err != nil {
+		return nil, fmt.Errorf("-workloads: %w", err)
+	}
+	return cfg, nil
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func setOf(list string, known []string) (map[string]bool, error) {
+	m := map[string]bool{}
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		ok := false
+		for _, k := range known {
+			ok = ok || k == s
+		}
+		if !ok {
+			return nil, fmt.Errorf("unknown %q (known: %s)", s, strings.Join(known, ", "))
+		}
+		m[s] = true
+	}
+	return m, nil
+}
+
+// memFlag is -mem: a receipt count, "true" (bare -mem) meaning 1M; accepts K and M suffixes.
+type memFlag int
+
+func (m *memFlag) String() string   { return strconv.Itoa(int(*m)) }
+func (m *memFlag) IsBoolFlag() bool { return true }
+func (m *memFlag) Set(s string) error {
+	switch s {
+	case "true":
+		*m = 1_000_000
+		return nil
+	case "false":
+		*m = 0
+		return nil
+	}
+	mult := 1
+	switch {
+	case strings.HasSuffix(s, "M"), strings.HasSuffix(s, "m"):
+		mult, s = 1_000_000, s[:len(s)-1]
+	case strings.HasSuffix(s, "K"), strings.HasSuffix(s, "k"):
+		mult, s = 1_000, s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a receipt count like 1M, 10M or 250000")
+	}
+	*m = memFlag(n * mult)
+	return nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "receiptbench: "+format+"\n", args...)
+}
+
+// machine describes where the run happened.
+type machine struct {
+	GOOS, GOARCH string
+	CPUs         int
+	GOMAXPROCS   int
+	CPU          string
+	Go           string
+	FsyncP50     time.Duration
+}
+
+func describeMachine() machine {
+	m := machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+func printJSON(w io.Writer, rep *report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+var workloadTitle = map[string]string{
+	"new":    "new keys: first call, durable claim + durable commit",
+	"replay": "replay: retry of a committed key",
+	"hot":    "hot keys: 64 goroutines on 16 keys, 1 first call per 32 calls",
+}
+
+func printTable(w io.Writer, rep *report, cfg *config) {
+	m := rep.Machine
+	fmt.Fprintf(w, "receiptbench: %s, %d CPUs, %s/%s, %s; fdatasync p50 %s; %s per configuration\n",
+		m.CPU, m.CPUs, m.GOOS, m.GOARCH, m.Go, fmtDur(m.FsyncP50), rep.Duration)
+	rows := slices.Clone(rep.Results)
+	order := func(list []string, s string) int { return slices.Index(list, s) }
+	slices.SortStableFunc(rows, func(a, b result) int {
+		if d := order(allWorkloads, a.Workload) - order(allWorkloads, b.Workload); d != 0 {
+			return d
+		}
+		if d := a.Conc - b.Conc; d != 0 {
+			return d
+		}
+		return order(allStores, a.Store) - order(allStores, b.Store)
+	})
+	t := &table{header: []string{"workload", "conc", "store", "ops/s", "p50", "p99", "x floor"}, left: map[int]bool{0: true, 2: true}}
+	prev := ""
+	for _, r := range rows {
+		group := r.Workload + "/" + fmt.Sprint(r.Conc)
+		if prev != "" && group != prev {
+			t.rows = append(t.rows, nil)
+		}
+		prev = group
+		if r.Error != "" {
+			t.rows = append(t.rows, []string{r.Workload, fmt.Sprint(r.Conc), r.Store, "error", "", "", ""})
+			continue
+		}
+		ratio := "-"
+		if r.RatioToFloor > 0 {
+			ratio = fmt.Sprintf("%.2f", r.RatioToFloor)
+		}
+		t.rows = append(t.rows, []string{r.Workload, fmt.Sprint(r.Conc), r.Store, fmtOps(r.OpsPerSec), fmtDur(r.P50), fmtDur(r.P99), ratio})
+	}
+	t.write(w)
+	var notes []string
+	for _, wl := range allWorkloads {
+		if cfg.workloads[wl] {
+			notes = append(notes, fmt.Sprintf("  %-7s %s", wl+":", workloadTitle[wl]))
+		}
+	}
+	if cfg.workloads["hot"] {
+		notes = append(notes, "  (hot runs on receipts and the floor only: the peers have no way to wait for an in-flight first call)")
+	}
+	if cfg.workloads["replay"] {
+		notes = append(notes, fmt.Sprintf("  replays read %d committed keys", rep.ReplayKeys))
+	}
+	if rep.Postgres != "" {
+		notes = append(notes, "  postgres: "+rep.Postgres)
+	}
+	for _, name := range allStores {
+		if why := rep.Skipped[name]; why != "" {
+			notes = append(notes, fmt.Sprintf("  %s: SKIPPED: %s", name, why))
+		}
+	}
+	for _, r := range rows {
+		if r.Error != "" {
+			notes = append(notes, fmt.Sprintf("  %s %s conc=%d: ERROR: %s", r.Workload, r.Store, r.Conc, r.Error))
+		}
+	}
+	fmt.Fprintln(w, strings.Join(notes, "\n"))
+}
+
+func fmtOps(v float64) string {
+	s := fmt.Sprintf("%.0f", v)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < 10*time.Microsecond:
+		return fmt.Sprintf("%.2fµs", float64(d)/1e3)
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.1fms", float64(d)/1e6)
+	}
+}
+
+// table prints columns padded to their widest cell: the columns in left left-aligned,
+// the others right-aligned. A nil row is a blank line.
+type table struct {
+	header []string
+	rows   [][]string
+	left   map[int]bool
+}
+
+func (t *table) write(w io.Writer) {
+	width := make([]int, len(t.header))
+	for _, r := range append([][]string{t.header}, t.rows...) {
+		for i, c := range r {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	for _, r := range append([][]string{t.header}, t.rows...) {
+		if r == nil {
+			fmt.Fprintln(w)
+			continue
+		}
+		var b strings.Builder
+		for i, c := range r {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			if t.left[i] {
+				b.WriteString(c + pad)
+			} else {
+				b.WriteString(pad + c)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+}
