@@ -9,35 +9,53 @@ import (
 // BenchmarkDo: durable DB.Do on new keys (claim synced, commit synced), next to the floor:
 // raw Pebble Get + synced claim Set + synced commit Set.
 func BenchmarkDo(b *testing.B) {
-	b.Run("receipts", func(b *testing.B) { newKeys(b, openEngine(b, engine.ModeDo, nil)) })
-	b.Run("pebble-floor", func(b *testing.B) { newKeys(b, openFloor(b)) })
+	b.Run("receipts", func(b *testing.B) {
+		s, syncs := openEngine(b, engine.ModeDo, nil)
+		newKeys(b, s, syncs)
+	})
+	b.Run("pebble-floor", func(b *testing.B) {
+		f, syncs := openFloor(b)
+		newKeys(b, f, syncs)
+	})
 }
 
 // BenchmarkClaimCommit: DB.Claim then Lease.Commit on new keys, next to the same floor.
 func BenchmarkClaimCommit(b *testing.B) {
-	b.Run("receipts", func(b *testing.B) { newKeys(b, openEngine(b, engine.ModeClaimCommit, nil)) })
-	b.Run("pebble-floor", func(b *testing.B) { newKeys(b, openFloor(b)) })
+	b.Run("receipts", func(b *testing.B) {
+		s, syncs := openEngine(b, engine.ModeClaimCommit, nil)
+		newKeys(b, s, syncs)
+	})
+	b.Run("pebble-floor", func(b *testing.B) {
+		f, syncs := openFloor(b)
+		newKeys(b, f, syncs)
+	})
 }
 
 // BenchmarkCommitWith: DB.Claim then Lease.CommitWith writing a small effect (a 64-byte
 // application row) in the commit batch; the floor puts the same row in its commit batch.
 func BenchmarkCommitWith(b *testing.B) {
-	b.Run("receipts", func(b *testing.B) { newKeys(b, openEngine(b, engine.ModeCommitWith, nil)) })
+	b.Run("receipts", func(b *testing.B) {
+		s, syncs := openEngine(b, engine.ModeCommitWith, nil)
+		newKeys(b, s, syncs)
+	})
 	b.Run("pebble-floor", func(b *testing.B) {
-		f := openFloor(b)
+		f, syncs := openFloor(b)
 		f.Effect = true
-		newKeys(b, f)
+		newKeys(b, f, syncs)
 	})
 }
 
 // BenchmarkDoBatch: DB.DoBatch with the same small effect: the claim is not synced, the
 // commit (receipt + effect) is. The floor skips the claim's sync too.
 func BenchmarkDoBatch(b *testing.B) {
-	b.Run("receipts", func(b *testing.B) { newKeys(b, openEngine(b, engine.ModeDoBatch, nil)) })
+	b.Run("receipts", func(b *testing.B) {
+		s, syncs := openEngine(b, engine.ModeDoBatch, nil)
+		newKeys(b, s, syncs)
+	})
 	b.Run("pebble-floor", func(b *testing.B) {
-		f := openFloor(b)
+		f, syncs := openFloor(b)
 		f.Effect = true
 		f.NoSyncClaim = true
-		newKeys(b, f)
+		newKeys(b, f, syncs)
 	})
 }

@@ -52,7 +52,7 @@ func BenchmarkGC(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*gcReceipts), "ns/receipt")
 	})
 	b.Run("pebble-floor", func(b *testing.B) {
-		f := openFloor(b)
+		f, _ := openFloor(b)
 		run := workload.RunID()
 		b.ReportAllocs()
 		b.ResetTimer()

@@ -53,9 +53,12 @@ func parallel(b *testing.B, conc int, op func(ctx context.Context, w int, i int)
 }
 
 // openEngine opens the engine on disk in a fresh temporary directory.
-func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) *engine.Store {
+// The counter counts its WAL syncs.
+func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) (*engine.Store, *stores.SyncCounter) {
 	b.Helper()
-	s, err := engine.Open(b.TempDir(), engine.Options(now), mode)
+	opts := engine.Options(now)
+	syncs := stores.CountSyncs(opts.Pebble)
+	s, err := engine.Open(b.TempDir(), opts, mode)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,13 +67,16 @@ func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) *engine.St
 			b.Error(err)
 		}
 	})
-	return s
+	return s, syncs
 }
 
-// openFloor opens raw Pebble on disk in a fresh temporary directory.
-func openFloor(b *testing.B) *stores.Floor {
+// openFloor opens raw Pebble on disk in a fresh temporary directory. The counter counts
+// its WAL syncs.
+func openFloor(b *testing.B) (*stores.Floor, *stores.SyncCounter) {
 	b.Helper()
-	f, err := stores.OpenFloor(b.TempDir(), nil)
+	opts := stores.PebbleOptions()
+	syncs := stores.CountSyncs(opts)
+	f, err := stores.OpenFloor(b.TempDir(), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,14 +85,18 @@ func openFloor(b *testing.B) *stores.Floor {
 			b.Error(err)
 		}
 	})
-	return f
+	return f, syncs
 }
 
-// newKeys benchmarks first calls on keys never seen before, at each concurrency.
-func newKeys(b *testing.B, s stores.Store) {
+// newKeys benchmarks first calls on keys never seen before, at each concurrency, and
+// reports the WAL syncs per operation (below the number of synced writes when Pebble's
+// group commit shares a sync among concurrent writers).
+func newKeys(b *testing.B, s stores.Store, syncs *stores.SyncCounter) {
 	for _, conc := range concs {
 		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
 			run := workload.RunID()
+			before := syncs.WAL()
+			defer func() { b.ReportMetric(float64(syncs.WAL()-before)/float64(b.N), "syncs/op") }()
 			parallel(b, conc, func(ctx context.Context, w, i int) error {
 				k := workload.NewKey(run, w, uint64(i))
 				replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
@@ -160,3 +170,6 @@ func newFakeClock() *fakeClock {
 
 func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// first drops the sync counter that openEngine and openFloor return.
+func first[S stores.Store](s S, _ *stores.SyncCounter) S { return s }

@@ -24,8 +24,8 @@ const (
 // retries, next to the floor doing the same under its stripe lock. Compare its ops/s
 // with BenchmarkReplay/*/conc=64 (uncontended replays).
 func BenchmarkHotKeys(b *testing.B) {
-	b.Run("receipts", func(b *testing.B) { hot(b, openEngine(b, engine.ModeDo, nil)) })
-	b.Run("pebble-floor", func(b *testing.B) { hot(b, openFloor(b)) })
+	b.Run("receipts", func(b *testing.B) { hot(b, first(openEngine(b, engine.ModeDo, nil))) })
+	b.Run("pebble-floor", func(b *testing.B) { hot(b, first(openFloor(b))) })
 }
 
 func hot(b *testing.B, s stores.Store) {
