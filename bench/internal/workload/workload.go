@@ -153,3 +153,20 @@ func Run(ctx context.Context, conc int, d time.Duration, maxOps uint64, op Op) *
 	res.Ops = res.Hist.Count()
 	return res
 }
+
+// UUIDKey returns the i-th key of a large set, with a 36-character UUID-shaped ID, the
+// shape most clients mint for operation keys.
+func UUIDKey(i uint64) Key {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], i)
+	h := sha256.Sum256(b[:])
+	const hexdig = "0123456789abcdef"
+	id := make([]byte, 0, 36)
+	for j, c := range h[:16] {
+		if j == 4 || j == 6 || j == 8 || j == 10 {
+			id = append(id, '-')
+		}
+		id = append(id, hexdig[c>>4], hexdig[c&15])
+	}
+	return Key{Scope: "tenant-" + strconv.FormatUint(i%Scopes, 10), ID: string(id)}
+}
