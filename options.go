@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Defaults.
@@ -117,6 +118,12 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		if po.Levels[i].FilterPolicy == nil {
 			po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 		}
+	}
+	if po.FS == nil {
+		// Set explicitly: left nil, EnsureDefaults wraps it in a disk-health
+		// checker whose goroutine only DB.Close stops, which would leak when
+		// Open fails before the engine is up (a locked directory, say).
+		po.FS = vfs.Default
 	}
 	if po.Logger == nil && po.LoggerAndTracer == nil {
 		po.Logger = pebbleLogger{o.Logger}
