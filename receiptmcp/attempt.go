@@ -1,0 +1,74 @@
+package receiptmcp
+
+import (
+	"context"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts"
+)
+
+// Attempt describes the claim under which the middleware runs a tool
+// handler. Read it with AttemptFrom in the handler.
+type Attempt struct {
+	// Key is the operation key: the caller's scope and the key from
+	// params._meta.
+	Key receipts.Key
+	// Number is 1 for the first execution and grows by one per takeover of
+	// an abandoned claim (Lease.Attempt).
+	Number uint32
+	// Recovered reports that an earlier attempt's outcome is unknown (its
+	// handler failed with an error that is not a JSON-RPC error, panicked,
+	// or its process died): reconcile before acting, e.g. look the effect
+	// up by ProviderKey (Lease.Recovered).
+	Recovered bool
+	// ProviderKey is stable across attempts of this operation and reveals
+	// neither scope nor key: forward it as the idempotency key of
+	// downstream providers (Lease.ProviderKey).
+	ProviderKey string
+
+	mu      sync.Mutex
+	effects []func(b *pebble.Batch) error
+}
+
+type attemptKey struct{}
+
+// AttemptFrom returns the Attempt of a tool call the middleware is
+// executing under an operation key. ok is false for calls that pass through
+// (no key, a Skip tool, any method other than tools/call).
+func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
+	a, ok = ctx.Value(attemptKey{}).(*Attempt)
+	return a, ok
+}
+
+// AddEffect stages a write to the engine's own Pebble database
+// (receipts.DB.Pebble) that commits in the same synced batch as the
+// receipt (Lease.CommitWith): the effect and the stored result become
+// durable together, or neither does. Effects run in the order they were
+// added, and only when the tool returns a finished result without isError;
+// otherwise they are dropped. If an effect returns an error, nothing is
+// recorded and the client gets CodeNotRecorded.
+func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
+	a.mu.Lock()
+	a.effects = append(a.effects, effect)
+	a.mu.Unlock()
+}
+
+// takeEffects returns the staged effects as one function, or nil if none.
+func (a *Attempt) takeEffects() func(b *pebble.Batch) error {
+	a.mu.Lock()
+	effects := a.effects
+	a.effects = nil
+	a.mu.Unlock()
+	if len(effects) == 0 {
+		return nil
+	}
+	return func(b *pebble.Batch) error {
+		for _, f := range effects {
+			if err := f(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}

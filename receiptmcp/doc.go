@@ -1,0 +1,76 @@
+// Package receiptmcp makes MCP tool calls happen once, however often a host
+// retries them, for servers built with the official Go SDK
+// (github.com/modelcontextprotocol/go-sdk).
+//
+// MCP has no idempotency key of its own, and JSON-RPC request ids are new on
+// every retry, so a host that times out and calls tools/call again runs the
+// tool twice. With this package the host mints an operation key when a
+// person approves the action and sends it with every attempt in
+// params._meta["dev.receipts/operationKey"] (outside the arguments the model
+// sees). The server's middleware claims the key in a receipts.DB, runs the
+// tool once, stores its result as a receipt, and answers every retry from
+// that receipt.
+//
+// # Server
+//
+//	db, _ := receipts.Open(dir, nil)
+//	server := mcp.NewServer(&mcp.Implementation{Name: "workitems"}, nil)
+//	mcp.AddTool(server, createWorkItem, handler)
+//	server.AddReceivingMiddleware(receiptmcp.Middleware(db, receiptmcp.Config{
+//		Policies: receiptmcp.PoliciesFor(createWorkItem, listWorkItems),
+//	}))
+//	handler := auth.RequireBearerToken(verify, nil)(
+//		mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
+//
+// Inside a tool handler, AttemptFrom(ctx) tells whether an earlier attempt's
+// outcome is unknown (Recovered: reconcile first) and gives a ProviderKey to
+// forward to downstream providers; Attempt.AddEffect stages writes to
+// db.Pebble() that commit atomically with the receipt.
+//
+// # Host (client)
+//
+//	client := mcp.NewClient(&mcp.Implementation{Name: "host"}, nil)
+//	client.AddSendingMiddleware(receiptmcp.ClientMiddleware(""))
+//	key := receiptmcp.NewOperationKey() // once, at approval; store it with the approval
+//	ctx := receiptmcp.WithOperationKey(ctx, key)
+//	res, err := session.CallTool(ctx, params) // retry with the same ctx/key
+//
+// # What the middleware does
+//
+// It acts on tools/call only; every other method passes through.
+//
+//   - Policy (Config.Policies, PolicyFor): Skip passes the call through,
+//     Optional guards calls that carry a key, Required rejects calls without
+//     one with invalid params (-32602, data.type "idempotency_key_missing").
+//     PolicyFor gives read-only tools Skip, idempotent ones Optional, and
+//     the rest Required.
+//   - Scope: the key belongs to the authenticated principal, never to
+//     anything the client says: by default the bearer token's
+//     TokenInfo.UserID (auth.RequireBearerToken on streamable HTTP), or
+//     Config.FixedScope over stdio, where there is no token. No scope, no
+//     service: CodeUnauthenticated, data.type "idempotency_scope_missing".
+//     Two principals using the same key never see each other's results.
+//   - Fingerprint: the tool name and the canonical form of the parsed
+//     arguments (see Fingerprint), never the raw request.
+//   - A finished result, isError included, is stored and replayed unchanged
+//     to every retry, with _meta["dev.receipts/replayed"] = true. isError
+//     results are stored as Failed receipts.
+//   - A result that still needs input (multi round-trip input requests) is
+//     not stored: the claim is released, and the call with the answers
+//     runs the tool again under the same key.
+//   - A handler that returns a JSON-RPC error (*jsonrpc.Error: nothing was
+//     done) releases the claim. Any other error, a panic or a crash leaves
+//     the outcome unknown: the next attempt runs with Attempt.Recovered.
+//   - The same key with another tool or other arguments: invalid params,
+//     data.type "idempotency_key_conflict".
+//   - The same key while the first call runs: the duplicate waits up to
+//     Config.Wait and replays the result; after that it gets CodeInProgress
+//     (-31409), data.type "idempotency_key_in_progress", with
+//     data.retryAfterMs.
+//   - Once the tool may have started, it runs under a context that the
+//     client's cancellation does not cut, and its result is recorded even
+//     if the client went away. Handlers must bound their own work.
+//
+// Errors carry ErrorData in the JSON-RPC error's data; ParseError reads it
+// on the client.
+package receiptmcp

@@ -1,0 +1,109 @@
+package receiptmcp
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+)
+
+// JSON-RPC error codes the middleware answers with. Key problems are
+// invalid params (the request cannot be served as sent); the others are
+// application errors, outside JSON-RPC's reserved -32768..-32000, that a
+// client should retry.
+const (
+	// CodeInvalidParams (-32602) is used for a missing, malformed or
+	// conflicting operation key.
+	CodeInvalidParams int64 = jsonrpc.CodeInvalidParams
+	// CodeInProgress: another call with the same key is still running.
+	// Retry with the same key after data.retryAfterMs.
+	CodeInProgress int64 = -31409
+	// CodeUnauthenticated: the call has no authenticated principal to scope
+	// its key by.
+	CodeUnauthenticated int64 = -31401
+	// CodeNotRecorded: the tool ran but its outcome could not be recorded,
+	// and its effects staged with Attempt.AddEffect were not applied. Retry
+	// with the same key.
+	CodeNotRecorded int64 = -31503
+	// CodeInternal (-32603) is used when a stored result cannot be read or
+	// the store fails.
+	CodeInternal int64 = jsonrpc.CodeInternalError
+)
+
+// Values of ErrorData.Type.
+const (
+	TypeKeyMissing    = "idempotency_key_missing"
+	TypeKeyInvalid    = "idempotency_key_invalid"
+	TypeKeyConflict   = "idempotency_key_conflict"
+	TypeInProgress    = "idempotency_key_in_progress"
+	TypeScopeMissing  = "idempotency_scope_missing"
+	TypeNotRecorded   = "idempotency_outcome_not_recorded"
+	TypeStoreFailure  = "idempotency_store_failure"
+	TypeInvalidParams = "invalid_arguments"
+)
+
+// ErrorData is the data member of every JSON-RPC error the middleware
+// returns.
+type ErrorData struct {
+	// Type says what went wrong; one of the Type constants.
+	Type string `json:"type"`
+	// Tool is the name of the tool called.
+	Tool string `json:"tool,omitempty"`
+	// MetaKey is the params._meta entry the operation key belongs in.
+	MetaKey string `json:"metaKey,omitempty"`
+	// RetryAfterMs, for TypeInProgress and TypeNotRecorded, is how long to
+	// wait before retrying with the same key, in milliseconds (at least 1).
+	RetryAfterMs int64 `json:"retryAfterMs,omitempty"`
+}
+
+// RetryAfter returns RetryAfterMs as a duration.
+func (d *ErrorData) RetryAfter() time.Duration {
+	return time.Duration(d.RetryAfterMs) * time.Millisecond
+}
+
+// ParseError returns the ErrorData of an error that a client got from a
+// tools/call answered by the middleware, and ok == false for any other
+// error.
+func ParseError(err error) (code int64, data *ErrorData, ok bool) {
+	var je *jsonrpc.Error
+	if !errors.As(err, &je) || len(je.Data) == 0 {
+		return 0, nil, false
+	}
+	var d ErrorData
+	if json.Unmarshal(je.Data, &d) != nil || d.Type == "" {
+		return 0, nil, false
+	}
+	return je.Code, &d, true
+}
+
+// newError builds the wire error. Marshaling ErrorData cannot fail.
+func newError(code int64, msg string, data ErrorData) *jsonrpc.Error {
+	b, _ := json.Marshal(data)
+	return &jsonrpc.Error{Code: code, Message: "receiptmcp: " + msg, Data: b}
+}
+
+func retryAfterMs(d time.Duration) int64 {
+	ms := math.Ceil(float64(d) / float64(time.Millisecond))
+	switch {
+	case ms < 1:
+		return 1
+	case ms > float64(24*time.Hour/time.Millisecond):
+		return int64(24 * time.Hour / time.Millisecond)
+	}
+	return int64(ms)
+}
+
+func errKeyMissing(c *config, tool string) error {
+	return newError(CodeInvalidParams,
+		fmt.Sprintf("tool %q requires an operation key in params._meta[%q]", tool, c.MetaKey),
+		ErrorData{Type: TypeKeyMissing, Tool: tool, MetaKey: c.MetaKey})
+}
+
+func errKeyInvalid(c *config, tool string, why string) error {
+	return newError(CodeInvalidParams,
+		fmt.Sprintf("invalid operation key in params._meta[%q]: %s", c.MetaKey, why),
+		ErrorData{Type: TypeKeyInvalid, Tool: tool, MetaKey: c.MetaKey})
+}

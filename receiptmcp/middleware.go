@@ -1,0 +1,340 @@
+package receiptmcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/receiptstore/receipts"
+)
+
+const methodCallTool = "tools/call"
+
+// Middleware returns server receiving middleware that runs each tools/call
+// carrying an operation key once per key and scope, stores its result as a
+// receipt in db and replays it to every retry. Install it with
+// server.AddReceivingMiddleware. Every other method passes through. See the
+// package documentation for the outcomes.
+//
+// Middleware panics if db is nil or cfg is invalid (a malformed or reserved
+// MetaKey, an unknown Policy): those are programming errors, found when the
+// server is built.
+func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
+	if db == nil {
+		panic("receiptmcp: Middleware needs a *receipts.DB")
+	}
+	c, err := cfg.resolve()
+	if err != nil {
+		panic(err)
+	}
+	m := &middleware{db: db, cfg: c, renewEvery: db.Stats().LeaseTTL / 3}
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method != methodCallTool {
+				return next(ctx, method, req)
+			}
+			call, ok := req.(*mcp.CallToolRequest)
+			if !ok || call.Params == nil {
+				return next(ctx, method, req)
+			}
+			return m.callTool(ctx, next, call)
+		}
+	}
+}
+
+// middleware is what the handlers made by one Middleware share.
+type middleware struct {
+	db         *receipts.DB
+	cfg        *config
+	renewEvery time.Duration // 0 = no background renewal
+}
+
+func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest) (mcp.Result, error) {
+	c := m.cfg
+	tool := req.Params.Name
+	policy := c.policy(tool)
+	if policy == Skip {
+		return next(ctx, methodCallTool, req)
+	}
+	id, present, err := operationKey(req.Params.Meta, c.MetaKey)
+	switch {
+	case err != nil:
+		return nil, errKeyInvalid(c, tool, err.Error())
+	case !present && policy == Required:
+		return nil, errKeyMissing(c, tool)
+	case !present:
+		return next(ctx, methodCallTool, req)
+	}
+
+	scope, err := m.scope(ctx, req)
+	if err == nil && scope == "" {
+		err = errors.New("empty scope")
+	}
+	if err != nil {
+		return nil, newError(CodeUnauthenticated,
+			fmt.Sprintf("no authenticated principal to scope the operation key by: %v", err),
+			ErrorData{Type: TypeScopeMissing, Tool: tool, MetaKey: c.MetaKey})
+	}
+	if len(scope) > receipts.MaxKeyPartLen {
+		return nil, newError(CodeUnauthenticated,
+			fmt.Sprintf("principal of %d bytes is too long to scope a key by (max %d)", len(scope), receipts.MaxKeyPartLen),
+			ErrorData{Type: TypeScopeMissing, Tool: tool, MetaKey: c.MetaKey})
+	}
+
+	fp, err := Fingerprint(tool, req.Params.Arguments)
+	if err != nil {
+		return nil, newError(CodeInvalidParams, err.Error(), ErrorData{Type: TypeInvalidParams, Tool: tool})
+	}
+
+	key := receipts.Key{Scope: scope, ID: id}
+	lease, rec, err := m.claim(ctx, key, fp)
+	switch {
+	case err != nil:
+		return nil, m.claimError(tool, key, err)
+	case rec != nil:
+		return m.replay(ctx, tool, rec)
+	}
+	return m.execute(ctx, next, req, lease)
+}
+
+// operationKey reads the key from params._meta.
+func operationKey(meta mcp.Meta, metaKey string) (id string, present bool, err error) {
+	v, ok := meta[metaKey]
+	if !ok || v == nil {
+		return "", false, nil
+	}
+	s, ok := v.(string)
+	switch {
+	case !ok:
+		return "", true, fmt.Errorf("want a string, got %T", v)
+	case s == "":
+		return "", true, errors.New("empty")
+	case len(s) > receipts.MaxKeyPartLen:
+		return "", true, fmt.Errorf("%d bytes (max %d)", len(s), receipts.MaxKeyPartLen)
+	}
+	return s, true, nil
+}
+
+// scope returns the authenticated principal of req.
+func (m *middleware) scope(ctx context.Context, req *mcp.CallToolRequest) (string, error) {
+	if m.cfg.Scope != nil {
+		return m.cfg.Scope(ctx, req)
+	}
+	if req.Extra != nil && req.Extra.TokenInfo != nil {
+		if req.Extra.TokenInfo.UserID == "" {
+			return "", errors.New("the bearer token carries no UserID (set it in the TokenVerifier, or set Config.Scope)")
+		}
+		return req.Extra.TokenInfo.UserID, nil
+	}
+	if m.cfg.FixedScope != "" {
+		return m.cfg.FixedScope, nil
+	}
+	return "", errors.New("the call is not authenticated (use bearer auth, or set Config.FixedScope for stdio)")
+}
+
+// claim claims key, or returns its receipt. It waits, Config.Wait at most,
+// for a call in progress under the same key.
+func (m *middleware) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
+	if m.cfg.wait <= 0 {
+		return m.db.Claim(ctx, key, fp)
+	}
+	wctx, cancel := context.WithTimeout(ctx, m.cfg.wait)
+	lease, rec, err := m.db.Claim(wctx, key, fp, receipts.WaitForResult())
+	cancel()
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		// Waited long enough. One more look, without waiting, gives the
+		// retry-after (or the receipt that landed just now).
+		return m.db.Claim(ctx, key, fp)
+	}
+	return lease, rec, err
+}
+
+// claimError maps an error from Claim to what the client gets.
+func (m *middleware) claimError(tool string, key receipts.Key, err error) error {
+	c := m.cfg
+	var inProgress *receipts.InProgressError
+	switch {
+	case errors.As(err, &inProgress):
+		ms := retryAfterMs(inProgress.RetryAfter)
+		return newError(CodeInProgress,
+			fmt.Sprintf("a call with this operation key is still running; retry with the same key in %s", time.Duration(ms)*time.Millisecond),
+			ErrorData{Type: TypeInProgress, Tool: tool, MetaKey: c.MetaKey, RetryAfterMs: ms})
+	case errors.Is(err, receipts.ErrIntentMismatch):
+		return newError(CodeInvalidParams,
+			"this operation key was already used for a call with another tool or other arguments; mint a new key for a new action",
+			ErrorData{Type: TypeKeyConflict, Tool: tool, MetaKey: c.MetaKey})
+	case errors.Is(err, receipts.ErrInvalidKey) && !errors.Is(err, receipts.ErrInvalidFingerprint):
+		return errKeyInvalid(c, tool, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err // the client is gone
+	}
+	c.Logger.Error("receiptmcp: claiming an operation key failed", "scope", key.Scope, "key", key.ID, "tool", tool, "err", err)
+	return newError(CodeInternal, "the receipt store failed: "+err.Error(), ErrorData{Type: TypeStoreFailure, Tool: tool, MetaKey: c.MetaKey})
+}
+
+// replay returns the stored result of rec, marked as a replay.
+func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Receipt) (mcp.Result, error) {
+	var res mcp.CallToolResult
+	if err := json.Unmarshal(rec.Result, &res); err != nil {
+		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: cannot replay stored result",
+			"scope", rec.Key.Scope, "key", rec.Key.ID, "tool", tool, "err", err)
+		return nil, newError(CodeInternal, "the stored result cannot be read",
+			ErrorData{Type: TypeStoreFailure, Tool: tool, MetaKey: m.cfg.MetaKey})
+	}
+	meta := maps.Clone(res.Meta)
+	if meta == nil {
+		meta = make(mcp.Meta, 1)
+	}
+	meta[m.cfg.ReplayMetaKey] = true
+	res.Meta = meta
+	return &res, nil
+}
+
+// execute runs the handler under lease and settles the claim before the
+// client sees the result:
+//   - a finished result is committed (isError results as Failed receipts);
+//   - a result that needs input, or a JSON-RPC error, releases the claim;
+//   - any other error, or a panic, abandons it: the outcome is unknown.
+func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest, lease *receipts.Lease) (mcp.Result, error) {
+	tool := req.Params.Name
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey()}
+	// From here on the effect may start: the client going away must neither
+	// cut the handler short nor keep its outcome from being recorded.
+	detached := context.WithoutCancel(ctx)
+	hctx, cancel := context.WithCancelCause(context.WithValue(detached, attemptKey{}, a))
+	defer cancel(nil)
+
+	stopRenew := m.keepAlive(hctx, lease, cancel)
+	finished := false
+	defer func() {
+		if !finished { // the handler panicked (or called runtime.Goexit)
+			stopRenew()
+			m.abandon(detached, lease, tool)
+		}
+	}()
+	res, herr := next(hctx, methodCallTool, req)
+	finished = true
+	stopRenew()
+
+	if herr != nil {
+		var je *jsonrpc.Error
+		if errors.As(herr, &je) {
+			m.release(detached, lease, tool)
+		} else {
+			m.abandon(detached, lease, tool)
+		}
+		return nil, herr
+	}
+	tr, ok := res.(*mcp.CallToolResult)
+	if !ok || tr == nil {
+		m.abandon(detached, lease, tool)
+		return res, nil
+	}
+	if tr.NeedsInput() || tr.InputRequests != nil {
+		// Not finished: the client answers the input requests and calls
+		// again, with the same key.
+		m.release(detached, lease, tool)
+		return res, nil
+	}
+	result, err := json.Marshal(tr)
+	if err == nil && len(result) > receipts.MaxResultSize {
+		err = fmt.Errorf("result of %d bytes is too large to store (max %d)", len(result), receipts.MaxResultSize)
+	}
+	if err != nil {
+		m.cfg.Logger.WarnContext(ctx, "receiptmcp: cannot store the result; claim abandoned",
+			"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
+		m.abandon(detached, lease, tool)
+		return res, nil
+	}
+	effects := a.takeEffects()
+	switch {
+	case tr.IsError:
+		_, err = lease.Fail(detached, result)
+	case effects != nil:
+		_, err = lease.CommitWith(detached, result, effects)
+	default:
+		_, err = lease.Commit(detached, result)
+	}
+	if err != nil {
+		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: recording the result failed",
+			"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
+		if effects != nil && !tr.IsError {
+			// The staged effects did not happen: the client must not take
+			// the result for a success.
+			return nil, newError(CodeNotRecorded,
+				"the tool ran but its outcome could not be recorded; retry with the same operation key",
+				ErrorData{Type: TypeNotRecorded, Tool: tool, MetaKey: m.cfg.MetaKey, RetryAfterMs: 1000})
+		}
+		// The result is what happened; a retry will be told the outcome
+		// is uncertain (Recovered).
+	}
+	return res, nil
+}
+
+func (m *middleware) release(ctx context.Context, lease *receipts.Lease, tool string) {
+	if err := lease.Release(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
+		k := lease.Key()
+		m.cfg.Logger.WarnContext(ctx, "receiptmcp: releasing the claim failed",
+			"scope", k.Scope, "key", k.ID, "tool", tool, "err", err)
+	}
+}
+
+// abandoner is implemented by a Lease that can give up its claim at once,
+// leaving the outcome unknown. Without it, the claim is left to run out
+// after the store's LeaseTTL, with the same result.
+type abandoner interface {
+	Abandon(ctx context.Context) error
+}
+
+// abandon leaves the claim's outcome unknown: the next attempt is a
+// recovered one.
+func (m *middleware) abandon(ctx context.Context, lease *receipts.Lease, tool string) {
+	a, ok := any(lease).(abandoner)
+	if !ok {
+		return
+	}
+	if err := a.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
+		k := lease.Key()
+		m.cfg.Logger.WarnContext(ctx, "receiptmcp: abandoning the claim failed",
+			"scope", k.Scope, "key", k.ID, "tool", tool, "err", err)
+	}
+}
+
+// keepAlive renews lease in the background while the handler runs. If the
+// lease is lost, it cancels the handler's context. stop waits for it.
+func (m *middleware) keepAlive(ctx context.Context, lease *receipts.Lease, cancel context.CancelCauseFunc) (stop func()) {
+	if m.renewEvery <= 0 {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(m.renewEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				err := lease.Renew(ctx)
+				if errors.Is(err, receipts.ErrLeaseLost) || errors.Is(err, receipts.ErrClosed) {
+					cancel(err)
+					return
+				}
+			}
+		}
+	}()
+	stopped := false
+	return func() {
+		if !stopped {
+			stopped = true
+			close(quit)
+			<-done
+		}
+	}
+}
