@@ -1,0 +1,66 @@
+// Package receipts makes retried actions happen once.
+//
+// An AI agent's tool call (or any client's request) times out; the timeout
+// does not prove the action failed, and re-asking the model may produce a
+// different call. So the application mints an operation key when a person
+// approves an action, keeps it with the pending work, and sends it with every
+// transport retry. receipts claims that key, scoped to the authenticated
+// caller, for exactly one executor, stores the outcome as a durable receipt,
+// and answers every later retry from that receipt:
+//
+//	approved intent -> stable operation key -> DB.Claim ----> run the effect once
+//	                                        -> Commit(result): receipt + effect, one synced batch
+//	lost response   -> same operation key   -> Claim returns the stored Receipt (no second effect)
+//	same key, other arguments               -> ErrIntentMismatch
+//	same key while the first is running     -> ErrInProgress (or wait for its receipt)
+//	holder crashed (lease ran out)          -> next caller takes over, told the outcome is uncertain
+//
+// Most callers use DB.Do:
+//
+//	fp, _ := encoding.Fingerprint(args)
+//	r, err := db.Do(ctx, receipts.Key{Scope: caller, ID: opKey}, fp,
+//		func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
+//			if l.Recovered() {
+//				// a previous attempt's outcome is unknown: ask the provider
+//				// about l.ProviderKey() before acting again
+//			}
+//			return callProvider(ctx, l.ProviderKey(), args)
+//		})
+//
+// # Guarantees
+//
+//   - A claim is synced before a lease is returned, and a commit before it
+//     returns; a receipt once reported committed survives a crash or restart.
+//     No caller ever observes a receipt that a crash could still take away.
+//     (DoBatch is the one exception: its claim is not synced, because it only
+//     guards an effect that commits in the same batch as the receipt.)
+//   - One writer per key: read-check-write of a key is serialized in the
+//     process, and Pebble's directory lock keeps other processes out.
+//   - Fencing: every takeover of an abandoned claim gets a larger token; a
+//     holder with a stale token can neither renew nor commit (ErrLeaseLost).
+//     Tokens are unique store-wide and never reused, even after GC.
+//   - The same key with another fingerprint is rejected, whatever its state.
+//   - Receipts, and abandoned claims, stay visible for Options.Retention
+//     after their last write and are invisible after that; GC reclaims
+//     their space later, O(epochs), not O(receipts).
+//   - For effects at external providers, forward Lease.ProviderKey as their
+//     idempotency key; a takeover reports Recovered so the new holder
+//     reconciles instead of assuming success or failure.
+//
+// # Storage
+//
+// The store runs on Pebble. All its keys start with the reserved prefix
+// "\x00rcpt"; the application may keep its own data in the same engine
+// (DB.Pebble) under any other keys, and commit them atomically with a
+// receipt (Lease.CommitWith, DB.DoBatch). Records are partitioned by the
+// epoch of their last write (Retention/4 wide by default), so dropping a
+// whole expired epoch is one range deletion.
+//
+// When Pebble cannot make the write-ahead log durable (a failed fsync) it
+// stops the process (fail-stop, through its Logger's Fatalf): continuing
+// could report a commit that a crash then loses. A restart recovers from
+// the log.
+//
+// Keep secrets and personal data out of keys and results: they are stored as
+// given and shown by receiptctl.
+package receipts

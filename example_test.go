@@ -1,0 +1,145 @@
+package receipts_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/encoding"
+)
+
+// A tool call whose response is lost is retried with the same operation
+// key: the effect runs once, and the retry gets the stored result.
+func ExampleDB_Do() {
+	dir, _ := os.MkdirTemp("", "receipts-example")
+	defer os.RemoveAll(dir)
+	db, err := receipts.Open(dir, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	ctx := context.Background()
+	k := receipts.Key{Scope: "account-a", ID: "approved-action-17"}
+	fp, _ := encoding.Fingerprint(map[string]any{"title": "Review evals"})
+	effects := 0
+	createItem := func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
+		effects++
+		return []byte(`{"item":1}`), nil
+	}
+
+	first, _ := db.Do(ctx, k, fp, createItem)
+	retry, _ := db.Do(ctx, k, fp, createItem) // the first response was lost
+
+	other, _ := encoding.Fingerprint(map[string]any{"title": "Different work"})
+	_, err = db.Do(ctx, k, other, createItem)
+
+	fmt.Println(string(first.Result), string(retry.Result), "effects:", effects)
+	fmt.Println(errors.Is(err, receipts.ErrIntentMismatch))
+	// Output:
+	// {"item":1} {"item":1} effects: 1
+	// true
+}
+
+// Claim and Commit give full control: forward the provider key, commit the
+// provider's answer, and reconcile a takeover whose outcome is unknown.
+func ExampleDB_Claim() {
+	dir, _ := os.MkdirTemp("", "receipts-example")
+	defer os.RemoveAll(dir)
+	db, err := receipts.Open(dir, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	ctx := context.Background()
+	k := receipts.Key{Scope: "account-a", ID: "refund-42"}
+	fp, _ := encoding.Fingerprint(map[string]any{"amount": 1200, "currency": "EUR"})
+
+	lease, receipt, err := db.Claim(ctx, k, fp)
+	switch {
+	case err != nil:
+		panic(err)
+	case receipt != nil:
+		fmt.Println("already done:", string(receipt.Result))
+		return
+	}
+	if lease.Recovered() {
+		// A previous attempt may have reached the provider: look it up
+		// by lease.ProviderKey() before acting again.
+	}
+	// Send the refund with Idempotency-Key: lease.ProviderKey() ...
+	r, err := lease.Commit(ctx, []byte("refund re_123 created"))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(r.State, string(r.Result))
+
+	_, again, _ := db.Claim(ctx, k, fp)
+	fmt.Println("retry:", again.State, string(again.Result))
+	// Output:
+	// succeeded refund re_123 created
+	// retry: succeeded refund re_123 created
+}
+
+// The seed's WorkItems service: the work item and its receipt commit in one
+// synced batch, so they can never be separated by a crash.
+func ExampleLease_CommitWith() {
+	dir, _ := os.MkdirTemp("", "receipts-example")
+	defer os.RemoveAll(dir)
+	db, err := receipts.Open(dir, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+
+	create := func(caller, opKey, title string) (int, error) {
+		fp, err := encoding.Fingerprint(map[string]any{"title": title})
+		if err != nil {
+			return 0, err
+		}
+		lease, r, err := db.Claim(ctx, receipts.Key{Scope: caller, ID: opKey}, fp)
+		if err != nil {
+			return 0, err
+		}
+		if r == nil {
+			next := nextItemID(db)
+			result, _ := json.Marshal(next)
+			r, err = lease.CommitWith(ctx, result, func(b *pebble.Batch) error {
+				return b.Set(fmt.Appendf(nil, "items/%08d", next), []byte(title), nil)
+			})
+			if err != nil {
+				return 0, err
+			}
+		}
+		var id int
+		err = json.Unmarshal(r.Result, &id)
+		return id, err
+	}
+
+	first, _ := create("account-a", "approved-action-17", "Review evals")
+	retry, _ := create("account-a", "approved-action-17", "Review evals")
+	second, _ := create("account-a", "approved-action-18", "Review evals")
+	_, err = create("account-a", "approved-action-17", "Different work")
+	fmt.Println(first, retry, second, errors.Is(err, receipts.ErrIntentMismatch))
+	fmt.Println("items:", nextItemID(db)-1)
+	// Output:
+	// 1 1 2 true
+	// items: 2
+}
+
+// nextItemID counts the items stored so far (the example is sequential).
+func nextItemID(db *receipts.DB) int {
+	it, _ := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: []byte("items/"), UpperBound: []byte("items0")})
+	defer it.Close()
+	n := 0
+	for it.First(); it.Valid(); it.Next() {
+		n++
+	}
+	return n + 1
+}
