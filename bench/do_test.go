@@ -13,6 +13,14 @@ func BenchmarkDo(b *testing.B) {
 		s, syncs := openEngine(b, engine.ModeDo, nil)
 		newKeys(b, s, syncs)
 	})
+	// receipts-aged: the same on a store older than Retention, so that every live epoch
+	// (Retention/EpochWidth + 1 of them) is probed to see that a new key is absent.
+	b.Run("receipts-aged", func(b *testing.B) {
+		clk := &offsetClock{}
+		s, syncs := openEngine(b, engine.ModeDo, clk.Now)
+		clk.offset.Store(int64(2 * engine.Options(nil).Retention))
+		newKeys(b, s, syncs)
+	})
 	b.Run("pebble-floor", func(b *testing.B) {
 		f, syncs := openFloor(b)
 		newKeys(b, f, syncs)

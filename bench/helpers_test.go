@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -173,3 +174,10 @@ func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // first drops the sync counter that openEngine and openFloor return.
 func first[S stores.Store](s S, _ *stores.SyncCounter) S { return s }
+
+// offsetClock is the wall clock moved forward by offset.
+type offsetClock struct{ offset atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+var errNotReplayed = errors.New("bench: a retry of a committed key was not replayed")
