@@ -103,11 +103,12 @@ type fixture struct {
 
 	runs map[string]*atomic.Int64 // executions per tool
 
-	mu       sync.Mutex
-	attempts []seen
-	started  chan struct{} // if set, create_item signals here once it runs
-	gate     chan struct{} // if set, create_item waits for it (not for its context)
-	ctxErr   error         // create_item's ctx.Err() after the gate
+	mu        sync.Mutex
+	attempts  []seen
+	started   chan struct{} // if set, create_item signals here once it runs
+	gate      chan struct{} // if set, create_item waits for it (not for its context)
+	ctxErr    error         // create_item's ctx.Err() after the gate
+	cancelled chan struct{} // if set, signalled when the server cancels a create_item request
 }
 
 var toolDefs = []*mcp.Tool{
@@ -191,6 +192,27 @@ func newFixture(t *testing.T, cfg receiptmcp.Config) *fixture {
 		cfg.Logger = quiet
 	}
 	s.AddReceivingMiddleware(receiptmcp.Middleware(db, cfg))
+	// Outermost: report when the server cancels a create_item request's
+	// context (the client cancelled it).
+	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok && p.Name == "create_item" {
+				f.mu.Lock()
+				cancelled := f.cancelled
+				f.mu.Unlock()
+				if cancelled != nil {
+					stop := context.AfterFunc(ctx, func() {
+						select {
+						case cancelled <- struct{}{}:
+						default:
+						}
+					})
+					defer stop()
+				}
+			}
+			return next(ctx, method, req)
+		}
+	})
 	f.server = s
 	return f
 }
@@ -770,7 +792,7 @@ func TestUnknownErrorLeavesOutcomeUncertain(t *testing.T) {
 func TestClientCancelMidCallAndRetry(t *testing.T) {
 	for _, transport := range []string{"memory", "http"} {
 		t.Run(transport, func(t *testing.T) {
-			f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: time.Minute})
+			f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: 10 * time.Second})
 			var cs *mcp.ClientSession
 			if transport == "memory" {
 				cs = f.connect(nil)
@@ -778,6 +800,7 @@ func TestClientCancelMidCallAndRetry(t *testing.T) {
 				cs = f.connectHTTP(f.serveHTTP(), "tok-alice")
 			}
 			f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
+			f.cancelled = make(chan struct{}, 1)
 			key := receiptmcp.NewOperationKey()
 			args := map[string]any{"title": "a"}
 
@@ -792,7 +815,8 @@ func TestClientCancelMidCallAndRetry(t *testing.T) {
 			if err := <-errC; !errors.Is(err, context.Canceled) {
 				t.Fatalf("cancelled call: %v", err)
 			}
-			close(f.gate) // the tool finishes anyway
+			<-f.cancelled // the server got the cancellation ...
+			close(f.gate) // ... and the tool finishes anyway
 
 			res := mustCall(t, cs, key, "create_item", args) // the host retries
 			if !isReplay(res) {
