@@ -30,6 +30,7 @@ type result struct {
 	P99          time.Duration `json:"p99_ns"`
 	Mean         time.Duration `json:"mean_ns"`
 	RatioToFloor float64       `json:"ratio_to_floor,omitempty"`
+	RatioToPG    float64       `json:"ratio_to_postgres,omitempty"`
 	FirstCalls   uint64        `json:"first_calls,omitempty"`
 	Error        string        `json:"error,omitempty"`
 }
@@ -202,7 +203,8 @@ func runStore(ctx context.Context, cfg *config, rep *report, s stores.Store) []r
 	}
 	// Hot keys need a store that waits for an in-flight first call: the peers answer
 	// "in progress" instead (they have no waiting), so only the engine and the floor run it.
-	if cfg.workloads["hot"] && ctx.Err() == nil && (name == "receipts" || name == "pebble-floor") {
+	hotOK := name == "receipts" || name == "pebble-floor"
+	if cfg.workloads["hot"] && ctx.Err() == nil && hotOK {
 		run := workload.RunID()
 		var calls [hotKeys]atomic.Uint64
 		var firsts, slotSeq atomic.Uint64
@@ -218,21 +220,61 @@ func runStore(ctx context.Context, cfg *config, rep *report, s stores.Store) []r
 		})
 		add("hot", hotGoroutines, r, firsts.Load())
 	}
+	if cfg.workloads["hot-retry"] && ctx.Err() == nil && hotOK {
+		set := "hotretry-" + workload.RunID()
+		var ks [hotKeys]workload.Key
+		var fps [hotKeys][]byte
+		var err error
+		for i := range ks {
+			ks[i] = workload.FixedKey(set, i)
+			fps[i] = workload.Fingerprint(ks[i])
+			if _, e := s.Do(ctx, ks[i], fps[i], workload.ResultFor(ks[i])); e != nil && err == nil {
+				err = e
+			}
+		}
+		var slotSeq atomic.Uint64
+		r := workload.Run(ctx, hotGoroutines, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+			if err != nil {
+				return err
+			}
+			j := slotSeq.Add(1) % hotKeys
+			replayed, err := s.Do(ctx, ks[j], fps[j], nil)
+			if err == nil && !replayed {
+				err = errors.New("a retry of a committed key was not replayed")
+			}
+			return err
+		})
+		add("hot-retry", hotGoroutines, r, 0)
+	}
 	return out
 }
 
-// ratios fills RatioToFloor: each row's ops/s over the floor's in the same workload and
-// concurrency.
+// ratios fills RatioToFloor and RatioToPG: each row's ops/s over the floor's (and
+// PostgreSQL's) in the same workload and concurrency.
 func ratios(rs []result) {
 	floor := map[string]float64{}
+	pg := map[string]float64{}
 	for _, r := range rs {
-		if r.Store == "pebble-floor" && r.Error == "" {
+		if r.Error != "" {
+			continue
+		}
+		switch r.Store {
+		case "pebble-floor":
 			floor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
+		case "postgres":
+			pg[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		}
 	}
 	for i := range rs {
-		if f := floor[rs[i].Workload+"/"+strconv.Itoa(rs[i].Conc)]; f > 0 && rs[i].Error == "" {
+		if rs[i].Error != "" {
+			continue
+		}
+		g := rs[i].Workload + "/" + strconv.Itoa(rs[i].Conc)
+		if f := floor[g]; f > 0 {
 			rs[i].RatioToFloor = rs[i].OpsPerSec / f
+		}
+		if p := pg[g]; p > 0 {
+			rs[i].RatioToPG = rs[i].OpsPerSec / p
 		}
 	}
 }

@@ -63,7 +63,7 @@ func main() {
 }
 
 var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres"}
-var allWorkloads = []string{"new", "replay", "hot"}
+var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("receiptbench", flag.ContinueOnError)
@@ -76,7 +76,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&concs, "conc", "1,8,64", "concurrencies (goroutines), comma-separated")
 	fs.StringVar(&storeList, "stores", strings.Join(allStores, ","), "stores to run, comma-separated")
 	fs.StringVar(&workloadList, "workloads", strings.Join(allWorkloads, ","),
-		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys)")
+		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys, 1 first call per 32), hot-retry (64 goroutines on 16 committed keys)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
 	fs.Usage = func() {

@@ -17,9 +17,10 @@ func printJSON(w io.Writer, rep *report) error {
 }
 
 var workloadTitle = map[string]string{
-	"new":    "new keys: first call, durable claim + durable commit",
-	"replay": "replay: retry of a committed key",
-	"hot":    "hot keys: 64 goroutines on 16 keys, 1 first call per 32 calls",
+	"new":       "new keys: first call, durable claim + durable commit",
+	"replay":    "replay: retry of a committed key",
+	"hot":       "hot keys: 64 goroutines on 16 keys, 1 first call per 32 calls",
+	"hot-retry": "hot retries: 64 goroutines on 16 committed keys (compare with replay at 64)",
 }
 
 func printTable(w io.Writer, rep *report, cfg *config) {
@@ -37,7 +38,11 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 		return order(allStores, a.Store) - order(allStores, b.Store)
 	})
+	hasPG := slices.ContainsFunc(rows, func(r result) bool { return r.RatioToPG > 0 })
 	t := &table{header: []string{"workload", "conc", "store", "ops/s", "p50", "p99", "x floor"}, left: map[int]bool{0: true, 2: true}}
+	if hasPG {
+		t.header = append(t.header, "x postgres")
+	}
 	prev := ""
 	for _, r := range rows {
 		group := r.Workload + "/" + fmt.Sprint(r.Conc)
@@ -49,20 +54,21 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 			t.rows = append(t.rows, []string{r.Workload, fmt.Sprint(r.Conc), r.Store, "error", "", "", ""})
 			continue
 		}
-		ratio := "-"
-		if r.RatioToFloor > 0 {
-			ratio = fmt.Sprintf("%.2f", r.RatioToFloor)
+		ratio := ratioString(r.RatioToFloor)
+		row := []string{r.Workload, fmt.Sprint(r.Conc), r.Store, fmtOps(r.OpsPerSec), fmtDur(r.P50), fmtDur(r.P99), ratio}
+		if hasPG {
+			row = append(row, ratioString(r.RatioToPG))
 		}
-		t.rows = append(t.rows, []string{r.Workload, fmt.Sprint(r.Conc), r.Store, fmtOps(r.OpsPerSec), fmtDur(r.P50), fmtDur(r.P99), ratio})
+		t.rows = append(t.rows, row)
 	}
 	t.write(w)
 	var notes []string
 	for _, wl := range allWorkloads {
 		if cfg.workloads[wl] {
-			notes = append(notes, fmt.Sprintf("  %-7s %s", wl+":", workloadTitle[wl]))
+			notes = append(notes, fmt.Sprintf("  %-10s %s", wl+":", workloadTitle[wl]))
 		}
 	}
-	if cfg.workloads["hot"] {
+	if cfg.workloads["hot"] || cfg.workloads["hot-retry"] {
 		notes = append(notes, "  (hot runs on receipts and the floor only: the peers have no way to wait for an in-flight first call)")
 	}
 	if cfg.workloads["replay"] {
@@ -82,6 +88,17 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 	}
 	fmt.Fprintln(w, strings.Join(notes, "\n"))
+}
+
+func ratioString(v float64) string {
+	switch {
+	case v <= 0:
+		return "-"
+	case v >= 10:
+		return fmt.Sprintf("%.0f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
 }
 
 func fmtOps(v float64) string {
