@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/receiptstore/receipts"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) lsCmd() *cobra.Command {
+	var ff filterFlags
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List records, filtered by scope, state, or abandoned claims",
+		Long: `ls lists the visible records (newest epoch last), with the same filters as
+receipts.Filter. --abandoned selects pending claims whose lease ran out:
+operations whose outcome is unknown, to reconcile with the provider.
+Records that cannot be read are reported on stderr (exit code 1).`,
+		Example: `  receiptctl --dir ./data ls
+  receiptctl --dir ./data ls --scope acct_7 --state succeeded --limit 20
+  receiptctl --addr http://127.0.0.1:8081/admin/receipts ls --abandoned --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := ff.filter()
+			if err != nil {
+				return err
+			}
+			src, err := a.openSource()
+			if err != nil {
+				return err
+			}
+			defer src.close()
+			if a.json {
+				return a.lsJSON(cmd, src, f)
+			}
+			return a.lsTable(cmd, src, f)
+		},
+	}
+	ff.add(cmd)
+	return cmd
+}
+
+func (a *app) lsTable(cmd *cobra.Command, src source, f receipts.Filter) error {
+	p := a.newProgress("listed")
+	tw := newTable(a.stdout)
+	n := 0
+	_, problems, err := src.list(cmd.Context(), f, func(r receipts.AdminReceipt) error {
+		if n == 0 {
+			fmt.Fprintln(tw, "SCOPE\tID\tSTATE\tATTEMPTS\tUPDATED\tLEASE\tRESULT")
+		}
+		n++
+		p.add()
+		k := r.Key()
+		state := r.State
+		if r.Abandoned {
+			state += " (abandoned)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", showKeyPart(k.Scope), showKeyPart(k.ID), state,
+			r.Attempts, showTime(r.UpdatedAt), showLease(&r, time.Now()), showBytes(r.Result, 48))
+		return nil
+	})
+	p.done()
+	_ = tw.Flush()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		fmt.Fprintln(a.stdout, "no records match")
+	}
+	return a.reportProblems(problems)
+}
+
+// lsJSON streams a receipts.AdminList, as the admin endpoint does.
+func (a *app) lsJSON(cmd *cobra.Command, src source, f receipts.Filter) error {
+	bw := bufio.NewWriter(a.stdout)
+	defer bw.Flush()
+	bw.WriteString("{\n  \"receipts\": [")
+	sep := "\n    "
+	now, problems, err := src.list(cmd.Context(), f, func(r receipts.AdminReceipt) error {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		bw.WriteString(sep)
+		sep = ",\n    "
+		_, err = bw.Write(b)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if sep != "\n    " {
+		bw.WriteString("\n  ")
+	}
+	if problems == nil {
+		problems = []string{}
+	}
+	t, _ := json.Marshal(now)
+	e, _ := json.Marshal(problems)
+	fmt.Fprintf(bw, "],\n  \"errors\": %s,\n  \"now\": %s\n}\n", e, t)
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		return errProblems
+	}
+	return nil
+}

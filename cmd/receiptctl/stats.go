@@ -1,0 +1,80 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/receiptstore/receipts"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) statsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats",
+		Short: "Show record counts by state, epochs, disk use and the last GC",
+		Long: `stats counts the visible records by state (abandoned claims are part of
+pending), the expired ones GC has not dropped yet, and corrupt ones (exit
+code 1 if any), and shows the store's configuration, disk use, the last GC
+and, live, the service's counters since it opened the store.
+
+Offline, the retention shown is --retention: the store does not record the
+retention its service runs with.`,
+		Example: `  receiptctl --dir ./data stats
+  receiptctl --addr http://127.0.0.1:8081/admin/receipts stats --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, err := a.openSource()
+			if err != nil {
+				return err
+			}
+			defer src.close()
+			s, err := src.stats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.json {
+				if err := writeJSON(a.stdout, s); err != nil {
+					return err
+				}
+			} else {
+				a.printStats(&s)
+			}
+			if s.Corrupt > 0 {
+				fmt.Fprintf(a.stderr, "receiptctl: %d corrupt %s: run receiptctl verify on the directory\n",
+					s.Corrupt, plural(int(s.Corrupt), "record", "records"))
+				return errProblems
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) printStats(s *receipts.AdminStats) {
+	tw := newTable(a.stdout)
+	retention := s.Retention
+	if a.addr == "" {
+		retention += " (--retention)"
+	}
+	fmt.Fprintf(tw, "retention\t%s\n", retention)
+	if s.LeaseTTL != "" {
+		fmt.Fprintf(tw, "lease ttl\t%s\n", s.LeaseTTL)
+	}
+	fmt.Fprintf(tw, "epoch width\t%s\n", s.EpochWidth)
+	fmt.Fprintf(tw, "live epochs\t%d\n", s.LiveEpochs)
+	fmt.Fprintf(tw, "pending\t%d\t(abandoned %d)\n", s.Pending, s.Abandoned)
+	fmt.Fprintf(tw, "succeeded\t%d\n", s.Succeeded)
+	fmt.Fprintf(tw, "failed\t%d\n", s.Failed)
+	fmt.Fprintf(tw, "expired\t%d\t(waiting for GC)\n", s.Expired)
+	fmt.Fprintf(tw, "corrupt\t%d\n", s.Corrupt)
+	fmt.Fprintf(tw, "disk\t%s\n", showSize(s.DiskBytes))
+	if g := s.LastGC; g != nil {
+		fmt.Fprintf(tw, "last gc\t%s: dropped %d %s (~%s), %d writes, took %s\n", showTime(g.At),
+			g.EpochsDropped, plural(g.EpochsDropped, "epoch", "epochs"), showSize(g.BytesFreed), g.Writes, g.Duration)
+	} else {
+		fmt.Fprintf(tw, "last gc\tnone since the store was opened\n")
+	}
+	if c := s.Counters; c != (receipts.AdminCounters{}) {
+		fmt.Fprintf(tw, "since open\tclaims %d, replays %d, takeovers %d, commits %d, fails %d,\n", c.Claims, c.Replays, c.Takeovers, c.Commits, c.Fails)
+		fmt.Fprintf(tw, "\treleases %d, abandons %d, conflicts %d, mismatches %d\n", c.Releases, c.Abandons, c.Conflicts, c.Mismatches)
+	}
+	_ = tw.Flush()
+}
