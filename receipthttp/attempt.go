@@ -1,0 +1,83 @@
+package receipthttp
+
+import (
+	"context"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts"
+)
+
+// Attempt describes the execution the middleware granted a handler: the
+// claim it holds on the operation key. Read it with AttemptFrom.
+type Attempt struct {
+	// Key is the operation key: the caller's scope and the Idempotency-Key.
+	Key receipts.Key
+	// Number is 1 for the first execution and grows by one per takeover of
+	// an abandoned claim (Lease.Attempt).
+	Number uint32
+	// Recovered reports that an earlier attempt's outcome is unknown (it
+	// answered 5xx, panicked, or its process died): reconcile before acting,
+	// e.g. look the effect up by ProviderKey (Lease.Recovered).
+	Recovered bool
+	// ProviderKey is stable across attempts of this operation and reveals
+	// neither scope nor key: forward it as the idempotency key of downstream
+	// providers (Lease.ProviderKey).
+	ProviderKey string
+
+	fx *effects // shared by copies of the Attempt
+}
+
+// effects are the writes staged by AddEffect.
+type effects struct {
+	mu   sync.Mutex // protects list
+	list []func(b *pebble.Batch) error
+}
+
+type attemptKey struct{}
+
+// AttemptFrom returns the Attempt of a request the middleware is executing
+// under an operation key. ok is false for requests that pass through (no
+// key, unguarded method).
+func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
+	a, ok = ctx.Value(attemptKey{}).(*Attempt)
+	return a, ok
+}
+
+// AddEffect stages a write to the engine's Pebble database (receipts.DB.Pebble)
+// that commits in the same synced batch as the receipt, through
+// Lease.CommitWith: either both the effect and the stored response become
+// durable, or neither does. Effects run in the order they were added, and
+// only when Config.Policy answers Succeed for the response; otherwise they
+// are dropped. An effect that returns an error makes the commit fail and the
+// client gets 500 with nothing recorded.
+//
+// Reads the handler made before staging are not isolated from concurrent
+// requests with other keys; guard shared state as any handler would.
+func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
+	if a.fx == nil {
+		panic("receipthttp: AddEffect on an Attempt not made by the middleware")
+	}
+	a.fx.mu.Lock()
+	a.fx.list = append(a.fx.list, effect)
+	a.fx.mu.Unlock()
+}
+
+// takeEffects returns the staged effects as one function, or nil if none.
+func (a *Attempt) takeEffects() func(b *pebble.Batch) error {
+	a.fx.mu.Lock()
+	list := a.fx.list
+	a.fx.list = nil
+	a.fx.mu.Unlock()
+	if len(list) == 0 {
+		return nil
+	}
+	return func(b *pebble.Batch) error {
+		for _, f := range list {
+			if err := f(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}

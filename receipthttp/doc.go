@@ -1,0 +1,82 @@
+// Package receipthttp is net/http middleware that makes a retried request
+// happen once. It implements the IETF draft "The Idempotency-Key HTTP Header
+// Field" (draft-ietf-httpapi-idempotency-key-header) with the behaviour
+// Stripe's API made familiar, on top of a receipts.DB.
+//
+// A client mints a key when an action is approved and sends it, unchanged,
+// with every retry of that request:
+//
+//	POST /v1/work-items
+//	Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324
+//
+// The key is scoped by Config.Scope (the authenticated caller), so keys of
+// two callers never meet. The value may be bare or a Structured Field string
+// ("..."); it must be 1-255 bytes of printable ASCII.
+//
+// # Outcomes
+//
+//   - First request with a key: the handler runs once. Its response is held
+//     back, recorded as a receipt (status, the Config.StoredHeaders, body),
+//     and only then sent, so a client never sees a response a crash could
+//     take back.
+//   - Retry with the same key and payload: the stored response is replayed
+//     without running the handler, with "Idempotent-Replayed: true".
+//   - Same key, different payload (method, path or body by default; see
+//     Config.Fingerprint): 422.
+//   - Same key while the first request is still running: 409 with
+//     Retry-After, or, with Config.Wait, the duplicate waits (bounded) for
+//     the first response and gets it replayed.
+//   - No key on a guarded method when Config.Required: 400. A key that is
+//     empty, over 255 bytes, not printable ASCII, or sent twice: 400.
+//   - Body over Config.MaxBodyBytes: 413. The body is read in full before
+//     the handler runs (the fingerprint needs it); the handler gets a copy.
+//   - Unauthenticated (Config.Scope fails): 401, or the *Problem it returns.
+//
+// A store's Options.BeforeReplay runs before every replay; an error it
+// returns answers 500, or, when the error is (or wraps) a *Problem, that
+// problem (say, 403 for a caller who lost access).
+//
+// Every error the middleware writes itself is application/problem+json
+// (RFC 9457, see Problem and WriteProblem), through Config.ErrorResponder.
+//
+// # What is stored
+//
+// Config.Policy maps the handler's status to an Outcome. DefaultPolicy
+// stores 2xx and 3xx as Succeeded and 4xx as Failed receipts (both are
+// replayed), releases the key on 409 and 429 (the handler declined to act,
+// so a retry runs it again), and abandons the claim on 5xx. A handler that
+// panics abandons its claim too (the panic goes on to net/http). An
+// abandoned claim's outcome is unknown: once its lease runs out (the
+// store's LeaseTTL; retries meanwhile get 409), the next retry runs the
+// handler as a recovered attempt, which it can tell from AttemptFrom(ctx)
+// (Recovered, Number) and should reconcile, for example by looking its
+// effect up under Attempt.ProviderKey, the key to forward to downstream
+// providers.
+//
+// A handler whose effect lives in the same engine (receipts.DB.Pebble) can
+// stage it with Attempt.AddEffect: it commits in one synced batch with the
+// receipt (Lease.CommitWith), so the effect and its receipt are durable
+// together or not at all.
+//
+// # Disconnects
+//
+// Once the key is claimed the handler runs under a context that the
+// client's disconnect does not cancel (context.WithoutCancel of the
+// request's), so an effect that has started is always recorded. The context
+// is cancelled if the claim's lease is lost to a takeover. The lease is
+// renewed in the background while the handler runs.
+//
+// # Streaming and hijacking
+//
+// A response cannot be both streamed and held back. If the handler flushes
+// (http.Flusher, http.ResponseController), hijacks the connection, or
+// writes a body larger than Config.MaxResponseBytes, the response is passed
+// through to the client as it is written and no receipt is stored: the
+// claim is abandoned, so a retry is a recovered attempt. Do not put
+// streaming endpoints behind this middleware. Informational (1xx) responses
+// are dropped.
+//
+// Requests with unguarded methods (Config.Methods, default POST and PATCH),
+// and requests without a key when the key is optional, pass through
+// untouched.
+package receipthttp
