@@ -152,10 +152,14 @@ func (db *DB) load() error {
 	db.floor.Store(floor)
 
 	// The clock never runs behind what the store has seen: the newest epoch
-	// holding a record, and the time at which GC could drop the floor.
+	// holding a record, and the start of the GC floor (GC ran at least the
+	// Retention of the time after it). Not floor*width+Retention: reopened
+	// with a longer Retention than GC ran with, that is in the future, and
+	// the store's time would stand still until then (leases would not run
+	// out, abandoned claims could not be taken over).
 	hwm := now
 	if floor > 0 {
-		hwm = max(hwm, int64(floor)*db.width+db.retention)
+		hwm = max(hwm, int64(floor)*db.width)
 	}
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	if err != nil {
