@@ -57,10 +57,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 	}
 	defer os.RemoveAll(base)
 
-	rep := &report{Machine: describeMachine(), Duration: cfg.duration, Skipped: map[string]string{}, ReplayKeys: 10000}
-	if cfg.quick {
-		rep.ReplayKeys = 2000
-	}
+	rep := &report{Machine: describeMachine(), Duration: cfg.duration, Skipped: map[string]string{}, ReplayKeys: cfg.replayN}
 	if rep.Machine.FsyncP50, err = measureFsync(base); err != nil {
 		return err
 	}
@@ -138,9 +135,9 @@ func runCompare(ctx context.Context, cfg *config) error {
 	}
 	ratios(rep.Results)
 	if cfg.json {
-		return printJSON(os.Stdout, rep)
+		return printJSON(stdout, rep)
 	}
-	printTable(os.Stdout, rep, cfg)
+	printTable(stdout, rep, cfg)
 	return nil
 }
 

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -41,6 +42,7 @@ type config struct {
 	workloads map[string]bool
 	dir       string
 	mem       memFlag
+	replayN   int
 }
 
 func main() {
@@ -78,6 +80,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&workloadList, "workloads", strings.Join(allWorkloads, ","),
 		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys, 1 first call per 32), hot-retry (64 goroutines on 16 committed keys)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
+	fs.IntVar(&cfg.replayN, "replay-keys", 0, "committed keys replays read (default 10000, 2000 with -quick)")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: receiptbench [flags]\n\n")
@@ -91,6 +94,15 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if cfg.quick && !flagSet(fs, "duration") {
 		cfg.duration = time.Second
+	}
+	if cfg.replayN == 0 {
+		cfg.replayN = 10000
+		if cfg.quick {
+			cfg.replayN = 2000
+		}
+	}
+	if cfg.replayN < 1 {
+		return nil, errors.New("-replay-keys must be positive")
 	}
 	if cfg.duration <= 0 {
 		return nil, errors.New("-duration must be positive")
@@ -165,6 +177,9 @@ func (m *memFlag) Set(s string) error {
 	*m = memFlag(n * mult)
 	return nil
 }
+
+// stdout receives the table or the JSON (tests replace it).
+var stdout io.Writer = os.Stdout
 
 func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "receiptbench: "+format+"\n", args...)

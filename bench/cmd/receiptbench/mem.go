@@ -107,7 +107,7 @@ func runMem(ctx context.Context, cfg *config) error {
 	rep.Final = measureMem(dir, loaded, start, 0)
 	rep.Final.RSSOverBaseline = int64(rep.Final.RSSBytes) - int64(rep.Baseline.RSSBytes)
 	if cfg.json {
-		enc := json.NewEncoder(os.Stdout)
+		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
@@ -117,8 +117,8 @@ func runMem(ctx context.Context, cfg *config) error {
 
 func printMem(rep *memReport) {
 	m := rep.Machine
-	fmt.Printf("receiptbench -mem: %s, %d CPUs, %s; %d receipts through DB.Do at %d-way\n", m.CPU, m.CPUs, m.Go, rep.Receipts, rep.Conc)
-	fmt.Printf("key %d B (scope+id), fingerprint %d B, result %d B; Pebble cache %s, memtable %s\n",
+	fmt.Fprintf(stdout, "receiptbench -mem: %s, %d CPUs, %s; %d receipts through DB.Do at %d-way\n", m.CPU, m.CPUs, m.Go, rep.Receipts, rep.Conc)
+	fmt.Fprintf(stdout, "key %d B (scope+id), fingerprint %d B, result %d B; Pebble cache %s, memtable %s\n",
 		rep.KeyBytes, rep.FingerprintLen, rep.ResultBytes, fmtBytes(uint64(rep.CacheBytes)), fmtBytes(rep.MemTableBytes))
 	t := &table{header: []string{"receipts", "RSS", "RSS - baseline", "peak RSS", "Go heap", "disk", "disk/receipt", "load ops/s"}}
 	row := func(p memPoint, label string) {
@@ -130,7 +130,7 @@ func printMem(rep *memReport) {
 		row(p, fmtOps(float64(p.Receipts)))
 	}
 	row(rep.Final, fmtOps(float64(rep.Final.Receipts))+" (flushed)")
-	t.write(os.Stdout)
+	t.write(stdout)
 }
 
 func measureMem(dir string, receipts uint64, start time.Time, opsPerSec float64) memPoint {
