@@ -1,0 +1,11 @@
+//go:build race
+
+package receipts_test
+
+// Under -race the harnesses run smaller (the race detector slows them down
+// about tenfold); the full CI sizes run without -race.
+const (
+	crashPowerLossCrashes = 25
+	crashKillCycles       = 20
+	crashRaceScaled       = true
+)
