@@ -43,6 +43,7 @@ type config struct {
 	dir       string
 	mem       memFlag
 	replayN   int
+	memStore  string
 }
 
 func main() {
@@ -81,6 +82,7 @@ func parseFlags(args []string) (*config, error) {
 		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys, 1 first call per 32), hot-retry (64 goroutines on 16 committed keys)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
 	fs.IntVar(&cfg.replayN, "replay-keys", 0, "committed keys replays read (default 10000, 2000 with -quick)")
+	fs.StringVar(&cfg.memStore, "mem-store", "receipts", "memory mode: the store to load (receipts or pebble-floor)")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: receiptbench [flags]\n\n")

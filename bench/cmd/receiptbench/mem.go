@@ -14,7 +14,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/receiptstore/receipts/bench/internal/engine"
+	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
 )
 
@@ -33,6 +36,7 @@ type memPoint struct {
 
 type memReport struct {
 	Machine        machine    `json:"machine"`
+	Store          string     `json:"store"`
 	Receipts       int        `json:"receipts"`
 	Conc           int        `json:"conc"`
 	KeyBytes       int        `json:"key_bytes"`
@@ -45,7 +49,7 @@ type memReport struct {
 	Final          memPoint   `json:"final_after_flush"`
 }
 
-// runMem loads cfg.mem receipts through DB.Do (64-way, durable, as in production) and
+// runMem loads cfg.mem receipts through DB.Do (or the floor, with -mem-store) (64-way, durable, as in production) and
 // reports the process RSS and the store's disk bytes per receipt at ten checkpoints.
 func runMem(ctx context.Context, cfg *config) error {
 	base, err := os.MkdirTemp(cfg.dir, "receiptbench-mem-")
@@ -66,10 +70,25 @@ func runMem(ctx context.Context, cfg *config) error {
 		return err
 	}
 	dir := filepath.Join(base, "store")
-	s, err := engine.Open(dir, opts, engine.ModeDo)
-	if err != nil {
-		return err
+	var s stores.Store
+	var pdb *pebble.DB
+	switch cfg.memStore {
+	case "receipts":
+		e, err := engine.Open(dir, opts, engine.ModeDo)
+		if err != nil {
+			return err
+		}
+		s, pdb = e, e.DB.Pebble()
+	case "pebble-floor":
+		f, err := stores.OpenFloor(dir, opts.Pebble)
+		if err != nil {
+			return err
+		}
+		s, pdb = f, f.DB
+	default:
+		return fmt.Errorf("-mem-store: want receipts or pebble-floor, not %q", cfg.memStore)
 	}
+	rep.Store = s.Name()
 	defer s.Close()
 
 	start := time.Now()
@@ -101,7 +120,7 @@ func runMem(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	if err := s.DB.Pebble().Flush(); err != nil {
+	if err := pdb.Flush(); err != nil {
 		return err
 	}
 	rep.Final = measureMem(dir, loaded, start, 0)
@@ -117,7 +136,7 @@ func runMem(ctx context.Context, cfg *config) error {
 
 func printMem(rep *memReport) {
 	m := rep.Machine
-	fmt.Fprintf(stdout, "receiptbench -mem: %s, %d CPUs, %s; %d receipts through DB.Do at %d-way\n", m.CPU, m.CPUs, m.Go, rep.Receipts, rep.Conc)
+	fmt.Fprintf(stdout, "receiptbench -mem: %s, %d CPUs, %s; %d receipts into %s at %d-way (durable first calls)\n", m.CPU, m.CPUs, m.Go, rep.Receipts, rep.Store, rep.Conc)
 	fmt.Fprintf(stdout, "key %d B (scope+id), fingerprint %d B, result %d B; Pebble cache %s, memtable %s\n",
 		rep.KeyBytes, rep.FingerprintLen, rep.ResultBytes, fmtBytes(uint64(rep.CacheBytes)), fmtBytes(rep.MemTableBytes))
 	t := &table{header: []string{"receipts", "RSS", "RSS - baseline", "peak RSS", "Go heap", "disk", "disk/receipt", "load ops/s"}}
