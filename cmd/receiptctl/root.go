@@ -189,8 +189,8 @@ func openStoreOpts(dir string, retention time.Duration, readOnly, compact bool, 
 	if !looksLikeStore(dir) {
 		return nil, fmt.Errorf("no store at %s: the directory holds no Pebble store", dir)
 	}
-	if retention <= 0 {
-		return nil, usagef("--retention must be positive")
+	if retention < time.Millisecond {
+		return nil, usagef("--retention %s: want at least 1ms", retention)
 	}
 	opts := &receipts.Options{
 		Retention:   retention,

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// checkDemoReport checks what the demo reported, and the store it left.
+func checkDemoReport(t *testing.T, rep demoReport, dir string) {
+	t.Helper()
+	require.Equal(t, dir, rep.Dir)
+	require.Equal(t, int64(13), rep.CallsAttempted)
+	require.Equal(t, 3, rep.EffectsPerformed)
+	require.Equal(t, 0, rep.DuplicateEffects)
+	require.Equal(t, map[string]int64{"succeeded": 3, "failed": 1, "pending": 0}, rep.Receipts)
+	require.Equal(t, "receiptctl --dir "+dir+" ls", rep.LsCommand)
+
+	// The store holds what the report says, and nothing is left to reconcile.
+	require.ElementsMatch(t, []string{"trip-1", "pay-1", "mail-1", "xfer-1"}, lsIDs(t, "--dir", dir))
+	require.Empty(t, lsIDs(t, "--dir", dir, "--abandoned"))
+	r := cli(t, "--dir", dir, "get", demoScope, "xfer-1").requireCode(t, exitOK)
+	require.Contains(t, r.out, "attempts       2\n") // the crashed attempt, then the recovery
+	require.Contains(t, r.out, "result         conf-0003\n")
+	cli(t, "--dir", dir, "verify").requireCode(t, exitOK)
+
+	// The provider performed each effect once.
+	effects, err := (&provider{path: filepath.Join(dir, providerLog)}).effects()
+	require.NoError(t, err)
+	require.Len(t, effects, 3)
+	seen := map[string]bool{}
+	for _, e := range effects {
+		require.False(t, seen[e.IdempotencyKey], "duplicate effect %+v", e)
+		seen[e.IdempotencyKey] = true
+	}
+}
+
+// TestDemo runs the demo in-process; its child process is this test binary
+// (see TestMain).
+func TestDemo(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "demo")
+	r := cli(t, "demo", "--dir", dir, "--json").requireCode(t, exitOK)
+	var rep demoReport
+	require.NoError(t, json.Unmarshal([]byte(r.out), &rep), r.out)
+	checkDemoReport(t, rep, dir)
+
+	// A demo needs a fresh directory.
+	cli(t, "demo", "--dir", dir).requireCode(t, exitUsage)
+	cli(t, "demo", "--addr", "http://127.0.0.1:1").requireCode(t, exitUsage)
+}
+
+// TestDemoBinary builds receiptctl and runs its demo as people do, with the
+// story on stdout.
+func TestDemoBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	bin := filepath.Join(t.TempDir(), "receiptctl")
+	build := exec.Command(gobin, "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	dir := filepath.Join(t.TempDir(), "demo")
+	cmd := exec.Command(bin, "demo", "--dir", dir)
+	out, err = cmd.Output()
+	require.NoError(t, err, "%s", out)
+	story := string(out)
+	for _, want := range []string{
+		`(?m)^1\. The response is lost, and the agent retries: book_flight`,
+		`(?m)^   call 1  ran it: the provider performed it -> conf-0001`,
+		`(?m)^   call 2  replayed the receipt -> conf-0001; nothing ran`,
+		`(?m)^   4 calls at once: 1 ran it, 3 waited for its receipt; all got conf-0002$`,
+		`(?m)^   call 1  rejected: same key, different arguments; nothing ran$`,
+		`(?m)^   call 2  replayed the failed receipt`,
+		`the child was killed \(signal: killed\) before it recorded the receipt`,
+		`(?m)^   restart: xfer-1 is pending, attempt 1`,
+		`recovered the claim \(attempt 2\), found conf-0003 at the provider: committed without performing it again`,
+		`(?m)^  calls attempted\s+13$`,
+		`(?m)^  effects performed\s+3\s`,
+		`(?m)^  duplicate effects\s+0$`,
+		`(?m)^  receipts\s+3 succeeded, 1 failed, 0 pending$`,
+		`(?m)^Look at them: receiptctl --dir ` + regexp.QuoteMeta(dir) + ` ls$`,
+	} {
+		require.Regexp(t, want, story)
+	}
+
+	// The binary reads the demo's store too.
+	ls := exec.Command(bin, "--dir", dir, "ls")
+	out, err = ls.Output()
+	require.NoError(t, err)
+	require.Regexp(t, `xfer-1\s+succeeded\s+2\s`, string(out))
+}
