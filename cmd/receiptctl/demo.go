@@ -251,9 +251,10 @@ func (d *demo) perform(ctx context.Context, l *receipts.Lease, c toolCall, o *ou
 		}
 	}
 	conf, err := d.provider.perform(ctx, l.ProviderKey(), c)
+	var declined *declinedError
 	switch {
-	case errors.Is(err, errDeclined):
-		return []byte(err.Error()), receipts.Permanent(err)
+	case errors.As(err, &declined):
+		return []byte(declined.reason), receipts.Permanent(err)
 	case err != nil:
 		return nil, err
 	}
@@ -267,13 +268,13 @@ func (o outcome) show() string {
 	case errors.Is(o.err, receipts.ErrIntentMismatch):
 		return "rejected: same key, different arguments; nothing ran"
 	case o.err != nil && o.state == receipts.Failed && o.attempt == 0:
-		return fmt.Sprintf("replayed the failed receipt (%s); nothing ran", o.result)
+		return fmt.Sprintf("replayed the failed receipt: %s; nothing ran", o.result)
 	case o.err != nil && o.state == receipts.Failed:
-		return fmt.Sprintf("the provider declined (%s): stored as a failed receipt", o.result)
+		return fmt.Sprintf("the provider declined: %s; stored as a failed receipt", o.result)
 	case o.err != nil:
 		return "error: " + o.err.Error()
 	case o.reconciled:
-		return fmt.Sprintf("recovered the claim (attempt %d), found %s at the provider: committed without performing it again", o.attempt, o.result)
+		return fmt.Sprintf("asked the provider by ProviderKey: it already has %s; committed that, not performed again", o.result)
 	case o.performed:
 		return fmt.Sprintf("ran it: the provider performed it -> %s", o.result)
 	}
@@ -282,8 +283,8 @@ func (o outcome) show() string {
 
 // run plays the first four scenes in this process.
 func (d *demo) run(ctx context.Context, db *receipts.DB) error {
-	d.say("\n1. The response is lost, and the agent retries: %s\n", bookFlight)
-	for i, lost := range []string{"the response is lost on the way back", "lost again", "delivered"} {
+	d.say("\n1. Lost responses: the agent retries %s\n", bookFlight)
+	for i, lost := range []string{"response lost", "response lost", "delivered"} {
 		o := d.call(ctx, db, bookFlight)
 		if o.err != nil {
 			return o.err
@@ -292,7 +293,7 @@ func (d *demo) run(ctx context.Context, db *receipts.DB) error {
 	}
 
 	const racers = 4
-	d.say("\n2. %d retries of one call race each other: %s\n", racers, chargeCard)
+	d.say("\n2. Racing retries: %d calls at once of %s\n", racers, chargeCard)
 	var wg sync.WaitGroup
 	outs := make([]outcome, racers)
 	startRace := make(chan struct{})
@@ -314,17 +315,17 @@ func (d *demo) run(ctx context.Context, db *receipts.DB) error {
 		}
 		results[o.result]++
 	}
-	d.say("   %d calls at once: %d ran it, %d waited for its receipt; all got %s\n",
-		racers, ran, racers-ran, strings.Join(sortedKeys(results), ", "))
+	d.say("   %d ran it, %d waited for its receipt; all %d got %s\n",
+		ran, racers-ran, racers, strings.Join(sortedKeys(results), ", "))
 
-	d.say("\n3. The same key with other arguments: %s\n", bookOther)
+	d.say("\n3. A key reused with other arguments: %s\n", bookOther)
 	if o := d.call(ctx, db, bookOther); !errors.Is(o.err, receipts.ErrIntentMismatch) {
 		return fmt.Errorf("reusing a key with other arguments: got %v, want %v", o.err, receipts.ErrIntentMismatch)
 	} else {
 		d.say("   call 1  %s\n", o.show())
 	}
 
-	d.say("\n4. The provider declines for good, and the agent retries: %s\n", sendEmail)
+	d.say("\n4. A definitive failure, retried: %s\n", sendEmail)
 	for i := range 2 {
 		o := d.call(ctx, db, sendEmail)
 		if !errors.Is(o.err, receipts.ErrFailed) {
@@ -340,7 +341,7 @@ func (d *demo) run(ctx context.Context, db *receipts.DB) error {
 // records it; then this process restarts the service (reopens the store)
 // and the agent retries. It returns the reopened store.
 func (d *demo) crash(ctx context.Context) (*receipts.DB, error) {
-	d.say("\n5. The service crashes mid-action: %s\n", transferOut)
+	d.say("\n5. A crash mid-action: %s\n", transferOut)
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -376,9 +377,9 @@ func (d *demo) crash(ctx context.Context) (*receipts.DB, error) {
 	}
 	_ = cmd.Process.Kill() // SIGKILL: no deferred function, no Close, nothing recorded
 	_ = cmd.Wait()
-	d.say("   the service runs in a child process (pid %d): it claimed %s and asked the provider\n", cmd.Process.Pid, transferOut.id)
-	d.say("   to perform it with idempotency key %s (its lease's ProviderKey);\n", short(providerKey))
-	d.say("   the provider performed it -> %s, and the child was killed (%s) before it recorded the receipt\n", conf, cmd.ProcessState)
+	d.say("   call 1  a child process (pid %d) runs the service: it claims %s, the provider performs it\n", cmd.Process.Pid, transferOut.id)
+	d.say("           with idempotency key %s (the lease's ProviderKey) -> %s,\n", short(providerKey), conf)
+	d.say("           and the child is killed (%s) before it records the receipt\n", cmd.ProcessState)
 
 	db, err := d.open()
 	if err != nil {
@@ -388,7 +389,7 @@ func (d *demo) crash(ctx context.Context) (*receipts.DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("after the crash: %w", err)
 	} else {
-		d.say("   restart: %s is %s, attempt %d, lease runs out in %s: its outcome is unknown\n",
+		d.say("   restart: %s is %s (attempt %d, lease runs out in %s): its outcome is unknown\n",
 			transferOut.id, r.State, r.Attempts, max(time.Until(r.LeaseExpiresAt), 0).Round(time.Millisecond))
 	}
 	for i, what := range []string{"the agent retries", "and once more"} {
@@ -398,11 +399,13 @@ func (d *demo) crash(ctx context.Context) (*receipts.DB, error) {
 			_ = db.Close()
 			return nil, o.err
 		}
-		waited := ""
 		if o.recovered {
-			waited = fmt.Sprintf(" after waiting %s for the dead holder's lease", time.Since(t0).Round(10*time.Millisecond))
+			d.say("   call %d  (%s) waited %s for the dead holder's lease, took the claim over (attempt %d, Recovered),\n",
+				i+2, what, time.Since(t0).Round(10*time.Millisecond), o.attempt)
+			d.say("           %s\n", o.show())
+			continue
 		}
-		d.say("   call %d  %s  (%s%s)\n", i+2, o.show(), what, waited)
+		d.say("   call %d  %s  (%s)\n", i+2, o.show(), what)
 	}
 	return db, nil
 }

@@ -31,9 +31,11 @@ type effect struct {
 	Args           map[string]any `json:"args"`
 }
 
-// errDeclined is the provider's definitive refusal: nothing happened, and
+// declinedError is the provider's definitive refusal: nothing happened, and
 // asking again will not change it.
-var errDeclined = errors.New("declined")
+type declinedError struct{ reason string }
+
+func (e *declinedError) Error() string { return e.reason }
 
 // latency is how long the provider takes to perform a call: long enough for
 // racing callers to overlap.
@@ -47,7 +49,7 @@ func (p *provider) perform(ctx context.Context, idempotencyKey string, c toolCal
 		return "", ctx.Err()
 	}
 	if to, _ := c.args["to"].(string); strings.HasSuffix(to, ".invalid") {
-		return "", fmt.Errorf("%w: mailbox %s unavailable", errDeclined, to)
+		return "", &declinedError{reason: "mailbox " + to + " unavailable"}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -74,15 +74,17 @@ func TestDemoBinary(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	story := string(out)
 	for _, want := range []string{
-		`(?m)^1\. The response is lost, and the agent retries: book_flight`,
+		`(?m)^1\. Lost responses: the agent retries book_flight`,
 		`(?m)^   call 1  ran it: the provider performed it -> conf-0001`,
 		`(?m)^   call 2  replayed the receipt -> conf-0001; nothing ran`,
-		`(?m)^   4 calls at once: 1 ran it, 3 waited for its receipt; all got conf-0002$`,
+		`(?m)^   1 ran it, 3 waited for its receipt; all 4 got conf-0002$`,
 		`(?m)^   call 1  rejected: same key, different arguments; nothing ran$`,
-		`(?m)^   call 2  replayed the failed receipt`,
-		`the child was killed \(signal: killed\) before it recorded the receipt`,
-		`(?m)^   restart: xfer-1 is pending, attempt 1`,
-		`recovered the claim \(attempt 2\), found conf-0003 at the provider: committed without performing it again`,
+		`(?m)^   call 1  the provider declined: mailbox traveller@example.invalid unavailable; stored as a failed receipt$`,
+		`(?m)^   call 2  replayed the failed receipt: mailbox traveller@example.invalid unavailable; nothing ran$`,
+		`and the child is killed \(signal: killed\) before it records the receipt`,
+		`(?m)^   restart: xfer-1 is pending \(attempt 1, lease runs out in`,
+		`took the claim over \(attempt 2, Recovered\)`,
+		`(?m)^           asked the provider by ProviderKey: it already has conf-0003; committed that, not performed again$`,
 		`(?m)^  calls attempted\s+13$`,
 		`(?m)^  effects performed\s+3\s`,
 		`(?m)^  duplicate effects\s+0$`,
