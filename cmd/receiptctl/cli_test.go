@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -230,4 +232,26 @@ func TestLocked(t *testing.T) {
 	cp := filepath.Join(t.TempDir(), "cp")
 	require.NoError(t, db.Checkpoint(cp))
 	require.Len(t, lsIDs(t, "--dir", cp), 6)
+}
+
+// TestNotAReceiptsStore checks that a plain Pebble store is reported, and
+// left unchanged, by every command.
+func TestNotAReceiptsStore(t *testing.T) {
+	dir := t.TempDir()
+	p, err := pebble.Open(dir, &pebble.Options{})
+	require.NoError(t, err)
+	require.NoError(t, p.Set([]byte("app"), []byte("data"), pebble.Sync))
+	require.NoError(t, p.Close())
+	for _, args := range [][]string{{"ls"}, {"stats"}, {"verify"}, {"export"}, {"get", "a", "b"}, {"gc", "--retention", "24h"}} {
+		r := cli(t, append(args, "--dir", dir)...).requireCode(t, exitProblem)
+		require.Contains(t, r.stderr, "is it a receipts store?", args)
+	}
+	p, err = pebble.Open(dir, &pebble.Options{})
+	require.NoError(t, err)
+	defer p.Close()
+	_, closer, err := p.Get(keys.Meta)
+	require.ErrorIs(t, err, pebble.ErrNotFound)
+	if closer != nil {
+		closer.Close()
+	}
 }

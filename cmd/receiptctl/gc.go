@@ -28,6 +28,15 @@ service's Options.Retention. Records older than it are dropped for good.`,
 			if !cmd.Flags().Changed("retention") {
 				return usagef("gc drops records older than the retention, which the store does not record: give the service's Options.Retention with --retention (for example --retention 24h)")
 			}
+			// Open read-only first, so that a directory holding some other
+			// Pebble store is reported rather than given a receipts meta record.
+			probe, err := a.openStore(true)
+			if err != nil {
+				return err
+			}
+			if err := probe.Close(); err != nil {
+				return err
+			}
 			db, err := openStoreOpts(a.dir, a.retention, false, compact, a.stderr)
 			if err != nil {
 				return err
