@@ -15,8 +15,8 @@ func (a *app) lsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List records, filtered by scope, state, or abandoned claims",
-		Long: `ls lists the visible records (newest epoch last), with the same filters as
-receipts.Filter. --abandoned selects pending claims whose lease ran out:
+		Long: `ls lists the visible records in storage order (by the epoch of their last
+write, then scope, then ID), with the same filters as receipts.Filter. --abandoned selects pending claims whose lease ran out:
 operations whose outcome is unknown, to reconcile with the provider.
 Records that cannot be read are reported on stderr (exit code 1).`,
 		Example: `  receiptctl --dir ./data ls
