@@ -3,16 +3,24 @@ package bench
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/receiptstore/receipts/bench/internal/engine"
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
 )
+
+// memFS runs every store on Pebble's in-memory filesystem: syncs cost nothing, so the
+// numbers isolate CPU overhead (engine vs floor) from disk noise. Profiling only: the
+// real numbers are on disk.
+var memFS = flag.Bool("memfs", false, "run Pebble on vfs.NewMem (CPU overhead only, no fsync)")
 
 // concs are the concurrencies every throughput benchmark runs at.
 var concs = []int{1, 8, 64}
@@ -58,6 +66,9 @@ func parallel(b *testing.B, conc int, op func(ctx context.Context, w int, i int)
 func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) (*engine.Store, *stores.SyncCounter) {
 	b.Helper()
 	opts := engine.Options(now)
+	if *memFS {
+		opts.Pebble.FS = vfs.NewMem()
+	}
 	syncs := stores.CountSyncs(opts.Pebble)
 	s, err := engine.Open(b.TempDir(), opts, mode)
 	if err != nil {
@@ -76,6 +87,9 @@ func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) (*engine.S
 func openFloor(b *testing.B) (*stores.Floor, *stores.SyncCounter) {
 	b.Helper()
 	opts := stores.PebbleOptions()
+	if *memFS {
+		opts.FS = vfs.NewMem()
+	}
 	syncs := stores.CountSyncs(opts)
 	f, err := stores.OpenFloor(b.TempDir(), opts)
 	if err != nil {
