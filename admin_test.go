@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/stretchr/testify/require"
 )
@@ -233,4 +236,34 @@ func TestAdminHandlerErrors(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/get?scope=a&id=b", &e))
 	require.Contains(t, e.Error, "closed")
 	s.db = nil
+}
+
+// A service mounts the admin handler on its admin listener; receiptctl
+// --addr (or any HTTP client) reads it.
+func ExampleAdminHandler() {
+	db, err := receipts.Open("db", &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	_, _ = db.Do(ctx, receipts.Key{Scope: "acct_7", ID: "op-42"}, []byte("fp"),
+		func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("charged"), nil })
+
+	mux := http.NewServeMux()
+	mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	// receiptctl --addr <srv.URL>/admin/receipts get acct_7 op-42
+	resp, err := srv.Client().Get(srv.URL + "/admin/receipts/get?scope=acct_7&id=op-42")
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	var r receipts.AdminReceipt
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		panic(err)
+	}
+	fmt.Println(r.Key(), r.State, string(r.Result))
+	// Output: "acct_7"/"op-42" succeeded charged
 }
