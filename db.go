@@ -352,6 +352,12 @@ func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err e
 	}
 }
 
+// lock takes k's lock in the lock table.
+func (db *DB) lock(ctx context.Context, k Key) (*locktable.Entry, error) {
+	var buf [keys.MaxLockKeyLen]byte
+	return db.locks.Lock(ctx, keys.AppendLockKey(buf[:0], k.Scope, k.ID))
+}
+
 // put adds the write of next (last written at now) to b, moving the record
 // to the current epoch: the stored key, if any other, is deleted.
 func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, now int64) error {
@@ -398,7 +404,7 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	e, err := db.locks.Lock(ctx, keys.LockKey(k.Scope, k.ID))
+	e, err := db.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func WaitForResult() ClaimOption { return func(c *claimConfig) { c.wait = true }
 type Lease struct {
 	db        *DB
 	key       Key
-	lockKey   string
+	lockKey   []byte // keys.LockKey of key
 	token     uint64
 	attempt   uint32
 	recovered bool
@@ -65,9 +65,9 @@ func (l *Lease) Recovered() bool { return l.recovered }
 // 43 characters of [A-Za-z0-9_-].
 func (l *Lease) ProviderKey() string { return l.db.providerKey(l.lockKey) }
 
-func (db *DB) providerKey(lockKey string) string {
+func (db *DB) providerKey(lockKey []byte) string {
 	mac := hmac.New(sha256.New, db.secret)
-	mac.Write([]byte(lockKey))
+	mac.Write(lockKey)
 	return "rk_" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
@@ -105,9 +105,8 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	lk := keys.LockKey(k.Scope, k.ID)
 	for {
-		e, err := db.locks.Lock(ctx, lk)
+		e, err := db.lock(ctx, k)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -138,7 +137,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			if res.Recovered {
 				db.n.takeovers.Add(1)
 			}
-			return &Lease{db: db, key: k, lockKey: lk, token: res.Next.Token, attempt: res.Next.Attempts, recovered: res.Recovered}, nil, nil
+			return &Lease{db: db, key: k, lockKey: keys.AppendLockKey(nil, k.Scope, k.ID), token: res.Next.Token, attempt: res.Next.Attempts, recovered: res.Recovered}, nil, nil
 
 		case machine.Replay:
 			e.Unlock()

@@ -127,8 +127,21 @@ func DecodeRecord(b []byte) (*Record, error) {
 	return r, nil
 }
 
+// decoder is a pooled msgpack decoder with its reader.
+type decoder struct {
+	rd  bytes.Reader
+	dec *msgpack.Decoder
+}
+
+var decoderPool = sync.Pool{New: func() any {
+	d := &decoder{}
+	d.dec = msgpack.NewDecoder(&d.rd)
+	return d
+}}
+
 // DecodeRecordInto decodes b into r. On error r is left in an unspecified
-// state. The result does not alias b.
+// state. The result does not alias b: the fingerprint and result share one
+// new allocation of at most len(b) bytes.
 func DecodeRecordInto(r *Record, b []byte) (err error) {
 	state, err := PeekState(b)
 	if err != nil {
@@ -139,10 +152,14 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 		return corrupt("checksum mismatch (%08x, want %08x)", got, want)
 	}
 	body := b[headerLen:n]
-	rd := bytes.NewReader(body)
-	dec := msgpack.GetDecoder()
-	dec.Reset(rd)
-	defer msgpack.PutDecoder(dec)
+	d := decoderPool.Get().(*decoder)
+	d.rd.Reset(body)
+	d.dec.Reset(&d.rd)
+	defer func() {
+		d.rd.Reset(nil)
+		decoderPool.Put(d)
+	}()
+	dec, rd := d.dec, &d.rd
 	// The decoder is only ever asked for scalar values and lengths, which
 	// cannot panic; guard anyway, since a panic here would take the service
 	// down on a corrupt disk.
@@ -160,10 +177,11 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 		return corrupt("body has %d fields, want %d", fields, bodyFields)
 	}
 	r.State = state
-	if r.Fingerprint, err = readBin(dec, rd); err != nil {
+	slab := make([]byte, 0, len(body))
+	if r.Fingerprint, slab, err = readBin(dec, rd, slab); err != nil {
 		return corrupt("fingerprint: %v", err)
 	}
-	if r.Result, err = readBin(dec, rd); err != nil {
+	if r.Result, _, err = readBin(dec, rd, slab); err != nil {
 		return corrupt("result: %v", err)
 	}
 	attempts, err := dec.DecodeUint64()
@@ -195,25 +213,24 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 	return nil
 }
 
-// readBin reads a msgpack bin (or nil) value, checking the declared length
-// against the bytes left before allocating.
-func readBin(dec *msgpack.Decoder, rd *bytes.Reader) ([]byte, error) {
+// readBin reads a msgpack bin (or nil) value into the free capacity of
+// slab, checking the declared length against the bytes left first. It
+// returns the value (full-capacity-limited, so appends never spill into the
+// next value) and the rest of slab.
+func readBin(dec *msgpack.Decoder, rd *bytes.Reader, slab []byte) (v, rest []byte, err error) {
 	n, err := dec.DecodeBytesLen()
 	if err != nil {
-		return nil, err
+		return nil, slab, err
 	}
 	if n < 0 {
-		return nil, nil
+		return nil, slab, nil
 	}
-	if n > rd.Len() {
-		return nil, fmt.Errorf("declared length %d exceeds the %d bytes left", n, rd.Len())
+	if n > rd.Len() || n > cap(slab)-len(slab) {
+		return nil, slab, fmt.Errorf("declared length %d exceeds the %d bytes left", n, rd.Len())
 	}
-	if n == 0 {
-		return []byte{}, nil
+	v = slab[len(slab) : len(slab)+n : len(slab)+n]
+	if err := dec.ReadFull(v); err != nil {
+		return nil, slab, err
 	}
-	out := make([]byte, n)
-	if err := dec.ReadFull(out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return v, slab[len(slab)+n : len(slab)+n], nil
 }

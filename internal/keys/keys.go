@@ -110,10 +110,17 @@ func Epoch(key []byte) (uint64, bool) {
 // LockKey is the identity of (scope, id) without the epoch, for the lock
 // table: length-prefixed like the record key.
 func LockKey(scope, id string) string {
-	b := make([]byte, 0, 1+len(scope)+len(id))
-	if mutate.Name != mutate.NaiveKey {
-		b = append(b, byte(len(scope)))
-	}
-	b = append(b, scope...)
-	return string(append(b, id...))
+	return string(AppendLockKey(make([]byte, 0, 1+len(scope)+len(id)), scope, id))
 }
+
+// AppendLockKey appends LockKey(scope, id) to dst.
+func AppendLockKey(dst []byte, scope, id string) []byte {
+	if mutate.Name != mutate.NaiveKey {
+		dst = append(dst, byte(len(scope)))
+	}
+	dst = append(dst, scope...)
+	return append(dst, id...)
+}
+
+// MaxLockKeyLen is the longest lock key.
+const MaxLockKeyLen = 1 + 2*MaxPartLen

@@ -21,6 +21,7 @@ const shards = 64
 type Table struct {
 	seed   maphash.Seed
 	shards [shards]shard
+	free   sync.Pool // of *Entry with refs == 0, ready for reuse
 }
 
 type shard struct {
@@ -30,7 +31,8 @@ type shard struct {
 
 // Entry is one key's lock and its change notification.
 type Entry struct {
-	key  string
+	t    *Table
+	key  string // protected by sh.mu while in use
 	sh   *shard
 	refs int           // protected by sh.mu
 	sem  chan struct{} // one slot: the key lock
@@ -48,13 +50,19 @@ func New() *Table {
 	return t
 }
 
-func (t *Table) ref(key string) *Entry {
-	sh := &t.shards[maphash.String(t.seed, key)%shards]
+// ref finds or creates key's entry and takes a reference. Looking up an
+// existing entry does not allocate.
+func (t *Table) ref(key []byte) *Entry {
+	sh := &t.shards[maphash.Bytes(t.seed, key)%shards]
 	sh.mu.Lock()
-	e, ok := sh.m[key]
+	e, ok := sh.m[string(key)]
 	if !ok {
-		e = &Entry{key: key, sh: sh, sem: make(chan struct{}, 1), changed: make(chan struct{})}
-		sh.m[key] = e
+		e, _ = t.free.Get().(*Entry)
+		if e == nil {
+			e = &Entry{t: t, sem: make(chan struct{}, 1), changed: make(chan struct{})}
+		}
+		e.key, e.sh = string(key), sh
+		sh.m[e.key] = e
 	}
 	e.refs++
 	sh.mu.Unlock()
@@ -62,16 +70,23 @@ func (t *Table) ref(key string) *Entry {
 }
 
 func (e *Entry) unref() {
-	e.sh.mu.Lock()
+	sh := e.sh
+	sh.mu.Lock()
 	e.refs--
-	if e.refs == 0 {
-		delete(e.sh.m, e.key)
+	free := e.refs == 0
+	if free {
+		delete(sh.m, e.key)
+		e.key, e.sh = "", nil
 	}
-	e.sh.mu.Unlock()
+	sh.mu.Unlock()
+	if free {
+		e.t.free.Put(e) // nobody holds a reference: its lock is free
+	}
 }
 
-// Lock acquires key's lock, or returns ctx's error.
-func (t *Table) Lock(ctx context.Context, key string) (*Entry, error) {
+// Lock acquires key's lock, or returns ctx's error. The table keeps no
+// reference to key.
+func (t *Table) Lock(ctx context.Context, key []byte) (*Entry, error) {
 	e := t.ref(key)
 	if mutate.Name == mutate.NoLock {
 		return e, nil
