@@ -122,7 +122,8 @@ type modelSM struct {
 	ret, ttl int64
 	hwm      int64 // the store's time: Options.Now never seen to go back
 	recs     map[receipts.Key]*mrec
-	durable  map[receipts.Key]*mrec // recs as of the last synced write
+	durable  map[receipts.Key]*mrec   // recs as of the last synced write
+	ghosts   map[receipts.Key][]*mrec // records superseded past retention (see afterOpen)
 	handles  []*mhandle
 	maxToken uint64
 	effects  map[string][]byte // application keys written by CommitWith
@@ -141,6 +142,7 @@ func newModelSM(t *rapid.T) *modelSM {
 		ttl:      int64(ttl),
 		recs:     map[receipts.Key]*mrec{},
 		durable:  map[receipts.Key]*mrec{},
+		ghosts:   map[receipts.Key][]*mrec{},
 		effects:  map[string][]byte{},
 		provKeys: map[receipts.Key]string{},
 	}
@@ -265,6 +267,9 @@ func (m *modelSM) Claim(t *rapid.T) {
 		require.Nil(t, rc)
 		m.newLease(t, k, l, 1, false)
 		modelSeen["claim"]++
+		if old := m.recs[k]; old != nil { // superseded while past retention
+			m.ghosts[k] = append(m.ghosts[k], old)
+		}
 		m.recs[k] = &mrec{fp: fp, state: receipts.Pending, attempts: 1, token: l.Token(), created: now, updated: now, leaseExp: now + m.ttl}
 		m.synced()
 	case !bytes.Equal(cur.fp, fp):
@@ -644,9 +649,13 @@ func (m *modelSM) Crash(t *rapid.T) {
 // afterOpen settles the store's time after a restart. With the clock at or
 // past the old time, the store starts from it. With a clock that went back,
 // the store's time restarts somewhere in [clock, old time] (from the newest
-// epoch on disk and the GC floor): GC reports it. Then a record that was
-// already past retention may be visible again, unless GC dropped it: the
-// test resolves that with a Lookup and counts it (see the report).
+// epoch on disk and the GC floor), and GC reports where. Then a record that
+// was already past retention may be visible again unless GC dropped it, and
+// so may an older copy of a key that a later claim superseded (and a release
+// then deleted): the engine only deletes old copies within the retention
+// window. Both are contrary to "the store never lets its time go backwards"
+// (Options.Now) and are counted and reported (see the report of issue 4);
+// everything else must match the model exactly.
 func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 	f := m.fake.Load()
 	if f >= old {
@@ -660,18 +669,34 @@ func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 	require.LessOrEqual(t, at, old, "store time after restart ahead of the old time")
 	m.hwm = at
 	for _, k := range modelKeys {
-		r := m.recs[k]
-		if r == nil || r.updated+m.ret > old || at >= r.updated+m.ret {
+		rc, err := m.db.Lookup(modelCtx, k)
+		if want := m.visible(k, at); want != nil {
+			if errors.Is(err, receipts.ErrNotFound) && want.updated+m.ret <= old {
+				delete(m.recs, k) // it was past retention, and GC dropped it
+				continue
+			}
+			require.NoError(t, err, "lookup %s", k)
+			m.checkReceipt(t, "after restart", k, want, rc)
+			if want.updated+m.ret <= old {
+				resurrections.Add(1)
+			}
 			continue
 		}
-		rc, err := m.db.Lookup(modelCtx, k)
 		if errors.Is(err, receipts.ErrNotFound) {
-			delete(m.recs, k) // GC dropped it
 			continue
 		}
 		require.NoError(t, err, "lookup %s", k)
-		m.checkReceipt(t, "resurrected", k, r, rc)
+		var ghost *mrec
+		for _, g := range m.ghosts[k] {
+			if g.token == rc.Token && at < g.updated+m.ret && g.updated+m.ret <= old {
+				ghost = g
+			}
+		}
+		require.NotNil(t, ghost, "%s: a record the model does not know appeared after a restart: %+v", k, rc)
+		m.checkReceipt(t, "superseded copy", k, ghost, rc)
+		m.recs[k] = ghost.clone()
 		resurrections.Add(1)
+		modelSeen["superseded-copy-back"]++
 	}
 	m.synced()
 }
@@ -733,4 +758,51 @@ func TestModel(t *testing.T) {
 	if n := resurrections.Load(); n > 0 {
 		t.Logf("%d expired records became visible again after a restart with a clock that went back", n)
 	}
+}
+
+// TestKnownIssueReleasedKeyComesBack pins down what the model test counts as
+// "superseded-copy-back": a receipt past retention is superseded by a new
+// claim of its key, the claim is released (the key is free: Lookup says
+// ErrNotFound), the store restarts with a clock that is behind its old time,
+// and the old receipt is back, replayed to the next caller. The release (a
+// later write) is undone. Cause: read (db.go) looks for the stored copy only
+// down to the retention window's first epoch, so put never deletes an older
+// copy below it; Open then restarts the store's time from the clock and the
+// newest epoch, which may be earlier than the old time. Fix: let writers
+// probe down to minEpoch for a stale copy to delete (or restart the clock
+// from the newest record's last write). Skipped unless
+// RECEIPTS_KNOWN_ISSUES=1, so that CI stays green until it is fixed.
+func TestKnownIssueReleasedKeyComesBack(t *testing.T) {
+	if os.Getenv("RECEIPTS_KNOWN_ISSUES") == "" {
+		t.Skip("known issue (see the comment); RECEIPTS_KNOWN_ISSUES=1 runs it")
+	}
+	var clock atomic.Int64
+	clock.Store(modelBase)
+	fs := vfs.NewMem()
+	opts := &receipts.Options{
+		Retention: time.Hour, LeaseTTL: time.Minute, EpochWidth: time.Second, GCInterval: -1,
+		Now:    func() time.Time { return time.Unix(0, clock.Load()) },
+		Pebble: &pebble.Options{FS: fs},
+	}
+	db, err := receipts.Open("db", opts)
+	require.NoError(t, err)
+	k, fp := receipts.Key{Scope: "s", ID: "op"}, []byte("fp")
+	_, err = db.Do(modelCtx, k, fp, func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("old"), nil })
+	require.NoError(t, err)
+
+	clock.Add(int64(time.Hour + time.Minute)) // the receipt is past retention
+	l, rc, err := db.Claim(modelCtx, k, fp)
+	require.NoError(t, err)
+	require.Nil(t, rc)
+	require.NoError(t, l.Release(modelCtx))
+	_, err = db.Lookup(modelCtx, k)
+	require.ErrorIs(t, err, receipts.ErrNotFound)
+	require.NoError(t, db.Close())
+
+	clock.Add(-int64(time.Hour)) // the machine restarts with its clock behind
+	db, err = receipts.Open("db", opts)
+	require.NoError(t, err)
+	defer db.Close()
+	rc, err = db.Lookup(modelCtx, k)
+	require.ErrorIs(t, err, receipts.ErrNotFound, "the released key came back as %+v", rc)
 }
