@@ -59,6 +59,7 @@ func TestDemoBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
+	t.Parallel() // the build overlaps the other tests
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command")
