@@ -13,8 +13,6 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
-
-	"github.com/receiptstore/receipts/internal/keys"
 )
 
 // AdminHandler returns a read-only HTTP handler that shows db's receipts as
@@ -249,7 +247,7 @@ func (db *DB) inspect(ctx context.Context, k Key) (*Receipt, error) {
 	if err := k.validate(); err != nil {
 		return nil, err
 	}
-	e, err := db.locks.Lock(ctx, keys.LockKey(k.Scope, k.ID))
+	e, err := db.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}
