@@ -285,7 +285,10 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte, b *pebbl
 	if err := validateResult(result); err != nil {
 		return nil, err
 	}
-	result = bytes.Clone(result) // nil stays nil: replays return what was committed
+	result = bytes.Clone(result)
+	if result == nil {
+		result = []byte{} // a committed result is never nil, first time or replayed
+	}
 	next, err := l.update(ctx, b, false, true, func(cur *encoding.Record, now int64, b *pebble.Batch) (*encoding.Record, bool, error) {
 		next, ok := machine.Finish(cur, l.token, encoding.State(state), result, now)
 		if !ok {
