@@ -263,6 +263,9 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	if err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: recording the result failed",
 			"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
+		if !errors.Is(err, receipts.ErrLeaseLost) {
+			m.abandon(detached, lease, tool)
+		}
 		if effects != nil && !tr.IsError {
 			// The staged effects did not happen: the client must not take
 			// the result for a success.

@@ -314,7 +314,25 @@ func (f *fixture) connectHTTP(srv *httptest.Server, token string) *mcp.ClientSes
 	return cs
 }
 
+// testTimeout bounds every wait in these tests, so that a bug shows as a
+// failure rather than a hung test binary.
+const testTimeout = 30 * time.Second
+
+// recv receives from ch, failing the test if nothing arrives in time.
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(testTimeout):
+		t.Fatalf("nothing received in %s", testTimeout)
+		panic("unreachable")
+	}
+}
+
 func call(ctx context.Context, cs *mcp.ClientSession, key, tool string, args any) (*mcp.CallToolResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, testTimeout)
+	defer cancel()
 	if key != "" {
 		ctx = receiptmcp.WithOperationKey(ctx, key)
 	}
@@ -454,7 +472,7 @@ func TestInProgressWaitsThenReplays(t *testing.T) {
 		res, err := call(context.Background(), cs, key, "create_item", args)
 		firstC <- answer{res, err}
 	}()
-	<-f.started
+	recv(t, f.started)
 
 	secondC := make(chan answer, 1)
 	go func() {
@@ -468,7 +486,7 @@ func TestInProgressWaitsThenReplays(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	close(f.gate)
-	first, second := <-firstC, <-secondC
+	first, second := recv(t, firstC), recv(t, secondC)
 	if first.err != nil || second.err != nil {
 		t.Fatalf("errors: %v, %v", first.err, second.err)
 	}
@@ -495,7 +513,7 @@ func TestInProgressTimeout(t *testing.T) {
 		_, err := call(context.Background(), cs, key, "create_item", args)
 		done <- err
 	}()
-	<-f.started
+	recv(t, f.started)
 	_, err := call(context.Background(), cs, key, "create_item", args)
 	data := wantError(t, err, receiptmcp.CodeInProgress, receiptmcp.TypeInProgress)
 	// The holder's lease has all of its TTL left by the fake clock.
@@ -508,7 +526,7 @@ func TestInProgressTimeout(t *testing.T) {
 	}
 
 	close(f.gate)
-	if err := <-done; err != nil {
+	if err := recv(t, done); err != nil {
 		t.Fatal(err)
 	}
 	if res := mustCall(t, cs, key, "create_item", args); !isReplay(res) {
@@ -810,13 +828,13 @@ func TestClientCancelMidCallAndRetry(t *testing.T) {
 				_, err := call(ctx, cs, key, "create_item", args)
 				errC <- err
 			}()
-			<-f.started
+			recv(t, f.started)
 			cancel() // the host gives up mid-call
-			if err := <-errC; !errors.Is(err, context.Canceled) {
+			if err := recv(t, errC); !errors.Is(err, context.Canceled) {
 				t.Fatalf("cancelled call: %v", err)
 			}
-			<-f.cancelled // the server got the cancellation ...
-			close(f.gate) // ... and the tool finishes anyway
+			recv(t, f.cancelled) // the server got the cancellation ...
+			close(f.gate)        // ... and the tool finishes anyway
 
 			res := mustCall(t, cs, key, "create_item", args) // the host retries
 			if !isReplay(res) {
@@ -845,7 +863,12 @@ func TestAddEffectCommitsWithReceipt(t *testing.T) {
 		if !ok {
 			return nil, nil, errors.New("no attempt")
 		}
-		a.AddEffect(func(b *pebble.Batch) error { return b.Set([]byte("app/"+in.Title), []byte("x"), nil) })
+		a.AddEffect(func(b *pebble.Batch) error {
+			if in.Title == "bad" {
+				return errors.New("cannot write")
+			}
+			return b.Set([]byte("app/"+in.Title), []byte("x"), nil)
+		})
 		if in.Points < 0 {
 			return nil, nil, errors.New("negative points")
 		}
@@ -869,8 +892,11 @@ func TestAddEffectCommitsWithReceipt(t *testing.T) {
 	if _, _, err := db.Pebble().Get([]byte("app/b")); !errors.Is(err, pebble.ErrNotFound) {
 		t.Fatalf("effect of an isError result applied: %v", err)
 	}
-	if n := runs.Load(); n != 2 {
-		t.Fatalf("tool ran %d times, want 2", n)
+	// An effect that fails: nothing is recorded, the client is told so.
+	_, err := call(context.Background(), cs, "k3", "put", map[string]any{"title": "bad"})
+	wantError(t, err, receiptmcp.CodeNotRecorded, receiptmcp.TypeNotRecorded)
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("tool ran %d times, want 3", n)
 	}
 }
 
@@ -920,5 +946,47 @@ func TestConfigValidation(t *testing.T) {
 		if got := receiptmcp.PolicyFor(tool); got != want {
 			t.Errorf("PolicyFor(%s) = %s, want %s", tool.Name, got, want)
 		}
+	}
+}
+
+// A handler that panics crashes the server (the SDK does not recover), as
+// it would without the middleware; the claim is left for the next attempt,
+// which is told the outcome is unknown.
+func TestPanicLeavesOutcomeUncertain(t *testing.T) {
+	db, clk := openDB(t)
+	mw := receiptmcp.Middleware(db, receiptmcp.Config{FixedScope: "local", Wait: -1, Logger: quiet})
+	req := &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{
+		Name:      "create_item",
+		Arguments: json.RawMessage(`{"title":"a"}`),
+		Meta:      mcp.Meta{receiptmcp.DefaultMetaKey: "k1"},
+	}}
+	panicking := mw(func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		panic("boom")
+	})
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		_, _ = panicking(context.Background(), "tools/call", req)
+	}()
+
+	var got *receiptmcp.Attempt
+	ok := mw(func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		got, _ = receiptmcp.AttemptFrom(ctx)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil
+	})
+	clk.Advance(leaseTTL)
+	if _, err := ok(context.Background(), "tools/call", req); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || !got.Recovered || got.Number != 2 {
+		t.Fatalf("attempt after a panic: %+v", got)
+	}
+	// Other methods pass through untouched.
+	res, err := ok(context.Background(), "tools/list", &mcp.ListToolsRequest{})
+	if err != nil || res == nil {
+		t.Fatalf("tools/list: %v %v", res, err)
 	}
 }
