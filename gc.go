@@ -21,7 +21,8 @@ type GCStats struct {
 	// with CompactOnGC).
 	BytesFreed uint64
 	// Writes is how many writes GC issued: one range deletion for all the
-	// dead epochs plus the persisted floor, whatever the number of records.
+	// dead epochs plus the persisted floor, whatever the number of records
+	// (at most 2, in one synced batch).
 	Writes int
 	// Compacted reports that the dropped range was compacted at once.
 	Compacted bool
@@ -58,12 +59,14 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 	// Epochs below newFloor are dead.
 	newFloor := uint64(max(now-db.retention, 0) / db.width)
 	end := keys.EpochStart(newFloor)
-	dropped, err := db.countEpochs(keys.RecordsStart, end)
+	dropped, first, err := db.countEpochs(keys.RecordsStart, end)
 	if err != nil {
 		return st, err
 	}
 	if dropped > 0 {
-		if st.BytesFreed, err = db.pdb.EstimateDiskUsage(keys.RecordsStart, end); err != nil {
+		// From the first epoch still holding records: what earlier GCs
+		// dropped may not be reclaimed yet, and is not counted again.
+		if st.BytesFreed, err = db.pdb.EstimateDiskUsage(keys.EpochStart(first), end); err != nil {
 			st.BytesFreed = 0 // an estimate only
 		}
 	}
@@ -92,6 +95,8 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 	st.EpochsDropped = dropped
 	if dropped > 0 && db.opts.CompactOnGC {
 		if err := db.pdb.Compact(ctx, keys.RecordsStart, end, true); err != nil {
+			st.Duration = time.Since(start)
+			db.lastGC.Store(&st) // the epochs were dropped all the same
 			return st, fmt.Errorf("receipts: gc: compact: %w", err)
 		}
 		st.Compacted = true
@@ -102,26 +107,28 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 }
 
 // countEpochs counts the epochs that hold records in [lo, hi), one seek per
-// epoch.
-func (db *DB) countEpochs(lo, hi []byte) (int, error) {
+// epoch, and returns the first of them.
+func (db *DB) countEpochs(lo, hi []byte) (n int, first uint64, err error) {
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
-		return 0, fmt.Errorf("receipts: gc: %w", err)
+		return 0, 0, fmt.Errorf("receipts: gc: %w", err)
 	}
 	defer it.Close()
-	n := 0
 	for valid := it.First(); valid; {
 		e, ok := keys.Epoch(it.Key())
 		if !ok {
-			return n, fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
+			return n, first, fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
+		}
+		if n == 0 {
+			first = e
 		}
 		n++
 		valid = it.SeekGE(keys.EpochStart(e + 1))
 	}
 	if err := it.Error(); err != nil {
-		return n, fmt.Errorf("receipts: gc: %w", err)
+		return n, first, fmt.Errorf("receipts: gc: %w", err)
 	}
-	return n, nil
+	return n, first, nil
 }
 
 // gcInterval is the background GC period; 0 means disabled.
