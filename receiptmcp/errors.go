@@ -35,14 +35,22 @@ const (
 
 // Values of ErrorData.Type.
 const (
-	TypeKeyMissing    = "idempotency_key_missing"
-	TypeKeyInvalid    = "idempotency_key_invalid"
-	TypeKeyConflict   = "idempotency_key_conflict"
-	TypeInProgress    = "idempotency_key_in_progress"
-	TypeScopeMissing  = "idempotency_scope_missing"
-	TypeNotRecorded   = "idempotency_outcome_not_recorded"
-	TypeStoreFailure  = "idempotency_store_failure"
-	TypeInvalidParams = "invalid_arguments"
+	// TypeKeyMissing: a Required tool was called without an operation key.
+	TypeKeyMissing = "idempotency_key_missing"
+	// TypeKeyInvalid: the key is not a string, is empty or is too long.
+	TypeKeyInvalid = "idempotency_key_invalid"
+	// TypeKeyConflict: the key was used for another tool or other arguments.
+	TypeKeyConflict = "idempotency_key_conflict"
+	// TypeInProgress: a call with the key is still running (CodeInProgress).
+	TypeInProgress = "idempotency_key_in_progress"
+	// TypeScopeMissing: no authenticated principal (CodeUnauthenticated).
+	TypeScopeMissing = "idempotency_scope_missing"
+	// TypeNotRecorded: the outcome could not be recorded (CodeNotRecorded).
+	TypeNotRecorded = "idempotency_outcome_not_recorded"
+	// TypeStoreFailure: the receipt store failed (CodeInternal).
+	TypeStoreFailure = "idempotency_store_failure"
+	// TypeInvalidArguments: the arguments are not valid JSON.
+	TypeInvalidArguments = "invalid_arguments"
 )
 
 // ErrorData is the data member of every JSON-RPC error the middleware

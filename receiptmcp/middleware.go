@@ -88,7 +88,7 @@ func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *
 
 	fp, err := Fingerprint(tool, req.Params.Arguments)
 	if err != nil {
-		return nil, newError(CodeInvalidParams, err.Error(), ErrorData{Type: TypeInvalidParams, Tool: tool})
+		return nil, newError(CodeInvalidParams, err.Error(), ErrorData{Type: TypeInvalidArguments, Tool: tool})
 	}
 
 	key := receipts.Key{Scope: scope, ID: id}
