@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -65,6 +66,9 @@ func newEnv(t testing.TB, cfg receipthttp.Config, app http.Handler) *env {
 	t.Helper()
 	if cfg.Scope == nil {
 		cfg.Scope = callerScope
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	e := &env{t: t, dir: t.TempDir(), clk: &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}, cfg: cfg, app: app}
 	e.open()
@@ -159,6 +163,17 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"run":%d,"body":%q}`, n, body)
 }
 
+// waitStarted waits until the handler runs, failing (not hanging) if the
+// request is answered without it.
+func waitStarted(t testing.TB, started <-chan struct{}, done <-chan *httptest.ResponseRecorder) {
+	t.Helper()
+	select {
+	case <-started:
+	case w := <-done:
+		t.Fatalf("answered before the handler ran: %d %s", w.Code, w.Body)
+	}
+}
+
 func wantStatus(t testing.TB, w *httptest.ResponseRecorder, want int) {
 	t.Helper()
 	if w.Code != want {
@@ -243,7 +258,15 @@ func TestConcurrentDuplicateGets409(t *testing.T) {
 
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- e.post("alice", "k1", "x") }()
-	<-app.started
+	waitStarted(t, app.started, done)
+	defer func() {
+		select {
+		case <-app.gate:
+		default:
+			close(app.gate) // never leave the handler blocked, even on failure
+			<-done
+		}
+	}()
 
 	e.clk.Advance(10 * time.Second) // 20s of the 30s lease left
 	dup := e.post("alice", "k1", "x")
@@ -270,15 +293,16 @@ func Test64ConcurrentDuplicates(t *testing.T) {
 			e := newEnv(t, receipthttp.Config{Wait: wait}, app)
 
 			var wg sync.WaitGroup
-			var conflicts atomic.Int32
+			var conflicts, answered atomic.Int32
 			codes := make([]*httptest.ResponseRecorder, n)
 			for i := range n {
 				wg.Go(func() {
 					codes[i] = e.post("alice", "same-key", "payload")
 					if codes[i].Code == http.StatusConflict {
-						if conflicts.Add(1) == n-1 {
-							close(app.gate) // every duplicate answered: let the first finish
-						}
+						conflicts.Add(1)
+					}
+					if wait == 0 && answered.Add(1) == n-1 {
+						close(app.gate) // every duplicate answered: let the first finish
 					}
 				})
 			}
@@ -324,7 +348,15 @@ func TestWaitGivesUpWith409(t *testing.T) {
 	e := newEnv(t, receipthttp.Config{Wait: 20 * time.Millisecond}, app)
 	done := make(chan *httptest.ResponseRecorder)
 	go func() { done <- e.post("alice", "k1", "x") }()
-	<-app.started
+	waitStarted(t, app.started, done)
+	defer func() {
+		select {
+		case <-app.gate:
+		default:
+			close(app.gate) // never leave the handler blocked, even on failure
+			<-done
+		}
+	}()
 	dup := e.post("alice", "k1", "x")
 	wantProblem(t, dup, http.StatusConflict, receipthttp.ProblemInProgress)
 	if dup.Header().Get("Retry-After") == "" {
@@ -693,7 +725,18 @@ func TestClientDisconnect(t *testing.T) {
 		}
 		clientErr <- err
 	}()
-	<-started
+	select {
+	case <-started:
+	case err := <-clientErr:
+		t.Fatalf("answered before the handler ran: %v", err)
+	}
+	defer func() {
+		select {
+		case <-gate:
+		default:
+			close(gate) // never leave the handler blocked, even on failure
+		}
+	}()
 	cancel()
 	if err := <-clientErr; err == nil {
 		t.Fatalf("client request succeeded; want it cancelled")
@@ -760,4 +803,66 @@ func TestAttemptFromOutsideMiddleware(t *testing.T) {
 	if _, ok := receipthttp.AttemptFrom(context.Background()); ok {
 		t.Fatal("AttemptFrom found an attempt in a bare context")
 	}
+}
+
+// TestTakeoverFencesTheStalledAttempt: a handler stalls past its lease, a
+// retry takes over and commits; the stalled one cannot record its response
+// and tells its client to retry, which then gets the winner's receipt.
+func TestTakeoverFencesTheStalledAttempt(t *testing.T) {
+	app := &counter{gate: make(chan struct{}), started: make(chan struct{}, 2), attempts: make(chan receipthttp.Attempt, 2)}
+	e := newEnv(t, receipthttp.Config{}, app)
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.post("alice", "k1", "x") }()
+	waitStarted(t, app.started, done)
+	<-app.attempts
+
+	e.clk.Advance(leaseTTL) // the first lease runs out (no renewal in fake time)
+	second := make(chan *httptest.ResponseRecorder)
+	go func() { second <- e.post("alice", "k1", "x") }()
+	waitStarted(t, app.started, second)
+	if a := <-app.attempts; a.Number != 2 || !a.Recovered {
+		t.Fatalf("takeover attempt = %+v", a)
+	}
+	close(app.gate)
+	won, lost := <-second, <-done
+	wantStatus(t, won, http.StatusCreated)
+	wantProblem(t, lost, http.StatusServiceUnavailable, receipthttp.ProblemNotRecorded)
+	if lost.Header().Get("Retry-After") == "" {
+		t.Fatalf("503 without Retry-After")
+	}
+	if strings.Contains(lost.Body.String(), `"run"`) {
+		t.Fatalf("the fenced attempt's response leaked: %s", lost.Body)
+	}
+	again := e.post("alice", "k1", "x")
+	if again.Body.String() != won.Body.String() || again.Header().Get(receipthttp.ReplayedHeader) != "true" {
+		t.Fatalf("retry got %q, want the winner's %q", again.Body, won.Body)
+	}
+}
+
+func TestBeforeReplayProblem(t *testing.T) {
+	var revoked atomic.Bool
+	app := &counter{}
+	e := &env{t: t, dir: t.TempDir(), clk: &clock{t: time.Unix(1e9, 0)}, app: app,
+		cfg: receipthttp.Config{Scope: callerScope}}
+	db, err := receipts.Open(e.dir, &receipts.Options{Now: e.clk.Now, GCInterval: -1,
+		BeforeReplay: func(ctx context.Context, r *receipts.Receipt) error {
+			if revoked.Load() {
+				return &receipthttp.Problem{Type: "tag:example.com,2026:revoked", Title: "Access revoked", Status: http.StatusForbidden}
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := receipthttp.New(db, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.db, e.h = db, mw(app)
+	wantStatus(t, e.post("alice", "k1", "x"), http.StatusCreated)
+	wantStatus(t, e.post("alice", "k1", "x"), http.StatusCreated)
+	revoked.Store(true)
+	wantProblem(t, e.post("alice", "k1", "x"), http.StatusForbidden, "tag:example.com,2026:revoked")
+	e.db = nil
 }
