@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ func parallel(b *testing.B, conc int, op func(ctx context.Context, w int, i int)
 	var wg sync.WaitGroup
 	var failed atomic.Bool
 	b.ReportAllocs()
+	cpu0 := cpuTime()
 	b.ResetTimer()
 	for w := range conc {
 		wg.Add(1)
@@ -59,6 +61,18 @@ func parallel(b *testing.B, conc int, op func(ctx context.Context, w int, i int)
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+}
+
+// cpuTime is the CPU time (user + system) this process has used, background goroutines
+// (Pebble's flushes and compactions) included. Per operation it is a steadier measure of
+// overhead than wall time on a shared, loaded machine.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // openEngine opens the engine on disk in a fresh temporary directory.
