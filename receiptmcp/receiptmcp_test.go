@@ -990,3 +990,53 @@ func TestPanicLeavesOutcomeUncertain(t *testing.T) {
 		t.Fatalf("tools/list: %v %v", res, err)
 	}
 }
+
+// A handler that outlives its lease (the clock ran past LeaseTTL without a
+// renewal) is taken over; its late commit is fenced off, and the receipt is
+// the one of the attempt that took over.
+func TestStaleHolderIsFenced(t *testing.T) {
+	f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: -1})
+	cs := f.connect(nil)
+	f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
+	key := receiptmcp.NewOperationKey()
+	args := map[string]any{"title": "a"}
+
+	type answer struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	firstC := make(chan answer, 1)
+	go func() {
+		res, err := call(context.Background(), cs, key, "create_item", args)
+		firstC <- answer{res, err}
+	}()
+	recv(t, f.started)
+	gate := f.gate
+	f.mu.Lock()
+	f.started, f.gate = nil, nil // the takeover does not block
+	f.mu.Unlock()
+
+	f.clk.Advance(leaseTTL)
+	second := mustCall(t, cs, key, "create_item", args)
+	if a := f.lastAttempt(); !a.Recovered || a.Number != 2 {
+		t.Fatalf("takeover attempt %+v", a)
+	}
+	close(gate)
+	first := recv(t, firstC)
+	if first.err != nil {
+		t.Fatalf("the stale holder's client: %v", first.err)
+	}
+	// The stale holder's client still got what its execution did ...
+	var o1, o2, o3 itemOut
+	remarshal(t, first.res.StructuredContent, &o1)
+	remarshal(t, second.StructuredContent, &o2)
+	if o1.ID != 1 || o2.ID != 2 {
+		t.Fatalf("ids %d, %d", o1.ID, o2.ID)
+	}
+	// ... but the receipt is the takeover's.
+	third := mustCall(t, cs, key, "create_item", args)
+	remarshal(t, third.StructuredContent, &o3)
+	if !isReplay(third) || o3.ID != 2 {
+		t.Fatalf("replay %+v (replayed %v), want the takeover's result", o3, isReplay(third))
+	}
+}
