@@ -626,6 +626,7 @@ func (m *modelSM) Reopen(t *rapid.T) {
 	m.synced() // Close syncs the WAL
 	modelSeen["reopen"]++
 	m.gen++
+	m.avoidKnownIssue()
 	m.open(t)
 	m.afterOpen(t, old)
 }
@@ -642,20 +643,41 @@ func (m *modelSM) Crash(t *rapid.T) {
 		m.recs[k] = r.clone()
 	}
 	m.gen++
+	m.avoidKnownIssue()
 	m.open(t)
 	m.afterOpen(t, old)
+}
+
+// knownIssues makes the model test run into the known issue that
+// TestKnownIssueReleasedKeyComesBack pins down, instead of stepping around it.
+var knownIssues = os.Getenv("RECEIPTS_KNOWN_ISSUES") != ""
+
+// avoidKnownIssue moves the clock, before a restart, past the retention of
+// every copy that a claim superseded past retention: such a copy is not
+// deleted, and would come back if the store's time restarted behind it.
+func (m *modelSM) avoidKnownIssue() {
+	if knownIssues {
+		return
+	}
+	for _, gs := range m.ghosts {
+		for _, g := range gs {
+			if end := g.updated + m.ret; m.fake.Load() < end {
+				m.fake.Store(end)
+				modelSeen["clock-moved-for-known-issue"]++
+			}
+		}
+	}
 }
 
 // afterOpen settles the store's time after a restart. With the clock at or
 // past the old time, the store starts from it. With a clock that went back,
 // the store's time restarts somewhere in [clock, old time] (from the newest
 // epoch on disk and the GC floor), and GC reports where. Then a record that
-// was already past retention may be visible again unless GC dropped it, and
-// so may an older copy of a key that a later claim superseded (and a release
-// then deleted): the engine only deletes old copies within the retention
-// window. Both are contrary to "the store never lets its time go backwards"
-// (Options.Now) and are counted and reported (see the report of issue 4);
-// everything else must match the model exactly.
+// was already past retention may be visible again unless GC dropped it
+// (contrary to "the store never lets its time go backwards" in Options.Now,
+// but harmless: nothing wrote the key since; counted and reported). An
+// older copy of a key that a later claim superseded must never come back
+// (see avoidKnownIssue). Everything else must match the model exactly.
 func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 	f := m.fake.Load()
 	if f >= old {
@@ -686,17 +708,12 @@ func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 			continue
 		}
 		require.NoError(t, err, "lookup %s", k)
-		var ghost *mrec
 		for _, g := range m.ghosts[k] {
-			if g.token == rc.Token && at < g.updated+m.ret && g.updated+m.ret <= old {
-				ghost = g
+			if g.token == rc.Token {
+				t.Fatalf("%s: a copy superseded past retention came back after a restart (TestKnownIssueReleasedKeyComesBack): %+v", k, rc)
 			}
 		}
-		require.NotNil(t, ghost, "%s: a record the model does not know appeared after a restart: %+v", k, rc)
-		m.checkReceipt(t, "superseded copy", k, ghost, rc)
-		m.recs[k] = ghost.clone()
-		resurrections.Add(1)
-		modelSeen["superseded-copy-back"]++
+		t.Fatalf("%s: a record the model does not know appeared after a restart: %+v", k, rc)
 	}
 	m.synced()
 }
