@@ -1,7 +1,9 @@
 package encoding
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 
@@ -46,8 +48,8 @@ func DecodeMeta(b []byte) (*Meta, error) {
 	if int(b[1]) != StoreFormat {
 		return &Meta{Format: int(b[1])}, nil
 	}
-	m := new(Meta)
-	if err := msgpack.Unmarshal(b[2:n], m); err != nil {
+	m, err := decodeMetaBody(b[2:n])
+	if err != nil {
 		return nil, corrupt("meta body: %v", err)
 	}
 	if m.Format != StoreFormat || m.EpochWidth <= 0 || len(m.Secret) < 16 {
@@ -71,4 +73,72 @@ func DecodeUint64(b []byte) (uint64, error) {
 		return 0, corrupt("counter checksum mismatch")
 	}
 	return binary.BigEndian.Uint64(b), nil
+}
+
+// decodeMetaBody decodes the msgpack map that EncodeMeta writes. It does not
+// use msgpack.Unmarshal, which allocates whatever length a corrupt header
+// declares (up to 4 GiB for a bin32): every length is checked against the
+// bytes that are there first. A field this format does not know is corrupt
+// (a new field means a new format).
+func decodeMetaBody(body []byte) (m *Meta, err error) {
+	rd := bytes.NewReader(body)
+	dec := msgpack.NewDecoder(rd)
+	defer func() {
+		if p := recover(); p != nil {
+			m, err = nil, fmt.Errorf("decoder panic: %v", p)
+		}
+	}()
+	fields, err := dec.DecodeMapLen()
+	if err != nil {
+		return nil, err
+	}
+	if fields < 0 || fields > rd.Len() {
+		return nil, fmt.Errorf("map of %d fields in %d bytes", fields, rd.Len())
+	}
+	m = new(Meta)
+	for range fields {
+		name, err := readMetaBytes(dec, rd, 32)
+		if err != nil {
+			return nil, fmt.Errorf("field name: %w", err)
+		}
+		switch string(name) {
+		case "format":
+			m.Format, err = dec.DecodeInt()
+		case "epoch_width":
+			m.EpochWidth, err = dec.DecodeInt64()
+		case "secret":
+			m.Secret, err = readMetaBytes(dec, rd, rd.Len())
+		case "created_at":
+			m.CreatedAt, err = dec.DecodeInt64()
+		default:
+			err = errors.New("unknown field")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("field %q: %w", name, err)
+		}
+	}
+	if rd.Len() != 0 {
+		return nil, fmt.Errorf("%d trailing bytes", rd.Len())
+	}
+	return m, nil
+}
+
+// readMetaBytes reads a msgpack str, bin or nil of at most limit bytes,
+// checking the declared length before allocating.
+func readMetaBytes(dec *msgpack.Decoder, rd *bytes.Reader, limit int) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, nil
+	}
+	if n > rd.Len() || n > limit {
+		return nil, fmt.Errorf("declared length %d, %d bytes left (limit %d)", n, rd.Len(), limit)
+	}
+	out := make([]byte, n)
+	if err := dec.ReadFull(out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
