@@ -15,12 +15,16 @@
 //
 //	db, _ := receipts.Open(dir, nil)
 //	server := mcp.NewServer(&mcp.Implementation{Name: "workitems"}, nil)
-//	mcp.AddTool(server, createWorkItem, handler)
+//	mcp.AddTool(server, createWorkItem, create)
+//	mcp.AddTool(server, listWorkItems, list)
 //	server.AddReceivingMiddleware(receiptmcp.Middleware(db, receiptmcp.Config{
 //		Policies: receiptmcp.PoliciesFor(createWorkItem, listWorkItems),
 //	}))
-//	handler := auth.RequireBearerToken(verify, nil)(
-//		mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
+//	http.Handle("/mcp", auth.RequireBearerToken(verify, nil)( // TokenInfo.UserID is the scope
+//		mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)))
+//
+// Over stdio there is no token: set Config.FixedScope (the one local user)
+// instead.
 //
 // Inside a tool handler, AttemptFrom(ctx) tells whether an earlier attempt's
 // outcome is unknown (Recovered: reconcile first) and gives a ProviderKey to
@@ -60,7 +64,8 @@
 //     runs the tool again under the same key.
 //   - A handler that returns a JSON-RPC error (*jsonrpc.Error: nothing was
 //     done) releases the claim. Any other error, a panic or a crash leaves
-//     the outcome unknown: the next attempt runs with Attempt.Recovered.
+//     the outcome unknown: the next attempt, once the claim's lease has run
+//     out, runs with Attempt.Recovered.
 //   - The same key with another tool or other arguments: invalid params,
 //     data.type "idempotency_key_conflict".
 //   - The same key while the first call runs: the duplicate waits up to
