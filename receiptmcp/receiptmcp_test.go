@@ -388,41 +388,61 @@ func wantError(t *testing.T, err error, code int64, typ string) *receiptmcp.Erro
 	return data
 }
 
+// session connects a client over the named transport ("memory" or
+// "http") and returns it with the scope its calls get.
+func (f *fixture) session(transport string, srv *httptest.Server) (*mcp.ClientSession, string) {
+	f.t.Helper()
+	if transport == "memory" {
+		return f.connect(nil), "local"
+	}
+	return f.connectHTTP(srv, "tok-alice"), "alice"
+}
+
+var transports = []string{"memory", "http"}
+
 func TestRetryRunsOnceAndReplays(t *testing.T) {
-	f := newFixture(t, receiptmcp.Config{FixedScope: "local"})
-	cs := f.connect(nil)
-	key := receiptmcp.NewOperationKey()
-	args := map[string]any{"title": "Fix the login page", "points": 3}
+	for _, transport := range transports {
+		t.Run(transport, func(t *testing.T) {
+			f := newFixture(t, receiptmcp.Config{FixedScope: "local"})
+			srv := f.serveHTTP()
+			cs, scope := f.session(transport, srv)
+			key := receiptmcp.NewOperationKey()
+			args := map[string]any{"title": "Fix the login page", "points": 3}
 
-	first := mustCall(t, cs, key, "create_item", args)
-	if first.IsError || isReplay(first) {
-		t.Fatalf("first answer: isError=%v replay=%v", first.IsError, isReplay(first))
-	}
-	for i := 0; i < 3; i++ {
-		again := mustCall(t, cs, key, "create_item", args)
-		if !isReplay(again) {
-			t.Fatalf("retry %d not marked as a replay: %v", i, again.Meta)
-		}
-		if diff := cmp.Diff(comparable(first), comparable(again)); diff != "" {
-			t.Fatalf("replay differs (-first +replay):\n%s", diff)
-		}
-	}
-	if n := f.runCount("create_item"); n != 1 {
-		t.Fatalf("tool ran %d times, want 1", n)
-	}
-	a := f.lastAttempt()
-	if !a.OK || a.Number != 1 || a.Recovered || a.Scope != "local" || a.ProviderKey == "" {
-		t.Fatalf("attempt seen by the handler: %+v", a)
-	}
-	rec, err := f.db.Lookup(context.Background(), receipts.Key{Scope: "local", ID: key})
-	if err != nil || rec.State != receipts.Succeeded {
-		t.Fatalf("Lookup: %v %v", rec, err)
-	}
+			first := mustCall(t, cs, key, "create_item", args)
+			if first.IsError || isReplay(first) {
+				t.Fatalf("first answer: isError=%v replay=%v", first.IsError, isReplay(first))
+			}
+			// Retries on the same session, and from a new session (the host
+			// lost its connection and reconnected).
+			cs2, _ := f.session(transport, srv)
+			for i, c := range []*mcp.ClientSession{cs, cs, cs2} {
+				again := mustCall(t, c, key, "create_item", args)
+				if !isReplay(again) {
+					t.Fatalf("retry %d not marked as a replay: %v", i, again.Meta)
+				}
+				if diff := cmp.Diff(comparable(first), comparable(again)); diff != "" {
+					t.Fatalf("replay differs (-first +replay):\n%s", diff)
+				}
+			}
+			if n := f.runCount("create_item"); n != 1 {
+				t.Fatalf("tool ran %d times, want 1", n)
+			}
+			a := f.lastAttempt()
+			if !a.OK || a.Number != 1 || a.Recovered || a.Scope != scope || a.ProviderKey == "" {
+				t.Fatalf("attempt seen by the handler: %+v", a)
+			}
+			rec, err := f.db.Lookup(context.Background(), receipts.Key{Scope: scope, ID: key})
+			if err != nil || rec.State != receipts.Succeeded {
+				t.Fatalf("Lookup: %v %v", rec, err)
+			}
 
-	// Another key is another action.
-	other := mustCall(t, cs, receiptmcp.NewOperationKey(), "create_item", args)
-	if isReplay(other) || f.runCount("create_item") != 2 {
-		t.Fatalf("a new key did not run the tool (runs %d)", f.runCount("create_item"))
+			// Another key is another action.
+			other := mustCall(t, cs, receiptmcp.NewOperationKey(), "create_item", args)
+			if isReplay(other) || f.runCount("create_item") != 2 {
+				t.Fatalf("a new key did not run the tool (runs %d)", f.runCount("create_item"))
+			}
+		})
 	}
 }
 
@@ -438,102 +458,114 @@ func TestFingerprintIgnoresSpelling(t *testing.T) {
 }
 
 func TestConflict(t *testing.T) {
-	f := newFixture(t, receiptmcp.Config{FixedScope: "local"})
-	cs := f.connect(nil)
-	key := receiptmcp.NewOperationKey()
-	mustCall(t, cs, key, "create_item", map[string]any{"title": "a"})
+	for _, transport := range transports {
+		t.Run(transport, func(t *testing.T) {
+			f := newFixture(t, receiptmcp.Config{FixedScope: "local"})
+			cs, _ := f.session(transport, f.serveHTTP())
+			key := receiptmcp.NewOperationKey()
+			mustCall(t, cs, key, "create_item", map[string]any{"title": "a"})
 
-	_, err := call(context.Background(), cs, key, "create_item", map[string]any{"title": "b"})
-	data := wantError(t, err, receiptmcp.CodeInvalidParams, receiptmcp.TypeKeyConflict)
-	if data.Tool != "create_item" || data.MetaKey != receiptmcp.DefaultMetaKey {
-		t.Errorf("data = %+v", data)
-	}
-	// Same arguments, another tool: also another intent.
-	_, err = call(context.Background(), cs, key, "fail_item", map[string]any{"title": "a"})
-	wantError(t, err, receiptmcp.CodeInvalidParams, receiptmcp.TypeKeyConflict)
-	if n := f.runCount("create_item") + f.runCount("fail_item"); n != 1 {
-		t.Fatalf("tools ran %d times, want 1", n)
+			_, err := call(context.Background(), cs, key, "create_item", map[string]any{"title": "b"})
+			data := wantError(t, err, receiptmcp.CodeInvalidParams, receiptmcp.TypeKeyConflict)
+			if data.Tool != "create_item" || data.MetaKey != receiptmcp.DefaultMetaKey {
+				t.Errorf("data = %+v", data)
+			}
+			// Same arguments, another tool: also another intent.
+			_, err = call(context.Background(), cs, key, "fail_item", map[string]any{"title": "a"})
+			wantError(t, err, receiptmcp.CodeInvalidParams, receiptmcp.TypeKeyConflict)
+			if n := f.runCount("create_item") + f.runCount("fail_item"); n != 1 {
+				t.Fatalf("tools ran %d times, want 1", n)
+			}
+		})
 	}
 }
 
 func TestInProgressWaitsThenReplays(t *testing.T) {
-	f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: time.Minute})
-	cs := f.connect(nil)
-	f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
-	key := receiptmcp.NewOperationKey()
-	args := map[string]any{"title": "slow"}
+	for _, transport := range transports {
+		t.Run(transport, func(t *testing.T) {
+			f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: time.Minute})
+			cs, _ := f.session(transport, f.serveHTTP())
+			f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
+			key := receiptmcp.NewOperationKey()
+			args := map[string]any{"title": "slow"}
 
-	type answer struct {
-		res *mcp.CallToolResult
-		err error
-	}
-	firstC := make(chan answer, 1)
-	go func() {
-		res, err := call(context.Background(), cs, key, "create_item", args)
-		firstC <- answer{res, err}
-	}()
-	recv(t, f.started)
+			type answer struct {
+				res *mcp.CallToolResult
+				err error
+			}
+			firstC := make(chan answer, 1)
+			go func() {
+				res, err := call(context.Background(), cs, key, "create_item", args)
+				firstC <- answer{res, err}
+			}()
+			recv(t, f.started)
 
-	secondC := make(chan answer, 1)
-	go func() {
-		res, err := call(context.Background(), cs, key, "create_item", args)
-		secondC <- answer{res, err}
-	}()
-	// The duplicate is waiting (it cannot finish before the gate opens).
-	select {
-	case a := <-secondC:
-		t.Fatalf("duplicate answered while the first call runs: %v %v", a.res, a.err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(f.gate)
-	first, second := recv(t, firstC), recv(t, secondC)
-	if first.err != nil || second.err != nil {
-		t.Fatalf("errors: %v, %v", first.err, second.err)
-	}
-	if !isReplay(second.res) || isReplay(first.res) {
-		t.Fatalf("replay flags: first %v second %v", isReplay(first.res), isReplay(second.res))
-	}
-	if diff := cmp.Diff(comparable(first.res), comparable(second.res)); diff != "" {
-		t.Fatalf("replay differs:\n%s", diff)
-	}
-	if n := f.runCount("create_item"); n != 1 {
-		t.Fatalf("tool ran %d times, want 1", n)
+			secondC := make(chan answer, 1)
+			go func() {
+				res, err := call(context.Background(), cs, key, "create_item", args)
+				secondC <- answer{res, err}
+			}()
+			// The duplicate is waiting (it cannot finish before the gate opens).
+			select {
+			case a := <-secondC:
+				t.Fatalf("duplicate answered while the first call runs: %v %v", a.res, a.err)
+			case <-time.After(50 * time.Millisecond):
+			}
+			close(f.gate)
+			first, second := recv(t, firstC), recv(t, secondC)
+			if first.err != nil || second.err != nil {
+				t.Fatalf("errors: %v, %v", first.err, second.err)
+			}
+			if !isReplay(second.res) || isReplay(first.res) {
+				t.Fatalf("replay flags: first %v second %v", isReplay(first.res), isReplay(second.res))
+			}
+			if diff := cmp.Diff(comparable(first.res), comparable(second.res)); diff != "" {
+				t.Fatalf("replay differs:\n%s", diff)
+			}
+			if n := f.runCount("create_item"); n != 1 {
+				t.Fatalf("tool ran %d times, want 1", n)
+			}
+		})
 	}
 }
 
 func TestInProgressTimeout(t *testing.T) {
-	f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: 20 * time.Millisecond})
-	cs := f.connect(nil)
-	f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
-	key := receiptmcp.NewOperationKey()
-	args := map[string]any{"title": "slow"}
+	for _, transport := range transports {
+		t.Run(transport, func(t *testing.T) {
+			f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: 20 * time.Millisecond})
+			cs, _ := f.session(transport, f.serveHTTP())
+			f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
+			key := receiptmcp.NewOperationKey()
+			args := map[string]any{"title": "slow"}
 
-	done := make(chan error, 1)
-	go func() {
-		_, err := call(context.Background(), cs, key, "create_item", args)
-		done <- err
-	}()
-	recv(t, f.started)
-	_, err := call(context.Background(), cs, key, "create_item", args)
-	data := wantError(t, err, receiptmcp.CodeInProgress, receiptmcp.TypeInProgress)
-	// The holder's lease has all of its TTL left by the fake clock.
-	if data.RetryAfter() <= 0 || data.RetryAfter() > leaseTTL {
-		t.Errorf("retry after %s, want in (0, %s]", data.RetryAfter(), leaseTTL)
-	}
-	var je *jsonrpc.Error
-	if errors.As(err, &je) && (je.Code >= -32768 && je.Code <= -32000) {
-		t.Errorf("in-progress code %d is in JSON-RPC's reserved range", je.Code)
-	}
+			done := make(chan error, 1)
+			go func() {
+				_, err := call(context.Background(), cs, key, "create_item", args)
+				done <- err
+			}()
+			recv(t, f.started)
+			_, err := call(context.Background(), cs, key, "create_item", args)
+			data := wantError(t, err, receiptmcp.CodeInProgress, receiptmcp.TypeInProgress)
+			// The holder's lease has all of its TTL left by the fake clock.
+			if data.RetryAfter() <= 0 || data.RetryAfter() > leaseTTL {
+				t.Errorf("retry after %s, want in (0, %s]", data.RetryAfter(), leaseTTL)
+			}
+			var je *jsonrpc.Error
+			if errors.As(err, &je) && (je.Code >= -32768 && je.Code <= -32000) {
+				t.Errorf("in-progress code %d is in JSON-RPC's reserved range", je.Code)
+			}
 
-	close(f.gate)
-	if err := recv(t, done); err != nil {
-		t.Fatal(err)
-	}
-	if res := mustCall(t, cs, key, "create_item", args); !isReplay(res) {
-		t.Fatal("retry after the first finished was not a replay")
-	}
-	if n := f.runCount("create_item"); n != 1 {
-		t.Fatalf("tool ran %d times, want 1", n)
+			close(f.gate)
+			if err := recv(t, done); err != nil {
+				t.Fatal(err)
+			}
+			if res := mustCall(t, cs, key, "create_item", args); !isReplay(res) {
+				t.Fatal("retry after the first finished was not a replay")
+			}
+			if n := f.runCount("create_item"); n != 1 {
+				t.Fatalf("tool ran %d times, want 1", n)
+			}
+		})
 	}
 }
 
@@ -808,15 +840,10 @@ func TestUnknownErrorLeavesOutcomeUncertain(t *testing.T) {
 }
 
 func TestClientCancelMidCallAndRetry(t *testing.T) {
-	for _, transport := range []string{"memory", "http"} {
+	for _, transport := range transports {
 		t.Run(transport, func(t *testing.T) {
 			f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: 10 * time.Second})
-			var cs *mcp.ClientSession
-			if transport == "memory" {
-				cs = f.connect(nil)
-			} else {
-				cs = f.connectHTTP(f.serveHTTP(), "tok-alice")
-			}
+			cs, _ := f.session(transport, f.serveHTTP())
 			f.started, f.gate = make(chan struct{}, 1), make(chan struct{})
 			f.cancelled = make(chan struct{}, 1)
 			key := receiptmcp.NewOperationKey()
