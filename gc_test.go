@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -80,6 +81,10 @@ func gcFillRaw(tb testing.TB, db *receipts.DB, fs vfs.FS, dir string, width time
 	}
 	require.NoError(tb, w.Close())
 	require.NoError(tb, db.Pebble().Ingest(context.Background(), []string{name}))
+	// Pebble moved the file in (MemFS) or linked it (disk).
+	if err := fs.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		tb.Fatal(err)
+	}
 }
 
 var gcFillSeq atomic.Int64
