@@ -261,6 +261,15 @@ func (db *DB) enter() error {
 
 func (db *DB) exit() { db.inflight.Done() }
 
+// Options returns the options in force: the defaults filled in, the epoch
+// width as stored when the store was created. Changing the result changes
+// nothing.
+func (db *DB) Options() Options {
+	o := db.opts
+	o.EpochWidth = time.Duration(db.width)
+	return o
+}
+
 // Pebble returns the engine the store runs on, for the application's own
 // data. The store's keys all start with the reserved prefix "\x00rcpt"; keep
 // the application's keys out of it. Do not close it: Close does.
@@ -325,7 +334,21 @@ func (db *DB) newToken() (uint64, error) {
 //
 // REQUIRES: k's lock held, for anything that writes based on the result.
 func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
-	lo := max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width))
+	return db.readFrom(k, now, max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width)))
+}
+
+// readForWrite is read for a write that may create the key's record: it
+// also probes the epochs that are past retention but not yet dropped by GC,
+// so that an invisible copy there is found and deleted with the write. A
+// store never holds two copies of a key, so no older copy can come back
+// (after a restart with the clock behind, say) once a newer one is gone.
+// With background GC on, that is at most one or two extra probes.
+func (db *DB) readForWrite(k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
+	return db.readFrom(k, now, db.minEpoch.Load())
+}
+
+// readFrom probes the epochs from the current one down to lo.
+func (db *DB) readFrom(k Key, now int64, lo uint64) (rec *encoding.Record, stored []byte, err error) {
 	hi := db.epochOf(now)
 	key := keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), hi, k.Scope, k.ID)
 	for e := hi; ; e-- {

@@ -111,7 +111,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			return nil, nil, err
 		}
 		now := db.now()
-		cur, stored, err := db.read(k, now)
+		cur, stored, err := db.readForWrite(k, now)
 		if err != nil {
 			e.Unlock()
 			return nil, nil, err
@@ -333,8 +333,20 @@ func (l *Lease) release(ctx context.Context) error {
 	return err
 }
 
-// abandon ends the lease at once, leaving the outcome unknown: the next
-// claim takes over with Recovered set.
+// Abandon gives the key up with its outcome unknown: the effect may or may
+// not have happened (a timeout, a crash of the handler, a 5xx from the
+// provider). The lease ends at once, the claim stays, and the next caller
+// takes it over with Recovered() == true, so it reconciles first. Do
+// abandons for you on any error not marked NotPerformed or Permanent, and on
+// a panic.
+func (l *Lease) Abandon(ctx context.Context) error {
+	if err := l.db.enter(); err != nil {
+		return err
+	}
+	defer l.db.exit()
+	return l.abandon(ctx)
+}
+
 func (l *Lease) abandon(ctx context.Context) error {
 	_, err := l.update(ctx, nil, false, true, func(cur *encoding.Record, now int64, _ *pebble.Batch) (*encoding.Record, bool, error) {
 		next, ok := machine.Abandon(cur, l.token, now)

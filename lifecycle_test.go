@@ -372,3 +372,21 @@ func TestFingerprintCanonical(t *testing.T) {
 	_, err = encoding.Fingerprint(make(chan int))
 	require.True(t, err != nil && !errors.Is(err, context.Canceled))
 }
+
+func TestAbandonAndOptions(t *testing.T) {
+	s := newTestStore(t, nil)
+	o := s.db.Options()
+	require.Equal(t, time.Hour, o.Retention)
+	require.Equal(t, 30*time.Second, o.LeaseTTL)
+	require.Equal(t, time.Hour/4, o.EpochWidth)
+
+	k := key("a", "k")
+	l, _, err := s.db.Claim(bg, k, []byte("fp"))
+	require.NoError(t, err)
+	require.NoError(t, l.Abandon(bg))
+	// No waiting for the lease to run out: the next caller takes over now.
+	l2, _, err := s.db.Claim(bg, k, []byte("fp"))
+	require.NoError(t, err)
+	require.True(t, l2.Recovered())
+	require.ErrorIs(t, l.Abandon(bg), receipts.ErrLeaseLost)
+}
