@@ -315,7 +315,7 @@ func (d *demo) run(ctx context.Context, db *receipts.DB) error {
 		}
 		results[o.result]++
 	}
-	d.say("   %d ran it, %d waited for its receipt; all %d got %s\n",
+	d.say("   %d ran it, %d got its receipt instead of running it: all %d got %s\n",
 		ran, racers-ran, racers, strings.Join(sortedKeys(results), ", "))
 
 	d.say("\n3. A key reused with other arguments: %s\n", bookOther)

@@ -78,7 +78,7 @@ func TestDemoBinary(t *testing.T) {
 		`(?m)^1\. Lost responses: the agent retries book_flight`,
 		`(?m)^   call 1  ran it: the provider performed it -> conf-0001`,
 		`(?m)^   call 2  replayed the receipt -> conf-0001; nothing ran`,
-		`(?m)^   1 ran it, 3 waited for its receipt; all 4 got conf-0002$`,
+		`(?m)^   1 ran it, 3 got its receipt instead of running it: all 4 got conf-0002$`,
 		`(?m)^   call 1  rejected: same key, different arguments; nothing ran$`,
 		`(?m)^   call 1  the provider declined: mailbox traveller@example.invalid unavailable; stored as a failed receipt$`,
 		`(?m)^   call 2  replayed the failed receipt: mailbox traveller@example.invalid unavailable; nothing ran$`,
