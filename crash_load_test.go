@@ -398,6 +398,11 @@ type crashLoad struct {
 	maxJumps int64
 	doWait   time.Duration // how long Do waits for another holder
 
+	// expected, if set, says which errors the harness injected on purpose:
+	// such an error stops the workload (fail-stop) instead of counting as a
+	// violation.
+	expected func(error) bool
+
 	gate  sync.RWMutex // a clock jump excludes every lease-check-then-effect section
 	nonce atomic.Uint64
 	stop  atomic.Bool
@@ -450,7 +455,7 @@ func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
 			j := rng.IntN(len(held))
 			if err := held[j].l.Renew(ctx); err != nil {
 				if !errors.Is(err, receipts.ErrLeaseLost) {
-					w.bad.addf("gen %d: renew %s: %v", w.gen, held[j].l.Key(), err)
+					w.fail(err, "gen %d: renew %s: %v", w.gen, held[j].l.Key(), err)
 				}
 				w.st.zombiesFenced.Add(1)
 				held = append(held[:j], held[j+1:]...)
@@ -471,6 +476,16 @@ func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
 		}
 	}
 	// Held leases are dropped: their holders "died" with this generation.
+}
+
+// fail reports an unexpected error from the store, unless the harness
+// injected it: then the workload stops, as a fail-stop process would.
+func (w *crashLoad) fail(err error, format string, args ...any) {
+	if err != nil && w.expected != nil && w.expected(err) {
+		w.stop.Store(true)
+		return
+	}
+	w.bad.addf(format, args...)
 }
 
 func (w *crashLoad) granted(l *receipts.Lease, durable bool) {
@@ -539,7 +554,7 @@ func (w *crashLoad) claimOp(ctx context.Context, rng *rand.Rand) (crashHeld, boo
 			fx, err := w.effect(l)
 			if err != nil {
 				if !errors.Is(err, errCrashWorldEnded) {
-					w.bad.addf("gen %d: effect of %s: %v", w.gen, k, err)
+					w.fail(err, "gen %d: effect of %s: %v", w.gen, k, err)
 				}
 				return h, false
 			}
@@ -553,7 +568,7 @@ func (w *crashLoad) claimOp(ctx context.Context, rng *rand.Rand) (crashHeld, boo
 		w.observe(k, r, "claim replay")
 	case errors.Is(err, receipts.ErrInProgress):
 	default:
-		w.bad.addf("gen %d: claim %s: %v", w.gen, k, err)
+		w.fail(err, "gen %d: claim %s: %v", w.gen, k, err)
 	}
 	return crashHeld{}, false
 }
@@ -573,7 +588,7 @@ func (w *crashLoad) finish(ctx context.Context, rng *rand.Rand, h crashHeld) {
 			case errors.Is(err, receipts.ErrLeaseLost):
 				w.st.zombiesFenced.Add(1)
 			default:
-				w.bad.addf("gen %d: release %s: %v", w.gen, h.l.Key(), err)
+				w.fail(err, "gen %d: release %s: %v", w.gen, h.l.Key(), err)
 			}
 		case x < 90:
 			w.commit(ctx, h, receipts.Succeeded)
@@ -606,7 +621,7 @@ func (w *crashLoad) commit(ctx context.Context, h crashHeld, st receipts.State) 
 		w.rec.add(crashEvent{Kind: evRejected, Gen: w.gen, Key: k, Token: h.l.Token(), State: st, Result: res})
 		w.st.zombiesFenced.Add(1)
 	default:
-		w.bad.addf("gen %d: commit %s: %v", w.gen, k, err)
+		w.fail(err, "gen %d: commit %s: %v", w.gen, k, err)
 	}
 }
 
@@ -692,7 +707,7 @@ func (w *crashLoad) doOp(ctx context.Context, rng *rand.Rand) {
 			var err error
 			if fx, err = w.effect(l); err != nil || fx == 0 {
 				if err != nil && !errors.Is(err, errCrashWorldEnded) {
-					w.bad.addf("gen %d: effect of %s: %v", w.gen, k, err)
+					w.fail(err, "gen %d: effect of %s: %v", w.gen, k, err)
 				}
 				w.rec.add(crashEvent{Kind: evReleasing, Gen: w.gen, Key: k, Token: l.Token()})
 				outcome = errCrashNotPerformed
@@ -730,7 +745,7 @@ func (w *crashLoad) doDone(k receipts.Key, lease *receipts.Lease, want []byte, w
 		w.observe(k, r, "Do replay")
 	case lease == nil && (errors.Is(err, receipts.ErrInProgress) || errors.Is(err, context.DeadlineExceeded)):
 	case lease == nil:
-		w.bad.addf("gen %d: Do %s: %s, %v", w.gen, k, crashFmtReceipt(r), err)
+		w.fail(err, "gen %d: Do %s: %s, %v", w.gen, k, crashFmtReceipt(r), err)
 	case want != nil && r != nil && (err == nil) == (wantSt == receipts.Succeeded):
 		w.committed(lease, r, wantSt, want)
 	case want != nil && r == nil && errors.Is(err, receipts.ErrLeaseLost):
@@ -743,7 +758,7 @@ func (w *crashLoad) doDone(k receipts.Key, lease *receipts.Lease, want []byte, w
 	case want == nil && r == nil && errors.Is(err, receipts.ErrLeaseLost):
 		w.st.zombiesFenced.Add(1)
 	default:
-		w.bad.addf("gen %d: Do %s (token %d, wanted %s %q, fn said %v): %s, %v", w.gen, k, lease.Token(), wantSt, want, outcome, crashFmtReceipt(r), err)
+		w.fail(err, "gen %d: Do %s (token %d, wanted %s %q, fn said %v): %s, %v", w.gen, k, lease.Token(), wantSt, want, outcome, crashFmtReceipt(r), err)
 	}
 }
 
@@ -794,7 +809,7 @@ func (w *crashLoad) lookupOp(ctx context.Context, rng *rand.Rand) {
 	switch {
 	case errors.Is(err, receipts.ErrNotFound):
 	case err != nil:
-		w.bad.addf("gen %d: lookup %s: %v", w.gen, k, err)
+		w.fail(err, "gen %d: lookup %s: %v", w.gen, k, err)
 	case r.State == receipts.Pending:
 		if r.Key != k {
 			w.bad.addf("gen %d: lookup %s returned %s", w.gen, k, crashFmtReceipt(r))
@@ -803,6 +818,9 @@ func (w *crashLoad) lookupOp(ctx context.Context, rng *rand.Rand) {
 		w.observe(k, r, "lookup")
 	}
 }
+
+// crashProbeSeq makes every probe key of crashCheck new.
+var crashProbeSeq atomic.Int64
 
 // crashCheckStats is what one check looked at.
 type crashCheckStats struct {
@@ -1023,7 +1041,7 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 	}
 
 	// Fresh tokens exceed every token seen.
-	probe := receipts.Key{Scope: "probe", ID: "gen-" + strconv.Itoa(gen)}
+	probe := receipts.Key{Scope: "probe", ID: fmt.Sprintf("gen-%d-%d", gen, crashProbeSeq.Add(1))}
 	l, _, err := db.Claim(ctx, probe, []byte("probe"))
 	if err != nil {
 		bad.addf("check %d: probe claim: %v", gen, err)

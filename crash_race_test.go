@@ -7,5 +7,7 @@ package receipts_test
 const (
 	crashPowerLossCrashes = 25
 	crashKillCycles       = 20
+	faultOps              = 60 // workload ops per k in TestFaultWriteErrorAtK
+	faultReadRounds       = 5  // rounds of 60 calls per probability in TestFaultRandomReadErrors
 	crashRaceScaled       = true
 )
