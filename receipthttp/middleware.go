@@ -22,6 +22,9 @@ import (
 // invalid Config (Config.Scope is required): a service that cannot tell its
 // callers apart must not start, and a constructor error is what Go programs
 // check at startup.
+//
+// New reads the store's LeaseTTL once (through db.Stats) to renew each
+// claim's lease every LeaseTTL/3 while its handler runs.
 func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if db == nil {
 		return nil, errors.New("receipthttp: New needs a *receipts.DB")

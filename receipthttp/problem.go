@@ -9,16 +9,15 @@ import (
 // Problem type URIs used by the middleware. They are tag URIs (RFC 4151):
 // stable identifiers for programs to match on, not pages to fetch.
 const (
-	ProblemKeyMissing     = "tag:receiptstore.github.io,2026:receipthttp/key-missing"
-	ProblemKeyInvalid     = "tag:receiptstore.github.io,2026:receipthttp/key-invalid"
-	ProblemKeyReused      = "tag:receiptstore.github.io,2026:receipthttp/key-reused"
-	ProblemInProgress     = "tag:receiptstore.github.io,2026:receipthttp/in-progress"
-	ProblemBodyTooLarge   = "tag:receiptstore.github.io,2026:receipthttp/body-too-large"
-	ProblemBadRequest     = "tag:receiptstore.github.io,2026:receipthttp/bad-request"
-	ProblemUnauthorized   = "tag:receiptstore.github.io,2026:receipthttp/unauthorized"
-	ProblemNotRecorded    = "tag:receiptstore.github.io,2026:receipthttp/not-recorded"
-	ProblemUnavailable    = "tag:receiptstore.github.io,2026:receipthttp/unavailable"
-	ProblemReplayRejected = "tag:receiptstore.github.io,2026:receipthttp/replay-rejected"
+	ProblemKeyMissing   = "tag:receiptstore.github.io,2026:receipthttp/key-missing"
+	ProblemKeyInvalid   = "tag:receiptstore.github.io,2026:receipthttp/key-invalid"
+	ProblemKeyReused    = "tag:receiptstore.github.io,2026:receipthttp/key-reused"
+	ProblemInProgress   = "tag:receiptstore.github.io,2026:receipthttp/in-progress"
+	ProblemBodyTooLarge = "tag:receiptstore.github.io,2026:receipthttp/body-too-large"
+	ProblemBadRequest   = "tag:receiptstore.github.io,2026:receipthttp/bad-request"
+	ProblemUnauthorized = "tag:receiptstore.github.io,2026:receipthttp/unauthorized"
+	ProblemNotRecorded  = "tag:receiptstore.github.io,2026:receipthttp/not-recorded"
+	ProblemUnavailable  = "tag:receiptstore.github.io,2026:receipthttp/unavailable"
 )
 
 // Problem is an error response in the shape of RFC 9457 "Problem Details for
