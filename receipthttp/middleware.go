@@ -179,7 +179,7 @@ func claimProblem(header string, key receipts.Key, err error) *Problem {
 		return &Problem{Type: ProblemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
 			RetryAfter: 1, Err: err}
 	default:
-		return &Problem{Type: ProblemUnavailable, Title: "Internal error", Status: http.StatusInternalServerError, Err: err}
+		return &Problem{Type: ProblemInternal, Title: "Internal error", Status: http.StatusInternalServerError, Err: err}
 	}
 }
 
@@ -203,7 +203,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 	if err != nil {
 		h.cfg.Logger.ErrorContext(r.Context(), "receipthttp: cannot replay stored response",
 			"scope", rec.Key.Scope, "key", rec.Key.ID, "err", err)
-		h.problem(w, r, &Problem{Type: ProblemUnavailable, Title: "Internal error",
+		h.problem(w, r, &Problem{Type: ProblemInternal, Title: "Internal error",
 			Status: http.StatusInternalServerError, Detail: "the stored response cannot be read", Err: err})
 		return
 	}

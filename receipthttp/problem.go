@@ -18,6 +18,7 @@ const (
 	ProblemUnauthorized = "tag:receiptstore.github.io,2026:receipthttp/unauthorized"
 	ProblemNotRecorded  = "tag:receiptstore.github.io,2026:receipthttp/not-recorded"
 	ProblemUnavailable  = "tag:receiptstore.github.io,2026:receipthttp/unavailable"
+	ProblemInternal     = "tag:receiptstore.github.io,2026:receipthttp/internal"
 )
 
 // Problem is an error response in the shape of RFC 9457 "Problem Details for

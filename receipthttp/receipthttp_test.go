@@ -866,3 +866,24 @@ func TestBeforeReplayProblem(t *testing.T) {
 	wantProblem(t, e.post("alice", "k1", "x"), http.StatusForbidden, "tag:example.com,2026:revoked")
 	e.db = nil
 }
+
+// TestWaiterTakesOverAReleasedKey: with Config.Wait, a duplicate waiting on
+// a request that answers 429 (released) runs the handler itself.
+func TestWaiterTakesOverAReleasedKey(t *testing.T) {
+	app := &counter{status: http.StatusTooManyRequests, gate: make(chan struct{}), started: make(chan struct{}, 2)}
+	e := newEnv(t, receipthttp.Config{Wait: 10 * time.Second}, app)
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- e.post("alice", "k1", "x") }()
+	waitStarted(t, app.started, first)
+	second := make(chan *httptest.ResponseRecorder)
+	go func() { second <- e.post("alice", "k1", "x") }()
+	app.gate <- struct{}{} // the first answers 429 and releases the key
+	wantStatus(t, <-first, http.StatusTooManyRequests)
+	waitStarted(t, app.started, second)
+	app.status = http.StatusCreated
+	close(app.gate)
+	wantStatus(t, <-second, http.StatusCreated)
+	if n := app.runs.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+}
