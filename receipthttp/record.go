@@ -23,10 +23,12 @@ import (
 // there before it slices, never allocates by a declared length, and rejects
 // trailing bytes, so a corrupt or hostile record yields an error, not a panic
 // or a large allocation.
+const recordV1 byte = 1
+
+// Bounds on what one stored response holds.
 const (
-	recordV1         byte = 1
-	maxStoredHeaders      = 64
-	maxHeaderValues       = 16
+	maxStoredHeaders = 64
+	maxHeaderValues  = 16
 )
 
 // errBadRecord is returned by decodeResponse for a result it cannot read.
