@@ -39,6 +39,7 @@ type report struct {
 	Machine    machine           `json:"machine"`
 	Duration   time.Duration     `json:"duration_per_config_ns"`
 	ReplayKeys int               `json:"replay_keys"`
+	CacheMiB   int               `json:"pebble_cache_mib"`
 	Postgres   string            `json:"postgres"`
 	Skipped    map[string]string `json:"skipped,omitempty"`
 	Results    []result          `json:"results"`
@@ -57,12 +58,12 @@ func runCompare(ctx context.Context, cfg *config) error {
 	}
 	defer os.RemoveAll(base)
 
-	rep := &report{Machine: describeMachine(), Duration: cfg.duration, Skipped: map[string]string{}, ReplayKeys: cfg.replayN}
+	rep := &report{Machine: describeMachine(), Duration: cfg.duration, Skipped: map[string]string{}, ReplayKeys: cfg.replayN, CacheMiB: cfg.cacheMiB}
 	if rep.Machine.FsyncP50, err = measureFsync(base); err != nil {
 		return err
 	}
-	progress("%s, %d CPUs (GOMAXPROCS %d), %s; fdatasync p50 %s; %s per configuration",
-		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Go, fmtDur(rep.Machine.FsyncP50), cfg.duration)
+	progress("%s, %d CPUs (GOMAXPROCS %d), %s; fdatasync p50 %s; %s per configuration; Pebble cache %d MiB",
+		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Go, fmtDur(rep.Machine.FsyncP50), cfg.duration, cfg.cacheMiB)
 
 	dsn := cfg.dsn
 	if cfg.stores["postgres"] {
@@ -109,9 +110,11 @@ func runCompare(ctx context.Context, cfg *config) error {
 		var s stores.Store
 		switch name {
 		case "pebble-floor":
-			s, err = stores.OpenFloor(dir, nil)
+			s, err = stores.OpenFloor(dir, cfg.pebbleOptions())
 		case "receipts":
-			s, err = engine.Open(dir, engine.Options(nil), engine.ModeDo)
+			opts := engine.Options(nil)
+			opts.Pebble = cfg.pebbleOptions()
+			s, err = engine.Open(dir, opts, engine.ModeDo)
 		case "bbolt":
 			s, err = stores.OpenBolt(dir)
 		case "sqlite":

@@ -26,10 +26,15 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/receiptstore/receipts/bench/internal/stores"
 )
 
 type config struct {
@@ -44,6 +49,8 @@ type config struct {
 	mem       memFlag
 	replayN   int
 	memStore  string
+	cpuProf   string
+	cacheMiB  int
 }
 
 func main() {
@@ -54,6 +61,18 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.cpuProf != "" {
+		f, err := os.Create(cfg.cpuProf)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "receiptbench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	if cfg.mem > 0 {
 		err = runMem(ctx, cfg)
 	} else {
@@ -61,6 +80,7 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "receiptbench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -83,6 +103,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
 	fs.IntVar(&cfg.replayN, "replay-keys", 0, "committed keys replays read (default 10000, 2000 with -quick)")
 	fs.StringVar(&cfg.memStore, "mem-store", "receipts", "memory mode: the store to load (receipts or pebble-floor)")
+	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
+	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: receiptbench [flags]\n\n")
@@ -208,4 +230,11 @@ func describeMachine() machine {
 		}
 	}
 	return m
+}
+
+// pebbleOptions are the Pebble options of the floor and the engine in this run.
+func (c *config) pebbleOptions() *pebble.Options {
+	o := stores.PebbleOptions()
+	o.CacheSize = int64(c.cacheMiB) << 20
+	return o
 }

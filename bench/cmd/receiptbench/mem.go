@@ -60,6 +60,7 @@ func runMem(ctx context.Context, cfg *config) error {
 	n := int(cfg.mem)
 	const conc = 64
 	opts := engine.Options(nil)
+	opts.Pebble = cfg.pebbleOptions()
 	po := opts.Pebble.Clone()
 	po.EnsureDefaults()
 	k0 := workload.UUIDKey(0)

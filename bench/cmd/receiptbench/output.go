@@ -25,8 +25,8 @@ var workloadTitle = map[string]string{
 
 func printTable(w io.Writer, rep *report, cfg *config) {
 	m := rep.Machine
-	fmt.Fprintf(w, "receiptbench: %s, %d CPUs, %s/%s, %s; fdatasync p50 %s; %s per configuration\n",
-		m.CPU, m.CPUs, m.GOOS, m.GOARCH, m.Go, fmtDur(m.FsyncP50), rep.Duration)
+	fmt.Fprintf(w, "receiptbench: %s, %d CPUs, %s/%s, %s; fdatasync p50 %s; %s per configuration; Pebble cache %d MiB\n",
+		m.CPU, m.CPUs, m.GOOS, m.GOARCH, m.Go, fmtDur(m.FsyncP50), rep.Duration, rep.CacheMiB)
 	rows := slices.Clone(rep.Results)
 	order := func(list []string, s string) int { return slices.Index(list, s) }
 	slices.SortStableFunc(rows, func(a, b result) int {
