@@ -39,6 +39,7 @@ type DB struct {
 	loc       *time.Location // of Options.Now's times: receipts report times in it
 
 	clock    atomic.Int64  // the store's time high-water mark (Unix ns): never goes back
+	clockMu  sync.Mutex    // serializes writes of keys.Clock, so the last one written is the largest
 	minEpoch atomic.Uint64 // no record lives in an older epoch
 	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
 
@@ -161,6 +162,11 @@ func (db *DB) load() error {
 	if floor > 0 {
 		hwm = max(hwm, int64(floor)*db.width)
 	}
+	clock, err := db.getCounter(keys.Clock)
+	if err != nil {
+		return err
+	}
+	hwm = max(hwm, int64(clock))
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	if err != nil {
 		return fmt.Errorf("receipts: open iterator: %w", err)
@@ -238,7 +244,12 @@ func (db *DB) Close() error {
 	db.inflight.Wait()
 	db.bgCancel()
 	db.bg.Wait()
-	err := db.pdb.Close()
+	// Persist the clock so that a restart with the clock behind resumes
+	// from here (records stay exactly as expired as they were).
+	err := db.pdb.Set(keys.Clock, encoding.EncodeUint64(uint64(db.clock.Load())), pebble.Sync)
+	if cerr := db.pdb.Close(); err == nil {
+		err = cerr
+	}
 	if lerr := db.dirLock.Close(); err == nil {
 		err = lerr
 	}
@@ -337,16 +348,6 @@ func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err e
 	return db.readFrom(k, now, max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width)))
 }
 
-// readForWrite is read for a write that may create the key's record: it
-// also probes the epochs that are past retention but not yet dropped by GC,
-// so that an invisible copy there is found and deleted with the write. A
-// store never holds two copies of a key, so no older copy can come back
-// (after a restart with the clock behind, say) once a newer one is gone.
-// With background GC on, that is at most one or two extra probes.
-func (db *DB) readForWrite(k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
-	return db.readFrom(k, now, db.minEpoch.Load())
-}
-
 // readFrom probes the epochs from the current one down to lo.
 func (db *DB) readFrom(k Key, now int64, lo uint64) (rec *encoding.Record, stored []byte, err error) {
 	hi := db.epochOf(now)
@@ -391,6 +392,19 @@ func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, 
 		}
 	}
 	return b.Set(key, encoding.EncodeRecord(next), nil)
+}
+
+// setClock adds the store's clock to b and commits it, synced; the clock
+// goes with every deletion, so that no restart, however far behind its
+// clock, can bring back an older, expired copy that the deleted record had
+// superseded: the store's time never runs backwards across restarts.
+func (db *DB) commitWithClock(b *pebble.Batch) error {
+	db.clockMu.Lock()
+	defer db.clockMu.Unlock()
+	if err := b.Set(keys.Clock, encoding.EncodeUint64(uint64(db.clock.Load())), nil); err != nil {
+		return err
+	}
+	return commitBatch(b, false)
 }
 
 // commit writes b, synced unless noSync.

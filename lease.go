@@ -111,7 +111,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			return nil, nil, err
 		}
 		now := db.now()
-		cur, stored, err := db.readForWrite(k, now)
+		cur, stored, err := db.read(k, now)
 		if err != nil {
 			e.Unlock()
 			return nil, nil, err
@@ -213,11 +213,10 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 		return nil, fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, l.key, l.token)
 	}
 	if next == nil {
-		err = b.Delete(stored, nil)
-	} else {
-		err = db.put(b, l.key, stored, next, now)
-	}
-	if err == nil {
+		if err = b.Delete(stored, nil); err == nil {
+			err = db.commitWithClock(b)
+		}
+	} else if err = db.put(b, l.key, stored, next, now); err == nil {
 		err = commitBatch(b, noSync)
 	}
 	if err != nil {

@@ -6,6 +6,7 @@
 //	Prefix "m"                                      meta record
 //	Prefix "t"                                      token ceiling
 //	Prefix "g"                                      GC floor (first epoch not yet dropped)
+//	Prefix "c"                                      the store's clock at the last deletion (or Close)
 //	Prefix "r" | epoch (uint64 BE) | len(scope) (1 byte) | scope | id
 //	                                                a record
 //
@@ -32,6 +33,7 @@ var (
 	Meta         = []byte(Prefix + "m")
 	TokenCeiling = []byte(Prefix + "t")
 	GCFloor      = []byte(Prefix + "g")
+	Clock        = []byte(Prefix + "c")
 	// StoreStart and StoreEnd bound every key of the store.
 	StoreStart = []byte(Prefix)
 	StoreEnd   = []byte("\x00rcpu")
