@@ -37,6 +37,7 @@ type DB struct {
 	ttl       int64 // ns
 	secret    []byte
 	loc       *time.Location // of Options.Now's times: receipts report times in it
+	readOnly  bool           // Options.Pebble.ReadOnly: inspection only
 
 	clock    atomic.Int64  // the store's time high-water mark (Unix ns): never goes back
 	clockMu  sync.Mutex    // serializes writes of keys.Clock, so the last one written is the largest
@@ -100,6 +101,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		retention: int64(o.Retention),
 		ttl:       int64(o.LeaseTTL),
 		closing:   make(chan struct{}),
+		readOnly:  po.ReadOnly,
 	}
 	if err := db.load(); err != nil {
 		_ = pdb.Close()
@@ -246,7 +248,10 @@ func (db *DB) Close() error {
 	db.bg.Wait()
 	// Persist the clock so that a restart with the clock behind resumes
 	// from here (records stay exactly as expired as they were).
-	err := db.pdb.Set(keys.Clock, encoding.EncodeUint64(uint64(db.clock.Load())), pebble.Sync)
+	var err error
+	if !db.readOnly {
+		err = db.pdb.Set(keys.Clock, encoding.EncodeUint64(uint64(db.clock.Load())), pebble.Sync)
+	}
 	if cerr := db.pdb.Close(); err == nil {
 		err = cerr
 	}
