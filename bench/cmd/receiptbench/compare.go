@@ -96,12 +96,17 @@ func runCompare(ctx context.Context, cfg *config) error {
 	}
 
 	maxConc := slices.Max(append(slices.Clone(cfg.concs), hotGoroutines))
+	var open []stores.Store
+	defer func() {
+		for _, s := range open {
+			if err := s.Close(); err != nil {
+				progress("%s: close: %v", s.Name(), err)
+			}
+		}
+	}()
 	for _, name := range allStores {
 		if !cfg.stores[name] || rep.Skipped[name] != "" {
 			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return err
 		}
 		dir := filepath.Join(base, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -127,12 +132,9 @@ func runCompare(ctx context.Context, cfg *config) error {
 			progress("%s: skipped: %v", name, err)
 			continue
 		}
-		rep.Results = append(rep.Results, runStore(ctx, cfg, rep, s)...)
-		if err := s.Close(); err != nil {
-			progress("%s: close: %v", name, err)
-		}
-		os.RemoveAll(dir)
+		open = append(open, s)
 	}
+	rep.Results = runAll(ctx, cfg, rep, open)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -144,107 +146,139 @@ func runCompare(ctx context.Context, cfg *config) error {
 	return nil
 }
 
-// runStore runs every selected workload on s.
-func runStore(ctx context.Context, cfg *config, rep *report, s stores.Store) []result {
+// runAll runs every selected workload. Each configuration (workload, concurrency) runs
+// on every store back to back, so that a ratio compares runs minutes apart at most, not
+// a whole store's run apart: on a shared machine the disk and the CPUs drift.
+func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) []result {
 	var out []result
-	name := s.Name()
-	add := func(wl string, conc int, r *workload.Result, firsts uint64) {
+	add := func(wl, name string, conc int, r *workload.Result, firsts uint64) {
 		row := result{Workload: wl, Store: name, Conc: conc, Ops: r.Ops, Seconds: r.Elapsed.Seconds(),
 			OpsPerSec: r.OpsPerSec(), P50: r.Hist.Quantile(0.50), P99: r.Hist.Quantile(0.99), Mean: r.Hist.Mean(), FirstCalls: firsts}
 		if r.FirstErr != nil {
 			row.Error = r.FirstErr.Error()
-			progress("%-6s %-12s conc=%-3d ERROR %v", wl, name, conc, r.FirstErr)
+			progress("%-9s %-12s conc=%-3d ERROR %v", wl, name, conc, r.FirstErr)
 		} else {
-			progress("%-6s %-12s conc=%-3d %10.0f ops/s  p50 %-8s p99 %s", wl, name, conc, row.OpsPerSec, fmtDur(row.P50), fmtDur(row.P99))
+			progress("%-9s %-12s conc=%-3d %10.0f ops/s  p50 %-8s p99 %s", wl, name, conc, row.OpsPerSec, fmtDur(row.P50), fmtDur(row.P99))
 		}
 		out = append(out, row)
 	}
 	if cfg.workloads["new"] {
 		for _, conc := range cfg.concs {
-			run := workload.RunID()
-			r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
-				k := workload.NewKey(run, w, seq)
-				replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
-				if err == nil && replayed {
-					err = fmt.Errorf("new key %v was replayed", k)
+			for _, s := range all {
+				if ctx.Err() != nil {
+					return out
 				}
-				return err
-			})
-			add("new", conc, r, 0)
+				run := workload.RunID()
+				r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+					k := workload.NewKey(run, w, seq)
+					replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+					if err == nil && replayed {
+						err = fmt.Errorf("new key %v was replayed", k)
+					}
+					return err
+				})
+				add("new", s.Name(), conc, r, 0)
+			}
 		}
 	}
 	if cfg.workloads["replay"] && ctx.Err() == nil {
 		set := "replay-" + workload.RunID()
 		n := rep.ReplayKeys
-		progress("%-6s %-12s populating %d committed keys", "replay", name, n)
-		var next atomic.Uint64
-		pr := workload.Run(ctx, 64, 0, uint64(n), func(ctx context.Context, _ int, _ uint64) error {
-			k := workload.FixedKey(set, int(next.Add(1)-1))
-			_, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
-			return err
-		})
-		if pr.FirstErr != nil {
-			add("replay", 0, pr, 0)
-		} else {
-			ks := make([]workload.Key, n)
-			fps := make([][]byte, n)
-			for i := range ks {
-				ks[i] = workload.FixedKey(set, i)
-				fps[i] = workload.Fingerprint(ks[i])
+		ks := make([]workload.Key, n)
+		fps := make([][]byte, n)
+		for i := range ks {
+			ks[i] = workload.FixedKey(set, i)
+			fps[i] = workload.Fingerprint(ks[i])
+		}
+		var ready []stores.Store
+		for _, s := range all {
+			progress("%-9s %-12s populating %d committed keys", "replay", s.Name(), n)
+			var next atomic.Uint64
+			pr := workload.Run(ctx, 64, 0, uint64(n), func(ctx context.Context, _ int, _ uint64) error {
+				i := next.Add(1) - 1
+				_, err := s.Do(ctx, ks[i], fps[i], workload.ResultFor(ks[i]))
+				return err
+			})
+			if pr.FirstErr != nil {
+				add("replay", s.Name(), 0, pr, 0)
+				continue
 			}
-			for _, conc := range cfg.concs {
+			ready = append(ready, s)
+		}
+		for _, conc := range cfg.concs {
+			for _, s := range ready {
+				if ctx.Err() != nil {
+					return out
+				}
 				r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
 					j := int((uint64(w)*7919 + seq*2654435761) % uint64(n))
 					return s.Replay(ctx, ks[j], fps[j])
 				})
-				add("replay", conc, r, 0)
+				add("replay", s.Name(), conc, r, 0)
 			}
 		}
 	}
 	// Hot keys need a store that waits for an in-flight first call: the peers answer
-	// "in progress" instead (they have no waiting), so only the engine and the floor run it.
-	hotOK := name == "receipts" || name == "pebble-floor"
-	if cfg.workloads["hot"] && ctx.Err() == nil && hotOK {
-		run := workload.RunID()
-		var calls [hotKeys]atomic.Uint64
-		var firsts, slotSeq atomic.Uint64
-		r := workload.Run(ctx, hotGoroutines, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
-			slot := slotSeq.Add(1) % hotKeys
-			gen := (calls[slot].Add(1) - 1) / hotCallsPerKey
-			k := workload.FixedKey(run+"-"+strconv.FormatUint(gen, 10), int(slot))
-			replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
-			if err == nil && !replayed {
-				firsts.Add(1)
-			}
-			return err
-		})
-		add("hot", hotGoroutines, r, firsts.Load())
+	// "in progress" instead (they have no waiting), so only the engine and the floor run them.
+	var hot []stores.Store
+	for _, s := range all {
+		if s.Name() == "receipts" || s.Name() == "pebble-floor" {
+			hot = append(hot, s)
+		}
 	}
-	if cfg.workloads["hot-retry"] && ctx.Err() == nil && hotOK {
+	if cfg.workloads["hot"] {
+		for _, s := range hot {
+			if ctx.Err() != nil {
+				return out
+			}
+			run := workload.RunID()
+			var calls [hotKeys]atomic.Uint64
+			var firsts, slotSeq atomic.Uint64
+			r := workload.Run(ctx, hotGoroutines, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+				slot := slotSeq.Add(1) % hotKeys
+				gen := (calls[slot].Add(1) - 1) / hotCallsPerKey
+				k := workload.FixedKey(run+"-"+strconv.FormatUint(gen, 10), int(slot))
+				replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+				if err == nil && !replayed {
+					firsts.Add(1)
+				}
+				return err
+			})
+			add("hot", s.Name(), hotGoroutines, r, firsts.Load())
+		}
+	}
+	if cfg.workloads["hot-retry"] {
 		set := "hotretry-" + workload.RunID()
 		var ks [hotKeys]workload.Key
 		var fps [hotKeys][]byte
-		var err error
 		for i := range ks {
 			ks[i] = workload.FixedKey(set, i)
 			fps[i] = workload.Fingerprint(ks[i])
-			if _, e := s.Do(ctx, ks[i], fps[i], workload.ResultFor(ks[i])); e != nil && err == nil {
-				err = e
-			}
 		}
-		var slotSeq atomic.Uint64
-		r := workload.Run(ctx, hotGoroutines, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
-			if err != nil {
+		for _, s := range hot {
+			if ctx.Err() != nil {
+				return out
+			}
+			var err error
+			for i := range ks {
+				if _, e := s.Do(ctx, ks[i], fps[i], workload.ResultFor(ks[i])); e != nil && err == nil {
+					err = e
+				}
+			}
+			var slotSeq atomic.Uint64
+			r := workload.Run(ctx, hotGoroutines, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+				if err != nil {
+					return err
+				}
+				j := slotSeq.Add(1) % hotKeys
+				replayed, err := s.Do(ctx, ks[j], fps[j], nil)
+				if err == nil && !replayed {
+					err = errors.New("a retry of a committed key was not replayed")
+				}
 				return err
-			}
-			j := slotSeq.Add(1) % hotKeys
-			replayed, err := s.Do(ctx, ks[j], fps[j], nil)
-			if err == nil && !replayed {
-				err = errors.New("a retry of a committed key was not replayed")
-			}
-			return err
-		})
-		add("hot-retry", hotGoroutines, r, 0)
+			})
+			add("hot-retry", s.Name(), hotGoroutines, r, 0)
+		}
 	}
 	return out
 }

@@ -51,6 +51,7 @@ type config struct {
 	memStore  string
 	cpuProf   string
 	cacheMiB  int
+	fromJSON  string
 }
 
 func main() {
@@ -73,9 +74,12 @@ func main() {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
-	if cfg.mem > 0 {
+	switch {
+	case cfg.fromJSON != "":
+		err = printSaved(cfg)
+	case cfg.mem > 0:
 		err = runMem(ctx, cfg)
-	} else {
+	default:
 		err = runCompare(ctx, cfg)
 	}
 	if err != nil {
@@ -104,6 +108,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.replayN, "replay-keys", 0, "committed keys replays read (default 10000, 2000 with -quick)")
 	fs.StringVar(&cfg.memStore, "mem-store", "receipts", "memory mode: the store to load (receipts or pebble-floor)")
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
+	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
 	fs.Usage = func() {

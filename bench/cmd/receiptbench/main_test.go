@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,20 @@ func TestCompareTable(t *testing.T) {
 	}
 	if len(rep.Results) != 4 || rep.Results[0].RatioToFloor != 1 {
 		t.Errorf("JSON results: %+v", rep.Results)
+	}
+	saved := filepath.Join(t.TempDir(), "run.json")
+	if err := os.WriteFile(saved, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	cfg, err = parseFlags([]string{"-table", saved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := printSaved(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "bbolt") || !strings.Contains(out.String(), "x floor") {
+		t.Errorf("table from JSON:\n%s", out.String())
 	}
 }

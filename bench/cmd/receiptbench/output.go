@@ -4,11 +4,30 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 )
+
+// printSaved prints the table of a report saved with -json.
+func printSaved(cfg *config) error {
+	b, err := os.ReadFile(cfg.fromJSON)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", cfg.fromJSON, err)
+	}
+	cfg.workloads = map[string]bool{}
+	for _, r := range rep.Results {
+		cfg.workloads[r.Workload] = true
+	}
+	printTable(stdout, &rep, cfg)
+	return nil
+}
 
 func printJSON(w io.Writer, rep *report) error {
 	enc := json.NewEncoder(w)
