@@ -46,9 +46,9 @@
 // replayed), releases the key on 409 and 429 (the handler declined to act,
 // so a retry runs it again), and abandons the claim on 5xx. A handler that
 // panics abandons its claim too (the panic goes on to net/http). An
-// abandoned claim's outcome is unknown: once its lease runs out (the
-// store's LeaseTTL; retries meanwhile get 409), the next retry runs the
-// handler as a recovered attempt, which it can tell from AttemptFrom(ctx)
+// abandoned claim's outcome is unknown: its lease ends at once
+// (Lease.Abandon), and the next retry runs the handler as a recovered
+// attempt, which it can tell from AttemptFrom(ctx)
 // (Recovered, Number) and should reconcile, for example by looking its
 // effect up under Attempt.ProviderKey, the key to forward to downstream
 // providers.

@@ -33,7 +33,7 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &middleware{db: db, cfg: c, renewEvery: db.Stats().LeaseTTL / 3}
+	m := &middleware{db: db, cfg: c, renewEvery: db.Options().LeaseTTL / 3}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("receipthttp: nil http.Handler")
@@ -296,21 +296,12 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	rw.emit(r)
 }
 
-// abandoner is implemented by a Lease that can give up its claim at once,
-// leaving the outcome unknown. Without it, the claim is left to run out
-// after the store's LeaseTTL, with the same result.
-type abandoner interface {
-	Abandon(ctx context.Context) error
-}
-
-// abandon leaves the claim's outcome unknown: the next attempt is a
-// recovered one.
+// abandon leaves the claim's outcome unknown: the lease ends at once and
+// the next attempt is a recovered one.
 func (h *handler) abandon(ctx context.Context, lease *receipts.Lease) {
-	if a, ok := any(lease).(abandoner); ok {
-		if err := a.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
-			h.cfg.Logger.WarnContext(ctx, "receipthttp: abandoning the claim failed",
-				"scope", lease.Key().Scope, "key", lease.Key().ID, "err", err)
-		}
+	if err := lease.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
+		h.cfg.Logger.WarnContext(ctx, "receipthttp: abandoning the claim failed",
+			"scope", lease.Key().Scope, "key", lease.Key().ID, "err", err)
 	}
 }
 

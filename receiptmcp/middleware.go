@@ -32,7 +32,7 @@ func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
 	if err != nil {
 		panic(err)
 	}
-	m := &middleware{db: db, cfg: c, renewEvery: db.Stats().LeaseTTL / 3}
+	m := &middleware{db: db, cfg: c, renewEvery: db.Options().LeaseTTL / 3}
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if method != methodCallTool {
@@ -287,21 +287,10 @@ func (m *middleware) release(ctx context.Context, lease *receipts.Lease, tool st
 	}
 }
 
-// abandoner is implemented by a Lease that can give up its claim at once,
-// leaving the outcome unknown. Without it, the claim is left to run out
-// after the store's LeaseTTL, with the same result.
-type abandoner interface {
-	Abandon(ctx context.Context) error
-}
-
-// abandon leaves the claim's outcome unknown: the next attempt is a
-// recovered one.
+// abandon leaves the claim's outcome unknown: the lease ends at once and
+// the next attempt is a recovered one.
 func (m *middleware) abandon(ctx context.Context, lease *receipts.Lease, tool string) {
-	a, ok := any(lease).(abandoner)
-	if !ok {
-		return
-	}
-	if err := a.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
+	if err := lease.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
 		k := lease.Key()
 		m.cfg.Logger.WarnContext(ctx, "receiptmcp: abandoning the claim failed",
 			"scope", k.Scope, "key", k.ID, "tool", tool, "err", err)
