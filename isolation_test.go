@@ -118,7 +118,7 @@ func TestScopeIsolation(t *testing.T) {
 	checks := 0
 	prop := func(rt *rapid.T) {
 		checks++
-		if db == nil || checks%2000 == 0 { // keep each store small
+		if db == nil || checks%500 == 0 { // keep each store small
 			if db != nil {
 				require.NoError(rt, db.Close())
 			}
