@@ -626,7 +626,6 @@ func (m *modelSM) Reopen(t *rapid.T) {
 	m.synced() // Close syncs the WAL
 	modelSeen["reopen"]++
 	m.gen++
-	m.avoidKnownIssue()
 	m.open(t)
 	m.afterOpen(t, old)
 }
@@ -643,30 +642,8 @@ func (m *modelSM) Crash(t *rapid.T) {
 		m.recs[k] = r.clone()
 	}
 	m.gen++
-	m.avoidKnownIssue()
 	m.open(t)
 	m.afterOpen(t, old)
-}
-
-// knownIssues makes the model test run into the known issue that
-// TestKnownIssueReleasedKeyComesBack pins down, instead of stepping around it.
-var knownIssues = os.Getenv("RECEIPTS_KNOWN_ISSUES") != ""
-
-// avoidKnownIssue moves the clock, before a restart, past the retention of
-// every copy that a claim superseded past retention: such a copy is not
-// deleted, and would come back if the store's time restarted behind it.
-func (m *modelSM) avoidKnownIssue() {
-	if knownIssues {
-		return
-	}
-	for _, gs := range m.ghosts {
-		for _, g := range gs {
-			if end := g.updated + m.ret; m.fake.Load() < end {
-				m.fake.Store(end)
-				modelSeen["clock-moved-for-known-issue"]++
-			}
-		}
-	}
 }
 
 // afterOpen settles the store's time after a restart. With the clock at or
@@ -677,7 +654,8 @@ func (m *modelSM) avoidKnownIssue() {
 // (contrary to "the store never lets its time go backwards" in Options.Now,
 // but harmless: nothing wrote the key since; counted and reported). An
 // older copy of a key that a later claim superseded must never come back
-// (see avoidKnownIssue). Everything else must match the model exactly.
+// (TestModelReleasedKeyStaysGone). Everything else must match the model
+// exactly.
 func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 	f := m.fake.Load()
 	if f >= old {
@@ -710,7 +688,7 @@ func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 		require.NoError(t, err, "lookup %s", k)
 		for _, g := range m.ghosts[k] {
 			if g.token == rc.Token {
-				t.Fatalf("%s: a copy superseded past retention came back after a restart (TestKnownIssueReleasedKeyComesBack): %+v", k, rc)
+				t.Fatalf("%s: a copy superseded past retention came back after a restart (see TestModelReleasedKeyStaysGone): %+v", k, rc)
 			}
 		}
 		t.Fatalf("%s: a record the model does not know appeared after a restart: %+v", k, rc)
@@ -777,22 +755,14 @@ func TestModel(t *testing.T) {
 	}
 }
 
-// TestKnownIssueReleasedKeyComesBack pins down what the model test counts as
-// "superseded-copy-back": a receipt past retention is superseded by a new
-// claim of its key, the claim is released (the key is free: Lookup says
-// ErrNotFound), the store restarts with a clock that is behind its old time,
-// and the old receipt is back, replayed to the next caller. The release (a
-// later write) is undone. Cause: read (db.go) looks for the stored copy only
-// down to the retention window's first epoch, so put never deletes an older
-// copy below it; Open then restarts the store's time from the clock and the
-// newest epoch, which may be earlier than the old time. Fix: let writers
-// probe down to minEpoch for a stale copy to delete (or restart the clock
-// from the newest record's last write). Skipped unless
-// RECEIPTS_KNOWN_ISSUES=1, so that CI stays green until it is fixed.
-func TestKnownIssueReleasedKeyComesBack(t *testing.T) {
-	if os.Getenv("RECEIPTS_KNOWN_ISSUES") == "" {
-		t.Skip("known issue (see the comment); RECEIPTS_KNOWN_ISSUES=1 runs it")
-	}
+// TestModelReleasedKeyStaysGone: a receipt past retention is superseded by
+// a new claim of its key, the claim is released (the key is free: Lookup
+// says ErrNotFound), and the store restarts with a clock that is behind its
+// old time. The old receipt must not come back. It did before the store
+// persisted its clock (found by TestModel: read only looked for the stored
+// copy within the retention window, so put never deleted an older copy, and
+// Open restarted the store's time from the clock and the newest epoch).
+func TestModelReleasedKeyStaysGone(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(modelBase)
 	fs := vfs.NewMem()
