@@ -467,7 +467,7 @@ func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
 		case x < 97:
 			w.lookupOp(ctx, rng)
 		default:
-			if id == 0 && w.st.jumps.Load() < w.maxJumps {
+			if w.st.jumps.Load() < w.maxJumps {
 				w.gate.Lock()
 				w.clock.Advance(crashTTL + time.Second)
 				w.gate.Unlock()

@@ -1,0 +1,103 @@
+package receipts_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
+// run when it chooses (RECEIPTS_MUTATION_CHECK=1; it takes a few minutes):
+// it builds this package's tests with -tags receipts_mutate, checks that
+// every harness passes unmutated, runs every harness under every mutation
+// (nosync, nolock, naivekey, nofence), logs the table, and fails if a
+// mutation survives every harness.
+func TestMutationCheck(t *testing.T) {
+	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
+		t.Skip("set RECEIPTS_MUTATION_CHECK=1 (or run scripts/mutation-check.sh)")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	bin := filepath.Join(t.TempDir(), "receipts_mutate.test")
+	if out, err := exec.Command(gobin, "test", "-c", "-tags", "receipts_mutate", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	harnesses := []string{"TestCrashPowerLoss", "TestKillProcess", "TestFaultWriteErrorAtK", "TestFaultOpenAtK", "TestFaultWALSyncFailStop", "TestFaultRandomReadErrors"}
+	out, err := exec.Command(bin, "-test.list", "^(TestLinearizability|TestModel|TestScopeIsolation)").Output()
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	for _, h := range strings.Fields(string(out)) {
+		if strings.HasPrefix(h, "Test") {
+			harnesses = append(harnesses, h)
+		}
+	}
+
+	type outcome struct {
+		failed bool
+		dur    time.Duration
+		why    string
+	}
+	run := func(h, m string) outcome {
+		ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, "-test.run=^"+h+"$", "-test.count=1", "-test.timeout=600s")
+		cmd.Env = append(os.Environ(), "RECEIPTS_MUTATION="+m, "RECEIPTS_CRASHES=12", "RECEIPTS_KILLS=25", "RECEIPTS_MUTATION_CHECK=")
+		var buf bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		start := time.Now()
+		err := cmd.Run()
+		o := outcome{failed: err != nil, dur: time.Since(start).Round(100 * time.Millisecond)}
+		if o.failed {
+			why := regexp.MustCompile(`(?m)^.*(violation|check \d+:|gen \d+:|FAIL:|lost|duplicate|porcupine|timed out|Error:).*$`).FindString(buf.String())
+			o.why = strings.TrimSpace(why)
+			if len(o.why) > 160 {
+				o.why = o.why[:160]
+			}
+		}
+		return o
+	}
+
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence"}
+	var table strings.Builder
+	table.WriteString("| harness | unmutated | nosync | nolock | naivekey | nofence |\n|---|---|---|---|---|---|\n")
+	caught := make(map[string]int)
+	for _, h := range harnesses {
+		base := run(h, "")
+		if base.failed {
+			t.Errorf("%s fails without a mutation: %s", h, base.why)
+		}
+		fmt.Fprintf(&table, "| %s | %s (%s) ", h, map[bool]string{false: "pass", true: "FAIL"}[base.failed], base.dur)
+		for _, m := range mutations {
+			o := run(h, m)
+			if o.failed {
+				caught[m]++
+				fmt.Fprintf(&table, "| **caught** (%s) ", o.dur)
+				t.Logf("%s under %s: %s", h, m, o.why)
+			} else {
+				fmt.Fprintf(&table, "| survived (%s) ", o.dur)
+			}
+		}
+		table.WriteString("|\n")
+	}
+	table.WriteString("| **caught by** | ")
+	for _, m := range mutations {
+		fmt.Fprintf(&table, "| %d of %d ", caught[m], len(harnesses))
+	}
+	table.WriteString("|\n")
+	t.Logf("mutation table (short sizes):\n%s", table.String())
+	for _, m := range mutations {
+		if caught[m] == 0 {
+			t.Errorf("mutation %s survived every harness", m)
+		}
+	}
+}

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# mutation-check.sh: show that every reliability harness fails when the
+# engine is broken on purpose.
+#
+# The engine carries test-only mutation switches (internal/mutate), compiled
+# in only with the build tag receipts_mutate and picked by RECEIPTS_MUTATION:
+#   nosync    commits and claims are written without sync
+#   nolock    claims skip the per-key lock
+#   naivekey  record keys concatenate scope and id without a length prefix
+#   nofence   commits skip the fencing-token check
+#
+# The script builds the root package's tests once with the tag, runs every
+# harness unmutated (each must pass, or the check means nothing), then runs
+# each harness under each mutation. "caught" = the harness failed. It prints
+# a Markdown table and exits 1 if some mutation survives every harness,
+# 2 if the setup is broken (build failure, a harness failing unmutated).
+#
+# Usage: scripts/mutation-check.sh [-short] [-o table.md] [-run REGEXP]
+#   -short  smaller harness sizes (RECEIPTS_CRASHES=12, RECEIPTS_KILLS=25)
+#   -o      also write the table to a file
+#   -run    only the harnesses whose name matches REGEXP
+set -u
+cd "$(dirname "$0")/.."
+
+short=0
+out=""
+only=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-short) short=1 ;;
+	-o) out="$2"; shift ;;
+	-run) only="$2"; shift ;;
+	*) echo "usage: $0 [-short] [-o table.md] [-run REGEXP]" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+bin="$work/receipts_mutate.test"
+echo "building the root package's tests with -tags receipts_mutate ..." >&2
+if ! go test -c -tags receipts_mutate -o "$bin" . >&2; then
+	echo "build failed" >&2
+	exit 2
+fi
+
+# The harnesses: this package's crash, kill and fault tests, plus the
+# linearizability, model and scope-isolation tests when present.
+harnesses=()
+for h in TestCrashPowerLoss TestKillProcess TestFaultWriteErrorAtK TestFaultOpenAtK TestFaultWALSyncFailStop TestFaultRandomReadErrors; do
+	harnesses+=("$h")
+done
+while read -r h; do
+	case "$h" in Test*) harnesses+=("$h") ;; esac
+done < <("$bin" -test.list '^(TestLinearizability|TestModel|TestScopeIsolation)' 2>/dev/null)
+if [ -n "$only" ]; then
+	sel=()
+	for h in "${harnesses[@]}"; do
+		if echo "$h" | grep -Eq -- "$only"; then sel+=("$h"); fi
+	done
+	harnesses=("${sel[@]}")
+fi
+
+mutations=(nosync nolock naivekey nofence)
+timeout=600s
+envs=()
+if [ "$short" = 1 ]; then
+	envs=(RECEIPTS_CRASHES=12 RECEIPTS_KILLS=25)
+fi
+
+# run HARNESS MUTATION -> prints pass | FAIL | TIMEOUT, keeps the log
+run() {
+	local h="$1" m="$2" log="$work/$1.$2.log" start end
+	start=$(date +%s)
+	env "${envs[@]}" RECEIPTS_MUTATION="$m" "$bin" -test.run "^$h\$" -test.count=1 -test.timeout="$timeout" >"$log" 2>&1
+	local rc=$?
+	end=$(date +%s)
+	if [ $rc = 0 ]; then
+		echo "pass $((end - start))s"
+	elif grep -q "panic: test timed out" "$log"; then
+		echo "TIMEOUT $((end - start))s"
+	else
+		echo "FAIL $((end - start))s"
+	fi
+}
+
+declare -A result
+setup_ok=1
+for h in "${harnesses[@]}"; do
+	r=$(run "$h" "")
+	echo "unmutated  $h: $r" >&2
+	result["$h,none"]="$r"
+	if [ "${r%% *}" != pass ]; then
+		echo "  $h fails without a mutation; log:" >&2
+		tail -30 "$work/$h..log" >&2
+		setup_ok=0
+	fi
+done
+
+declare -A caught_by
+for m in "${mutations[@]}"; do
+	for h in "${harnesses[@]}"; do
+		r=$(run "$h" "$m")
+		result["$h,$m"]="$r"
+		echo "$m  $h: $r" >&2
+		case "${r%% *}" in
+		FAIL | TIMEOUT)
+			caught_by[$m]="${caught_by[$m]:-} $h"
+			# the first lines that say why
+			grep -v -e '--- FAIL' -e 'Error Trace' "$work/$h.$m.log" | grep -m2 -E "violation|check [0-9]+:|gen [0-9]+:|Error|FAIL:|lost|duplicate|porcupine|unexpected|timed out" | sed 's/^ */      /' | cut -c1-200 >&2
+			;;
+		esac
+	done
+done
+
+cell() {
+	case "${1%% *}" in
+	pass) echo "survived (${1#* })" ;;
+	FAIL) echo "**caught** (${1#* })" ;;
+	TIMEOUT) echo "**caught: hung** (${1#* })" ;;
+	*) echo "?" ;;
+	esac
+}
+
+table() {
+	echo "| harness | unmutated | nosync | nolock | naivekey | nofence |"
+	echo "|---|---|---|---|---|---|"
+	for h in "${harnesses[@]}"; do
+		line="| $h | ${result["$h,none"]%% *} (${result["$h,none"]#* })"
+		for m in "${mutations[@]}"; do
+			line="$line | $(cell "${result["$h,$m"]}")"
+		done
+		echo "$line |"
+	done
+	line="| **caught by** | "
+	for m in "${mutations[@]}"; do
+		n=$(echo ${caught_by[$m]:-} | wc -w)
+		line="$line | $n of ${#harnesses[@]}"
+	done
+	echo "$line |"
+}
+
+echo
+table
+if [ -n "$out" ]; then
+	table >"$out"
+fi
+
+if [ "$setup_ok" != 1 ]; then
+	echo "some harness fails without any mutation: the table means nothing" >&2
+	exit 2
+fi
+survived=0
+for m in "${mutations[@]}"; do
+	if [ -z "${caught_by[$m]:-}" ]; then
+		echo "mutation $m survived every harness" >&2
+		survived=1
+	fi
+done
+exit $survived
