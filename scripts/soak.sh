@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# soak.sh: the long versions of the reliability harnesses (RECEIPTS_SOAK=1).
+#
+#   TestCrashPowerLoss          2,000 power-loss crashes per mode (p0, prand)
+#   TestKillProcess             2,000 SIGKILL cycles of a child process
+#   TestFaultWriteErrorAtK      600 ops per run, a write error at every k
+#   TestFaultRandomReadErrors   200 rounds per read-error probability
+#   TestFaultOpenAtK, TestFaultWALSync*  (same as CI)
+#   TestLinearizability, TestModel, TestScopeIsolation (their own soak sizes)
+#
+# Usage: scripts/soak.sh [-race] [-run REGEXP] [-seed N]
+#   RECEIPTS_CRASHES=n / RECEIPTS_KILLS=n override the crash and kill counts.
+# Every harness logs its seed; rerun a failure with RECEIPTS_SEED=<seed>.
+set -u
+cd "$(dirname "$0")/.."
+
+race=""
+run='^(TestCrashPowerLoss|TestKillProcess|TestFault.*|TestLinearizability.*|TestModel.*|TestScopeIsolation.*)$'
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-race) race="-race" ;;
+	-run) run="$2"; shift ;;
+	-seed) export RECEIPTS_SEED="$2"; shift ;;
+	*) echo "usage: $0 [-race] [-run REGEXP] [-seed N]" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+log=$(mktemp -t receipts-soak.XXXXXX)
+echo "soak: go test $race -run '$run' (log: $log)" >&2
+start=$(date +%s)
+RECEIPTS_SOAK=1 go test $race -count=1 -timeout 6h -v -run "$run" . 2>&1 | tee "$log" |
+	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation)_test\.go:[0-9]+: '
+rc=${PIPESTATUS[0]}
+echo "soak: exit $rc after $(($(date +%s) - start))s; full log in $log" >&2
+exit "$rc"
