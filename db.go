@@ -80,6 +80,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, err
 	}
 	po := o.pebbleOptions()
+	if o.Pebble == nil || o.Pebble.Experimental.SpanPolicyFunc == nil {
+		po.Experimental.SpanPolicyFunc = epochSpans // sstables split at epoch boundaries, for GC
+	}
 	if err := po.FS.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("receipts: create %s: %w", dir, err)
 	}

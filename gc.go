@@ -1,8 +1,11 @@
 package receipts
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -156,4 +159,32 @@ func (db *DB) gcLoop(ctx context.Context, interval time.Duration) {
 			db.opts.Logger.Error("receipts: background gc", "err", err)
 		}
 	}
+}
+
+// epochSpans is the engine's span policy: it ends a span at every epoch
+// boundary, and at the start and end of the store's keys. Pebble finishes a
+// flush's or compaction's output sstable at each span's end, so no sstable
+// holds records of two epochs, or records and other keys; GC's range
+// deletion then covers whole sstables, which Pebble's delete-only
+// compactions drop without rewriting anything.
+//
+// A table that starts at a range deletion's bound (shorter than a record
+// key) gets no epoch boundary: GC's deletion spans every epoch since 1970,
+// and splitting it at each would make millions of sstables.
+func epochSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
+	switch {
+	case bytes.Compare(start, keys.StoreStart) < 0:
+		return pebble.SpanPolicy{}, keys.StoreStart, nil
+	case bytes.Compare(start, keys.RecordsStart) < 0:
+		return pebble.SpanPolicy{}, keys.RecordsStart, nil
+	case bytes.Compare(start, keys.RecordsEnd) >= 0:
+		return pebble.SpanPolicy{}, nil, nil
+	case len(start) <= len(keys.RecordsStart)+8: // not a record key
+		return pebble.SpanPolicy{}, keys.RecordsEnd, nil
+	}
+	e := binary.BigEndian.Uint64(start[len(keys.RecordsStart):])
+	if e == math.MaxUint64 {
+		return pebble.SpanPolicy{}, keys.RecordsEnd, nil
+	}
+	return pebble.SpanPolicy{}, keys.EpochStart(e + 1), nil
 }

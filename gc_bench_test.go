@@ -72,13 +72,14 @@ type gcBenchStore struct {
 
 func openGCBench(b *testing.B, compact bool) *gcBenchStore {
 	s := &gcBenchStore{dir: filepath.Join(b.TempDir(), "db"), clock: newFakeClock()}
-	db, err := receipts.Open(s.dir, &receipts.Options{
+	opts := &receipts.Options{
 		Retention:   time.Hour,
 		LeaseTTL:    30 * time.Second,
 		GCInterval:  -1,
 		CompactOnGC: compact,
 		Now:         s.clock.Now,
-	})
+	}
+	db, err := receipts.Open(s.dir, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -159,21 +160,24 @@ func (s *gcBenchStore) settle(b *testing.B) gcBenchSize {
 
 // gcBenchSize is the store's size three ways.
 type gcBenchSize struct {
-	dir    uint64 // every file in the directory (WAL, MANIFEST, OPTIONS included)
-	dirSST uint64 // the directory's sstables
-	sst    uint64 // Pebble's metrics: live sstables
+	dir      uint64 // every file in the directory (WAL, MANIFEST, OPTIONS included)
+	dirSST   uint64 // the directory's sstables
+	wal      uint64 // the directory's WAL files (recycled ones included)
+	manifest uint64 // the directory's MANIFEST files
+	sst      uint64 // Pebble's metrics: live sstables
 }
 
 func (s *gcBenchStore) size(b *testing.B) gcBenchSize {
 	var z gcBenchSize
-	z.dir, z.dirSST = dirBytes(b, s.dir)
+	z.dir, z.dirSST, z.wal, z.manifest = dirBytes(b, s.dir)
 	z.sst = s.db.Pebble().Metrics().Table.Local.LiveSize
 	return z
 }
 
-// dirBytes sums the sizes of the files under dir: all of them, and the
-// sstables (*.sst) alone.
-func dirBytes(b *testing.B, dir string) (total, sst uint64) {
+// dirBytes sums the sizes of the files under dir: all of them, the
+// sstables (*.sst), the WAL (*.log, recycled ones included) and the
+// MANIFEST files.
+func dirBytes(b *testing.B, dir string) (total, sst, wal, manifest uint64) {
 	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if os.IsNotExist(err) {
@@ -184,8 +188,13 @@ func dirBytes(b *testing.B, dir string) (total, sst uint64) {
 		if d.Type().IsRegular() {
 			if info, err := d.Info(); err == nil {
 				total += uint64(info.Size())
-				if strings.HasSuffix(d.Name(), ".sst") {
+				switch name := d.Name(); {
+				case strings.HasSuffix(name, ".sst"):
 					sst += uint64(info.Size())
+				case strings.HasSuffix(name, ".log"):
+					wal += uint64(info.Size())
+				case strings.HasPrefix(name, "MANIFEST"):
+					manifest += uint64(info.Size())
 				}
 			}
 		}
@@ -194,7 +203,7 @@ func dirBytes(b *testing.B, dir string) (total, sst uint64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return total, sst
+	return total, sst, wal, manifest
 }
 
 func benchGCOnce(b *testing.B, n int, how string, compact bool) {

@@ -483,3 +483,54 @@ func TestGCConcurrentWithClaims(t *testing.T) {
 	retGC(t, db)
 	require.Zero(t, gcRecordCount(t, db))
 }
+
+// TestGCSSTablesSplitAtEpochs: no sstable holds records of two epochs (nor
+// records and the store's other keys), so GC's range deletion covers whole
+// sstables and Pebble's delete-only compactions return their space after a
+// flush, without CompactOnGC. Filled through the public API, without a
+// flush between epochs: one memtable holds them all.
+func TestGCSSTablesSplitAtEpochs(t *testing.T) {
+	s := newTestStore(t, nil)
+	db := s.db
+	t0 := s.clock.Now()
+	for e := range 4 {
+		s.clock.Advance(t0.Add(time.Duration(e)*retW + time.Minute).Sub(s.clock.Now()))
+		for i := range 300 {
+			retCommit(t, db, key("acct", fmt.Sprintf("e%d-%d", e, i)), strings.Repeat("result ", 20))
+		}
+	}
+	s.clock.Advance(retW) // epoch 4
+	live := retCommit(t, db, key("acct", "live"), "x").Key
+	require.NoError(t, db.Pebble().Flush())
+
+	levels, err := db.Pebble().SSTables()
+	require.NoError(t, err)
+	tables := 0
+	for _, level := range levels {
+		for _, tb := range level {
+			lo, hi := tb.Smallest.UserKey, tb.Largest.UserKey
+			if bytes.Compare(hi, keys.RecordsStart) < 0 || bytes.Compare(lo, keys.RecordsEnd) >= 0 {
+				continue // the store's other keys
+			}
+			tables++
+			require.True(t, bytes.Compare(lo, keys.RecordsStart) >= 0 && bytes.Compare(hi, keys.RecordsEnd) < 0,
+				"sstable %s holds records and other keys: %q..%q", tb.FileNum, lo, hi)
+			elo, _ := keys.Epoch(lo)
+			ehi, _ := keys.Epoch(hi)
+			require.Equal(t, elo, ehi, "sstable %s spans epochs %d..%d", tb.FileNum, elo, ehi)
+		}
+	}
+	require.GreaterOrEqual(t, tables, 5)
+
+	sst := func() uint64 { return db.Pebble().Metrics().Table.Local.LiveSize }
+	before := sst()
+	s.clock.Advance(retR - 30*time.Second) // epochs 0..3 dead, live still visible
+	st := retGC(t, db)
+	require.Equal(t, 4, st.EpochsDropped)
+	require.False(t, st.Compacted)
+	require.NoError(t, db.Pebble().Flush()) // the range deletion reaches an sstable
+	require.Eventually(t, func() bool { return sst() < before/10 }, 10*time.Second, 5*time.Millisecond,
+		"Pebble's delete-only compactions returned less than 90%%: %d of %d bytes left", sst(), before)
+	retVisible(t, db, live, receipts.Succeeded)
+	require.Equal(t, 1, gcRecordCount(t, db))
+}
