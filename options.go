@@ -16,6 +16,9 @@ import (
 const (
 	DefaultRetention = 24 * time.Hour
 	DefaultLeaseTTL  = 30 * time.Second
+	// DefaultCacheSize is Pebble's block cache when Options.Pebble sets
+	// neither Cache nor CacheSize.
+	DefaultCacheSize = 64 << 20
 )
 
 // Limits on input. Anything larger is rejected with an error wrapping
@@ -53,7 +56,8 @@ type Options struct {
 	Now func() time.Time
 	// Pebble tunes the engine (cache, FS, ...). It is cloned, never changed.
 	// Its FS lets tests use vfs.NewMem, vfs.NewCrashableMem or errorfs.
-	// Levels without a filter policy get 10-bit Bloom filters.
+	// Levels without a filter policy get 10-bit Bloom filters, and the
+	// block cache is DefaultCacheSize unless Cache or CacheSize is set.
 	Pebble *pebble.Options
 	// Logger receives the store's own diagnostics (background GC). Default
 	// slog.Default().
@@ -118,6 +122,12 @@ func (o *Options) pebbleOptions() *pebble.Options {
 		if po.Levels[i].FilterPolicy == nil {
 			po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 		}
+	}
+	if po.Cache == nil && po.CacheSize == 0 {
+		// Pebble's 8 MiB default is all taken by its memtable reservations,
+		// which leaves retries no block cache at all (bench/: 0% hits, every
+		// replay a pread and a decompression).
+		po.CacheSize = DefaultCacheSize
 	}
 	if po.FS == nil {
 		// Set explicitly: left nil, EnsureDefaults wraps it in a disk-health
