@@ -60,6 +60,8 @@ type DB struct {
 	lastGC atomic.Pointer[GCStats]
 
 	n counters
+
+	tokenFn func() (uint64, error) // db.newToken, bound once (a method value allocates)
 }
 
 type counters struct {
@@ -106,6 +108,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		closing:   make(chan struct{}),
 		readOnly:  po.ReadOnly,
 	}
+	db.tokenFn = db.newToken
 	if err := db.load(); err != nil {
 		_ = pdb.Close()
 		_ = lock.Close()
@@ -353,33 +356,40 @@ func (db *DB) newToken() (uint64, error) {
 //
 // REQUIRES: k's lock held, for anything that writes based on the result.
 func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
-	return db.readFrom(k, now, max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width)))
+	rec = new(encoding.Record)
+	found, stored, err := db.readInto(k, now, rec, nil)
+	if !found {
+		rec = nil
+	}
+	return rec, stored, err
 }
 
-// readFrom probes the epochs from the current one down to lo.
-func (db *DB) readFrom(k Key, now int64, lo uint64) (rec *encoding.Record, stored []byte, err error) {
+// keyBufs holds record-key buffers for readInto.
+var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 128); return &b }}
+
+// readInto is read decoding into rec, building keys in buf (stored aliases
+// it). found is false if there is no visible record; stored may still name
+// an expired one.
+func (db *DB) readInto(k Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
+	lo := max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width))
 	hi := db.epochOf(now)
-	key := keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), hi, k.Scope, k.ID)
+	key := keys.AppendRecord(buf[:0], hi, k.Scope, k.ID)
 	for e := hi; ; e-- {
 		keys.SetEpoch(key, e)
 		v, closer, err := db.pdb.Get(key)
 		if err == nil {
-			rec = new(encoding.Record)
 			derr := encoding.DecodeRecordInto(rec, v)
 			_ = closer.Close()
 			if derr != nil {
-				return nil, nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, k, derr)
+				return false, nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, k, derr)
 			}
-			if !machine.Visible(rec, now, db.retention) {
-				return nil, key, nil
-			}
-			return rec, key, nil
+			return machine.Visible(rec, now, db.retention), key, nil
 		}
 		if !errors.Is(err, pebble.ErrNotFound) {
-			return nil, nil, fmt.Errorf("receipts: read %s: %w", k, err)
+			return false, nil, fmt.Errorf("receipts: read %s: %w", k, err)
 		}
 		if e <= lo {
-			return nil, nil, nil
+			return false, nil, nil
 		}
 	}
 }
@@ -453,15 +463,18 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec, _, err := db.read(k, db.now())
+	var rec encoding.Record
+	bp := keyBufs.Get().(*[]byte)
+	found, _, err := db.readInto(k, db.now(), &rec, *bp)
+	keyBufs.Put(bp)
 	e.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil {
+	if !found {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
 	}
-	r := db.receipt(k, rec)
+	r := db.receipt(k, &rec)
 	if err := db.beforeReplay(ctx, r); err != nil {
 		return nil, err
 	}

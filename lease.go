@@ -111,12 +111,22 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			return nil, nil, err
 		}
 		now := db.now()
-		cur, stored, err := db.read(k, now)
+		var rec encoding.Record
+		bp := keyBufs.Get().(*[]byte)
+		found, stored, err := db.readInto(k, now, &rec, *bp)
 		if err != nil {
+			keyBufs.Put(bp)
 			e.Unlock()
 			return nil, nil, err
 		}
-		res, err := machine.Claim(cur, fp, now, db.ttl, db.newToken)
+		cur := &rec
+		if !found {
+			cur = nil
+		}
+		res, err := machine.Claim(cur, fp, now, db.ttl, db.tokenFn)
+		if res.Outcome != machine.Claimed || err != nil {
+			keyBufs.Put(bp) // stored is needed only to write
+		}
 		if err != nil {
 			e.Unlock()
 			return nil, nil, err
@@ -130,6 +140,8 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			}
 			_ = b.Close()
 			e.Unlock()
+			*bp = stored[:0]
+			keyBufs.Put(bp)
 			if err != nil {
 				return nil, nil, fmt.Errorf("receipts: claim %s: %w", k, err)
 			}
