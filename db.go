@@ -364,6 +364,22 @@ func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err e
 	return rec, stored, err
 }
 
+// oldestLiveEpoch is the oldest epoch a lookup at epoch hi probes:
+// hi - ceil(Retention/W). That covers every record written within Retention
+// (epochOf(now - Retention) is never older), and it guarantees that a copy a
+// write did not see, in an older epoch, had expired by the start of epoch hi:
+// the store's clock never restarts before the start of the newest epoch on
+// disk, so such a copy can never come back to life. When W divides
+// Retention (the default, W = Retention/4) the two bounds are the same.
+func (db *DB) oldestLiveEpoch(hi uint64) uint64 {
+	back := uint64((db.retention + db.width - 1) / db.width)
+	lo := db.minEpoch.Load()
+	if hi > back {
+		lo = max(lo, hi-back)
+	}
+	return lo
+}
+
 // keyBufs holds record-key buffers for readInto.
 var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 128); return &b }}
 
@@ -371,8 +387,8 @@ var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 128); return &b }
 // it). found is false if there is no visible record; stored may still name
 // an expired one.
 func (db *DB) readInto(k Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
-	lo := max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width))
 	hi := db.epochOf(now)
+	lo := db.oldestLiveEpoch(hi)
 	key := keys.AppendRecord(buf[:0], hi, k.Scope, k.ID)
 	for e := hi; ; e-- {
 		keys.SetEpoch(key, e)

@@ -128,7 +128,7 @@ func (db *DB) rawRecords(ctx context.Context, lo uint64, scope string, fn func(e
 // records yields the decoded visible records of the live epochs.
 func (db *DB) records(ctx context.Context, now int64, scope string) iter.Seq2[*Receipt, error] {
 	return func(yield func(*Receipt, error) bool) {
-		lo := max(db.minEpoch.Load(), uint64(max(now-db.retention, 0)/db.width))
+		lo := db.oldestLiveEpoch(db.epochOf(now))
 		stopped := false
 		err := db.rawRecords(ctx, lo, scope, func(_ uint64, key, value []byte) bool {
 			_, s, id, kerr := keys.ParseRecord(key)
