@@ -50,9 +50,13 @@ type Options struct {
 	// returning the disk space immediately rather than when Pebble's
 	// delete-only compactions get to it.
 	CompactOnGC bool
-	// Now is the clock. Default time.Now. Tests inject a fake one. The store
-	// never lets its time go backwards: a clock that jumps back is treated
-	// as standing still until it catches up.
+	// Now is the clock. Default time.Now. Tests inject a fake one. While a
+	// store is open its time never goes backwards: a clock that jumps back
+	// is treated as standing still until it catches up. Across a restart it
+	// resumes no earlier than the last Close or deletion, and after a crash
+	// no earlier than the start of the newest epoch on disk; a receipt that
+	// had just expired may then be visible again until it expires by the
+	// restarted clock (retention only ever runs longer, never shorter).
 	Now func() time.Time
 	// Pebble tunes the engine (cache, FS, ...). It is cloned, never changed.
 	// Its FS lets tests use vfs.NewMem, vfs.NewCrashableMem or errorfs.
@@ -137,6 +141,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 	}
 	if po.Logger == nil && po.LoggerAndTracer == nil {
 		po.Logger = pebbleLogger{o.Logger}
+	} else if po.Logger != nil {
+		po.Logger = failStopLogger{po.Logger}
 	}
 	po.EnsureDefaults()
 	return po
@@ -145,7 +151,8 @@ func (o *Options) pebbleOptions() *pebble.Options {
 // pebbleLogger sends Pebble's messages to the store's slog.Logger. Fatalf
 // keeps Pebble's fail-stop behaviour: Pebble calls it when it can no longer
 // guarantee durability (a failed WAL sync), and the process exits; a restart
-// recovers from the WAL. Set Options.Pebble.Logger to change that.
+// recovers from the WAL. An Options.Pebble.Logger replaces it, wrapped in
+// failStopLogger.
 type pebbleLogger struct{ l *slog.Logger }
 
 func (p pebbleLogger) Infof(format string, args ...any) {
@@ -159,4 +166,17 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	p.l.Error("pebble: fatal: " + fmt.Sprintf(format, args...))
 	os.Exit(1)
+}
+
+// failStopLogger wraps an application's Pebble logger so that Fatalf never
+// returns. Pebble reports a failed WAL write or sync only through Fatalf;
+// if it returns, Pebble goes on as if the batch were durable, and the store
+// would acknowledge a claim or a receipt that a power loss takes away. So
+// after the application's Fatalf (which may exit, panic, or just log), the
+// calling goroutine panics.
+type failStopLogger struct{ pebble.Logger }
+
+func (l failStopLogger) Fatalf(format string, args ...any) {
+	l.Logger.Fatalf(format, args...)
+	panic(fmt.Sprintf("pebble: fatal: "+format, args...))
 }
