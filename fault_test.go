@@ -931,3 +931,67 @@ func faultOpenChild() {
 		k, len(evs), len(fx), panicked, failed, opened-1, checked)
 	os.Exit(0)
 }
+
+// faultReturningLogger is a Pebble logger whose Fatalf returns (logs and
+// carries on), as an application's own logger might.
+type faultReturningLogger struct{ fatals atomic.Int32 }
+
+func (l *faultReturningLogger) Infof(string, ...any)  {}
+func (l *faultReturningLogger) Errorf(string, ...any) {}
+func (l *faultReturningLogger) Fatalf(string, ...any) { l.fatals.Add(1) }
+
+// TestFaultReturningFatalfIsFailStop: Pebble reports a failed WAL sync only
+// through Logger.Fatalf; if that returns, Pebble's Apply returns nil as if
+// the batch were durable. With an application logger whose Fatalf returns,
+// the store must still not hand out a lease (nor a receipt) that a power
+// loss takes away.
+func TestFaultReturningFatalfIsFailStop(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	clock := newCrashClock(crashStart)
+	var on atomic.Bool
+	var image *vfs.MemFS
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		switch op.Kind {
+		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
+			if on.Load() && strings.HasSuffix(op.Path, ".log") {
+				on.Store(false)
+				image = mem.CrashClone(vfs.CrashCloneCfg{})
+				return errorfs.ErrInjected
+			}
+		}
+		return nil
+	})
+	logger := &faultReturningLogger{}
+	db := crashOpen(t, errorfs.Wrap(mem, inj), clock, logger)
+	k := receipts.Key{Scope: "s", ID: "x"}
+	on.Store(true)
+	var lease *receipts.Lease
+	var err error
+	panicked := faultCatchAny(func() { lease, _, err = db.Claim(ctx, k, crashFP(k)) })
+	if !panicked {
+		faultCatchAny(func() { _ = db.Close() })
+	}
+	faultCatchAny(func() { _ = db.Pebble().Close() })
+	if logger.fatals.Load() == 0 {
+		t.Fatal("the injected WAL sync failure never reached Fatalf")
+	}
+	if lease != nil {
+		// Show what that costs: the claim is gone after a power loss.
+		db2 := crashOpen(t, image, clock, &crashTestLogger{})
+		_, lerr := db2.Lookup(ctx, k)
+		_ = db2.Close()
+		t.Fatalf("Claim handed out a lease (token %d, err %v) after its WAL sync failed; after a power loss Lookup says %v", lease.Token(), err, lerr)
+	}
+}
+
+// faultCatchAny runs fn and reports whether it panicked (with anything).
+func faultCatchAny(fn func()) (panicked bool) {
+	defer func() {
+		if recover() != nil {
+			panicked = true
+		}
+	}()
+	fn()
+	return false
+}
