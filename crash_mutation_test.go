@@ -31,7 +31,7 @@ func TestMutationCheck(t *testing.T) {
 	if out, err := exec.Command(gobin, "test", "-c", "-tags", "receipts_mutate", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	harnesses := []string{"TestCrashPowerLoss", "TestKillProcess", "TestFaultWriteErrorAtK", "TestFaultOpenAtK", "TestFaultWALSyncFailStop", "TestFaultRandomReadErrors"}
+	harnesses := []string{"TestCrashPowerLoss", "TestKillProcess", "TestFaultWriteErrorAtK", "TestFaultOpenAtK", "TestFaultWALSyncFailStop", "TestFaultReturningFatalfIsFailStop", "TestFaultRandomReadErrors"}
 	out, err := exec.Command(bin, "-test.list", "^(TestLinearizability|TestModel|TestScopeIsolation)").Output()
 	if err != nil {
 		t.Fatalf("list: %v", err)

@@ -47,7 +47,7 @@ fi
 # The harnesses: this package's crash, kill and fault tests, plus the
 # linearizability, model and scope-isolation tests when present.
 harnesses=()
-for h in TestCrashPowerLoss TestKillProcess TestFaultWriteErrorAtK TestFaultOpenAtK TestFaultWALSyncFailStop TestFaultRandomReadErrors; do
+for h in TestCrashPowerLoss TestKillProcess TestFaultWriteErrorAtK TestFaultOpenAtK TestFaultWALSyncFailStop TestFaultReturningFatalfIsFailStop TestFaultRandomReadErrors; do
 	harnesses+=("$h")
 done
 while read -r h; do
