@@ -40,7 +40,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -1091,14 +1090,4 @@ func crashKeyIndex(k receipts.Key) int64 {
 	id := strings.TrimLeft(k.ID, "abcdefghijklmnopqrstuvwxyz-")
 	n, _ := strconv.ParseInt(id, 10, 64)
 	return n
-}
-
-// crashSortedKeys is for deterministic messages.
-func crashSortedKeys[V any](m map[receipts.Key]V) []receipts.Key {
-	ks := make([]receipts.Key, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Slice(ks, func(i, j int) bool { return ks[i].String() < ks[j].String() })
-	return ks
 }

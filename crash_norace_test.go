@@ -9,5 +9,4 @@ const (
 	crashKillCycles       = 100 // SIGKILL cycles of the child process
 	faultOps              = 300 // workload ops per k in TestFaultWriteErrorAtK
 	faultReadRounds       = 20  // rounds of 60 calls per probability in TestFaultRandomReadErrors
-	crashRaceScaled       = false
 )

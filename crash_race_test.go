@@ -9,5 +9,4 @@ const (
 	crashKillCycles       = 20
 	faultOps              = 60 // workload ops per k in TestFaultWriteErrorAtK
 	faultReadRounds       = 5  // rounds of 60 calls per probability in TestFaultRandomReadErrors
-	crashRaceScaled       = true
 )
