@@ -775,11 +775,18 @@ func (w *crashLoad) doBatchOp(ctx context.Context, rng *rand.Rand) {
 		w.granted(l, false)
 		if l.Recovered() {
 			// The effect commits with the receipt: a claim left pending
-			// can never have an effect behind it.
-			if v, closer, err := w.db.Pebble().Get(crashAppKey(k)); err == nil {
-				w.bad.addf("gen %d: DoBatch %s recovered with its effect %x already stored", w.gen, k, v)
-				_ = closer.Close()
+			// can never have an effect behind it. Checked while the lease
+			// is surely held (Renew, no clock jump until done): a DoBatch
+			// whose lease ran out and was taken over while fn ran (a
+			// zombie, fenced at commit) may well see its successor's.
+			w.gate.RLock()
+			if err := l.Renew(context.Background()); err == nil {
+				if v, closer, err := w.db.Pebble().Get(crashAppKey(k)); err == nil {
+					w.bad.addf("gen %d: DoBatch %s recovered (token %d) with its effect %x already stored", w.gen, k, l.Token(), v)
+					_ = closer.Close()
+				}
 			}
+			w.gate.RUnlock()
 		}
 		if rng.IntN(100) < 10 {
 			outcome = errCrashUnknown
