@@ -58,8 +58,13 @@ func TestMutationCheck(t *testing.T) {
 		err := cmd.Run()
 		o := outcome{failed: err != nil, dur: time.Since(start).Round(100 * time.Millisecond)}
 		if o.failed {
-			why := regexp.MustCompile(`(?m)^.*(violation|check \d+:|gen \d+:|FAIL:|lost|duplicate|porcupine|timed out|Error:).*$`).FindString(buf.String())
-			o.why = strings.TrimSpace(why)
+			re := regexp.MustCompile(`violation|check \d+:|gen \d+:|FAIL:|lost|duplicate|porcupine|timed out|Error:`)
+			for _, line := range strings.Split(buf.String(), "\n") {
+				if re.MatchString(line) && !strings.Contains(line, "--- FAIL") {
+					o.why = strings.TrimSpace(line)
+					break
+				}
+			}
 			if len(o.why) > 160 {
 				o.why = o.why[:160]
 			}
