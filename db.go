@@ -93,9 +93,14 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, dir, err)
 	}
 	po.Lock = lock
+	opened := false
+	defer func() {
+		if !opened { // an error, or a panic out of Pebble (a failed directory fsync)
+			_ = lock.Close()
+		}
+	}()
 	pdb, err := pebble.Open(dir, po)
 	if err != nil {
-		_ = lock.Close()
 		return nil, fmt.Errorf("receipts: open %s: %w", dir, err)
 	}
 	db := &DB{
@@ -111,7 +116,6 @@ func Open(dir string, opts *Options) (*DB, error) {
 	db.tokenFn = db.newToken
 	if err := db.load(); err != nil {
 		_ = pdb.Close()
-		_ = lock.Close()
 		return nil, err
 	}
 	db.lastGC.Store(&GCStats{})
@@ -121,6 +125,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		db.bg.Add(1)
 		go db.gcLoop(ctx, interval)
 	}
+	opened = true
 	return db, nil
 }
 
@@ -239,7 +244,7 @@ func (db *DB) getCounter(key []byte) (uint64, error) {
 // cleanly), stops background work and closes the engine. Callers waiting for
 // another holder's receipt get ErrClosed. Afterwards every method returns
 // ErrClosed. A second Close returns nil.
-func (db *DB) Close() error {
+func (db *DB) Close() (err error) {
 	db.closeMu.Lock()
 	if db.closed {
 		db.closeMu.Unlock()
@@ -252,22 +257,26 @@ func (db *DB) Close() error {
 	db.inflight.Wait()
 	db.bgCancel()
 	db.bg.Wait()
+	defer func() {
+		// Runs even if the clock write below panics (a WAL sync failure
+		// under a logger whose Fatalf panics): the engine and the directory
+		// lock are released either way.
+		if cerr := db.pdb.Close(); err == nil {
+			err = cerr
+		}
+		if lerr := db.dirLock.Close(); err == nil {
+			err = lerr
+		}
+		if err != nil {
+			err = fmt.Errorf("receipts: close: %w", err)
+		}
+	}()
 	// Persist the clock so that a restart with the clock behind resumes
 	// from here (records stay exactly as expired as they were).
-	var err error
 	if !db.readOnly {
 		err = db.pdb.Set(keys.Clock, encoding.EncodeUint64(uint64(db.clock.Load())), pebble.Sync)
 	}
-	if cerr := db.pdb.Close(); err == nil {
-		err = cerr
-	}
-	if lerr := db.dirLock.Close(); err == nil {
-		err = lerr
-	}
-	if err != nil {
-		return fmt.Errorf("receipts: close: %w", err)
-	}
-	return nil
+	return err
 }
 
 // enter registers an in-flight call; exit ends it.
