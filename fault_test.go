@@ -168,10 +168,7 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 		}
 		// Close is part of the run: it writes too.
 		var err error
-		fatal = faultCatch(func() { err = db.Close() })
-		if fatal { // see faultClose
-			faultCatch(func() { _ = db.Pebble().Close() })
-		}
+		fatal = faultCatch(func() { err = db.Close() }) // releases Pebble even if it panics
 		closed = true
 		if !hit.Load() {
 			// The run never reached the k-th write: done.
@@ -288,12 +285,10 @@ func faultCatch(fn func()) (fatal bool) {
 
 // faultClose closes a DB whose Pebble hit Fatalf, ignoring what it says.
 // DB.Close writes the store's clock (synced) before it closes Pebble; on a
-// wedged Pebble that write hits Fatalf again and Close panics before
-// closing Pebble, so Pebble is closed here directly.
+// wedged Pebble that write hits Fatalf again and Close panics, after
+// releasing Pebble and the directory lock.
 func faultClose(db *receipts.DB) {
-	if faultCatch(func() { _ = db.Close() }) {
-		faultCatch(func() { _ = db.Pebble().Close() })
-	}
+	faultCatch(func() { _ = db.Close() })
 }
 
 // TestFaultRandomReadErrors fills a store (receipts, failures, live claims,
@@ -968,11 +963,8 @@ func TestFaultReturningFatalfIsFailStop(t *testing.T) {
 	on.Store(true)
 	var lease *receipts.Lease
 	var err error
-	panicked := faultCatchAny(func() { lease, _, err = db.Claim(ctx, k, crashFP(k)) })
-	if !panicked {
-		faultCatchAny(func() { _ = db.Close() })
-	}
-	faultCatchAny(func() { _ = db.Pebble().Close() })
+	faultCatchAny(func() { lease, _, err = db.Claim(ctx, k, crashFP(k)) })
+	faultCatchAny(func() { _ = db.Close() }) // releases Pebble even if it panics
 	if logger.fatals.Load() == 0 {
 		t.Fatal("the injected WAL sync failure never reached Fatalf")
 	}
