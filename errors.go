@@ -100,6 +100,7 @@ type InProgressError struct {
 	cause      error
 }
 
+// Error says which key is in progress and when to retry.
 func (e *InProgressError) Error() string {
 	msg := fmt.Sprintf("receipts: operation in progress for %s (retry after %s)", e.Key, e.RetryAfter)
 	if e.cause != nil {
