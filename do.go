@@ -146,12 +146,27 @@ func (db *DB) afterFinishError(ctx context.Context, l *Lease, err error) error {
 
 // renewInBackground renews l every third of the lease TTL until stop is
 // called. If the lease is lost, it cancels fn's context with ErrLeaseLost.
+// Unlike KeepAlive it goes on while Close waits for Do to finish.
 func (db *DB) renewInBackground(l *Lease, cancel context.CancelCauseFunc) (stop func()) {
+	return l.keepAlive(cancel, l.renew)
+}
+
+// KeepAlive renews the lease in the background, every third of LeaseTTL,
+// until stop is called (stop waits for the renewer to end). Use it with
+// Claim when the effect may take longer than the lease; Do does it for you.
+// If the lease is lost (another caller took the key over) or the store is
+// closed, KeepAlive calls cancel with that error, so the effect's context
+// ends, and stops. Other renewal errors are logged and retried.
+func (l *Lease) KeepAlive(cancel context.CancelCauseFunc) (stop func()) {
+	return l.keepAlive(cancel, l.Renew)
+}
+
+func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Context) error) (stop func()) {
 	quit := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(max(time.Duration(db.ttl)/3, time.Millisecond))
+		t := time.NewTicker(max(time.Duration(l.db.ttl)/3, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {
@@ -159,13 +174,13 @@ func (db *DB) renewInBackground(l *Lease, cancel context.CancelCauseFunc) (stop 
 				return
 			case <-t.C:
 			}
-			err := l.renew(context.Background())
+			err := renew(context.Background())
 			switch {
-			case errors.Is(err, ErrLeaseLost):
+			case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrClosed):
 				cancel(err)
 				return
 			case err != nil:
-				db.opts.Logger.Warn("receipts: renew lease", "key", l.key, "err", err)
+				l.db.opts.Logger.Warn("receipts: renew lease", "key", l.key, "err", err)
 			}
 		}
 	}()

@@ -23,8 +23,8 @@ import (
 // callers apart must not start, and a constructor error is what Go programs
 // check at startup.
 //
-// New reads the store's LeaseTTL once (through db.Stats) to renew each
-// claim's lease every LeaseTTL/3 while its handler runs.
+// While a handler runs, its claim's lease is renewed in the background
+// (Lease.KeepAlive, every LeaseTTL/3).
 func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if db == nil {
 		return nil, errors.New("receipthttp: New needs a *receipts.DB")
@@ -33,7 +33,7 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &middleware{db: db, cfg: c, renewEvery: db.Options().LeaseTTL / 3}
+	m := &middleware{db: db, cfg: c}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("receipthttp: nil http.Handler")
@@ -44,9 +44,8 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 
 // middleware is what the handlers made by one New share.
 type middleware struct {
-	db         *receipts.DB
-	cfg        *config
-	renewEvery time.Duration // 0 = no background renewal
+	db  *receipts.DB
+	cfg *config
 }
 
 type handler struct {
@@ -229,7 +228,7 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	defer cancel(nil)
 
 	rw := newRecorder(w, h.cfg.MaxResponseBytes)
-	stopRenew := h.keepAlive(ctx, lease, cancel)
+	stopRenew := lease.KeepAlive(cancel)
 	finished := false
 	defer func() {
 		if !finished { // the handler panicked (or called runtime.Goexit)
@@ -302,40 +301,6 @@ func (h *handler) abandon(ctx context.Context, lease *receipts.Lease) {
 	if err := lease.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
 		h.cfg.Logger.WarnContext(ctx, "receipthttp: abandoning the claim failed",
 			"scope", lease.Key().Scope, "key", lease.Key().ID, "err", err)
-	}
-}
-
-// keepAlive renews lease in the background while the handler runs. If the
-// lease is lost, it cancels the handler's context. stop waits for it.
-func (h *handler) keepAlive(ctx context.Context, lease *receipts.Lease, cancel context.CancelCauseFunc) (stop func()) {
-	if h.renewEvery <= 0 {
-		return func() {}
-	}
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(h.renewEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-				err := lease.Renew(ctx)
-				if errors.Is(err, receipts.ErrLeaseLost) || errors.Is(err, receipts.ErrClosed) {
-					cancel(err)
-					return
-				}
-			}
-		}
-	}()
-	var stopped bool
-	return func() {
-		if !stopped {
-			stopped = true
-			close(quit)
-			<-done
-		}
 	}
 }
 

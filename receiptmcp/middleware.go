@@ -32,7 +32,7 @@ func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
 	if err != nil {
 		panic(err)
 	}
-	m := &middleware{db: db, cfg: c, renewEvery: db.Options().LeaseTTL / 3}
+	m := &middleware{db: db, cfg: c}
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if method != methodCallTool {
@@ -49,9 +49,8 @@ func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
 
 // middleware is what the handlers made by one Middleware share.
 type middleware struct {
-	db         *receipts.DB
-	cfg        *config
-	renewEvery time.Duration // 0 = no background renewal
+	db  *receipts.DB
+	cfg *config
 }
 
 func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest) (mcp.Result, error) {
@@ -209,7 +208,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	hctx, cancel := context.WithCancelCause(context.WithValue(detached, attemptKey{}, a))
 	defer cancel(nil)
 
-	stopRenew := m.keepAlive(hctx, lease, cancel)
+	stopRenew := lease.KeepAlive(cancel)
 	finished := false
 	defer func() {
 		if !finished { // the handler panicked (or called runtime.Goexit)
@@ -294,39 +293,5 @@ func (m *middleware) abandon(ctx context.Context, lease *receipts.Lease, tool st
 		k := lease.Key()
 		m.cfg.Logger.WarnContext(ctx, "receiptmcp: abandoning the claim failed",
 			"scope", k.Scope, "key", k.ID, "tool", tool, "err", err)
-	}
-}
-
-// keepAlive renews lease in the background while the handler runs. If the
-// lease is lost, it cancels the handler's context. stop waits for it.
-func (m *middleware) keepAlive(ctx context.Context, lease *receipts.Lease, cancel context.CancelCauseFunc) (stop func()) {
-	if m.renewEvery <= 0 {
-		return func() {}
-	}
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(m.renewEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-				err := lease.Renew(ctx)
-				if errors.Is(err, receipts.ErrLeaseLost) || errors.Is(err, receipts.ErrClosed) {
-					cancel(err)
-					return
-				}
-			}
-		}
-	}()
-	stopped := false
-	return func() {
-		if !stopped {
-			stopped = true
-			close(quit)
-			<-done
-		}
 	}
 }
