@@ -390,3 +390,39 @@ func TestAbandonAndOptions(t *testing.T) {
 	require.True(t, l2.Recovered())
 	require.ErrorIs(t, l.Abandon(bg), receipts.ErrLeaseLost)
 }
+
+func TestLeaseKeepAlive(t *testing.T) {
+	s := newTestStore(t, func(o *receipts.Options) { o.LeaseTTL = 30 * time.Millisecond })
+	k := key("a", "k")
+	l, _, err := s.db.Claim(bg, k, []byte("fp"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancelCause(bg)
+	defer cancel(nil)
+	stop := l.KeepAlive(cancel)
+	defer stop()
+
+	// Renewals keep the lease live past its first expiry.
+	first, err := s.db.Lookup(bg, k)
+	require.NoError(t, err)
+	s.clock.Advance(time.Second)
+	require.Eventually(t, func() bool {
+		cur, err := s.db.Lookup(bg, k)
+		return err == nil && cur.LeaseExpiresAt.After(first.LeaseExpiresAt)
+	}, 10*time.Second, time.Millisecond)
+
+	// A takeover ends the effect's context with ErrLeaseLost. (A renewal
+	// can land between the clock jump and the claim: jump again.)
+	var thief *receipts.Lease
+	require.Eventually(t, func() bool {
+		s.clock.Advance(time.Minute)
+		thief, _, err = s.db.Claim(bg, k, []byte("fp"))
+		return err == nil
+	}, 10*time.Second, time.Millisecond)
+	require.True(t, thief.Recovered())
+	select {
+	case <-ctx.Done():
+		require.ErrorIs(t, context.Cause(ctx), receipts.ErrLeaseLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("KeepAlive never noticed the lost lease")
+	}
+}
