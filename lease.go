@@ -140,7 +140,9 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			}
 			_ = b.Close()
 			e.Unlock()
-			*bp = stored[:0]
+			if stored != nil { // readInto may have grown the buffer
+				*bp = stored[:0]
+			}
 			keyBufs.Put(bp)
 			if err != nil {
 				return nil, nil, fmt.Errorf("receipts: claim %s: %w", k, err)
