@@ -328,3 +328,29 @@ func TestTokensUniqueAcrossReleaseAndRestart(t *testing.T) {
 		}
 	}
 }
+
+func TestWaitAtMost(t *testing.T) {
+	s := newTestStore(t, nil)
+	k := key("a", "k")
+	l, _, err := s.db.Claim(bg, k, []byte("fp"))
+	require.NoError(t, err)
+
+	// The bound passes: a plain in-progress answer with a fresh RetryAfter,
+	// not the context's error.
+	_, _, err = s.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(20*time.Millisecond))
+	var ip *receipts.InProgressError
+	require.ErrorAs(t, err, &ip)
+	require.Equal(t, 30*time.Second, ip.RetryAfter)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+
+	// The holder commits within the bound: the waiter gets the receipt.
+	done := make(chan *receipts.Receipt)
+	go func() {
+		_, r, err := s.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(time.Minute))
+		require.NoError(t, err)
+		done <- r
+	}()
+	_, err = l.Commit(bg, []byte("done"))
+	require.NoError(t, err)
+	require.Equal(t, []byte("done"), (<-done).Result)
+}

@@ -19,8 +19,9 @@ import (
 type ClaimOption func(*claimConfig)
 
 type claimConfig struct {
-	wait   bool // wait for a live holder instead of ErrInProgress
-	noSync bool // DoBatch: the claim guards only an effect in the same batch as the receipt
+	wait    bool          // wait for a live holder instead of ErrInProgress
+	maxWait time.Duration // with wait: give up after this long (0: only ctx bounds it)
+	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
 }
 
 // WaitForResult makes Claim block, bounded by its context, while another
@@ -29,6 +30,15 @@ type claimConfig struct {
 // returns a lease). Holders in this process wake waiters through a channel;
 // a holder from before a restart is waited out until its lease expires.
 func WaitForResult() ClaimOption { return func(c *claimConfig) { c.wait = true } }
+
+// WaitAtMost is WaitForResult bounded by d as well as by the context: once d
+// has passed, Claim looks at the key once more and returns what it finds
+// (the receipt, a lease, or *InProgressError with a fresh RetryAfter, not
+// wrapping any context error). HTTP and MCP front ends use it to wait a
+// little for a duplicate's first call before answering "in progress".
+func WaitAtMost(d time.Duration) ClaimOption {
+	return func(c *claimConfig) { c.wait, c.maxWait = true, d }
+}
 
 // Lease is the right to execute one operation, held by one caller. It is
 // fenced by a token: once another caller takes the key over, every method
@@ -105,6 +115,10 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	var deadline time.Time
+	if cfg.maxWait > 0 {
+		deadline = time.Now().Add(cfg.maxWait)
+	}
 	for {
 		e, err := db.lock(ctx, k)
 		if err != nil {
@@ -171,13 +185,17 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 		// InProgress.
 		db.n.conflicts.Add(1)
 		retry := time.Duration(res.RetryAfter)
-		if !cfg.wait {
+		wait := min(retry, waitRecheck)
+		if !deadline.IsZero() {
+			wait = min(wait, time.Until(deadline))
+		}
+		if !cfg.wait || (!deadline.IsZero() && wait <= 0) {
 			e.Unlock()
 			return nil, nil, &InProgressError{Key: k, RetryAfter: retry}
 		}
 		w := e.Watch()
 		e.Unlock()
-		t := time.NewTimer(min(retry, waitRecheck))
+		t := time.NewTimer(wait)
 		select {
 		case <-w.C:
 		case <-t.C:

@@ -139,21 +139,13 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Pro
 	return body, nil
 }
 
-// claim claims key, or returns its receipt. With Config.Wait it waits, that
-// long at most, for a request in progress under the same key.
+// claim claims key, or returns its receipt. It waits, Config.Wait at most,
+// for a request in progress under the same key (receipts.WaitAtMost).
 func (h *handler) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
 	if h.cfg.Wait <= 0 {
 		return h.db.Claim(ctx, key, fp)
 	}
-	wctx, cancel := context.WithTimeout(ctx, h.cfg.Wait)
-	lease, rec, err := h.db.Claim(wctx, key, fp, receipts.WaitForResult())
-	cancel()
-	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		// Waited long enough. One more look, without waiting, gives the
-		// Retry-After (or the receipt that landed just now).
-		return h.db.Claim(ctx, key, fp)
-	}
-	return lease, rec, err
+	return h.db.Claim(ctx, key, fp, receipts.WaitAtMost(h.cfg.Wait))
 }
 
 // claimProblem maps an error from Claim to the response the client gets.

@@ -137,20 +137,12 @@ func (m *middleware) scope(ctx context.Context, req *mcp.CallToolRequest) (strin
 }
 
 // claim claims key, or returns its receipt. It waits, Config.Wait at most,
-// for a call in progress under the same key.
+// for a call in progress under the same key (receipts.WaitAtMost).
 func (m *middleware) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
 	if m.cfg.wait <= 0 {
 		return m.db.Claim(ctx, key, fp)
 	}
-	wctx, cancel := context.WithTimeout(ctx, m.cfg.wait)
-	lease, rec, err := m.db.Claim(wctx, key, fp, receipts.WaitForResult())
-	cancel()
-	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		// Waited long enough. One more look, without waiting, gives the
-		// retry-after (or the receipt that landed just now).
-		return m.db.Claim(ctx, key, fp)
-	}
-	return lease, rec, err
+	return m.db.Claim(ctx, key, fp, receipts.WaitAtMost(m.cfg.wait))
 }
 
 // claimError maps an error from Claim to what the client gets.
