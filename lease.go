@@ -116,6 +116,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 		return nil, nil, err
 	}
 	var deadline time.Time
+	waited := false
 	if cfg.maxWait > 0 {
 		deadline = time.Now().Add(cfg.maxWait)
 	}
@@ -182,8 +183,11 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			return nil, nil, fmt.Errorf("%w: %s", ErrIntentMismatch, k)
 		}
 
-		// InProgress.
-		db.n.conflicts.Add(1)
+		// InProgress: counted once per call, however long it waits.
+		if !waited {
+			db.n.conflicts.Add(1)
+			waited = true
+		}
 		retry := time.Duration(res.RetryAfter)
 		wait := min(retry, waitRecheck)
 		if !deadline.IsZero() {
