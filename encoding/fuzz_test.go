@@ -69,7 +69,27 @@ func variants(b []byte, header []byte) [][]byte {
 	return append(vs, wrap(header, b))
 }
 
+// checkLayout checks RecordLayout and Checksum on the encoded record enc of
+// r (as EncodeRecord writes it).
+func checkLayout(t *testing.T, r *encoding.Record, enc []byte) {
+	t.Helper()
+	if _, ok := encoding.Checksum(enc); !ok {
+		t.Fatalf("Checksum rejects an encoded record: %x", enc)
+	}
+	l, err := encoding.RecordLayout(enc)
+	if err != nil {
+		t.Fatalf("RecordLayout of an encoded record: %v (%x)", err, enc)
+	}
+	fp := enc[l.FpOff : l.FpOff+l.FpLen]
+	res := enc[l.ResOff : l.ResOff+l.ResLen]
+	if !bytes.Equal(fp, r.Fingerprint) || !bytes.Equal(res, r.Result) || l.ResNil != (r.Result == nil) {
+		t.Fatalf("RecordLayout %+v does not locate fingerprint %x and result %x in %x", l, r.Fingerprint, r.Result, enc)
+	}
+}
+
 func checkRecord(t *testing.T, b []byte) {
+	_, _ = encoding.RecordLayout(b) // never panics
+	_, _ = encoding.Checksum(b)
 	in := append([]byte{}, b...)
 	var r *encoding.Record
 	var err error
@@ -100,6 +120,7 @@ func checkRecord(t *testing.T, b []byte) {
 		t.Fatalf("accepted a record with no fingerprint or a bad state: %+v", r)
 	}
 	enc := encoding.EncodeRecord(r)
+	checkLayout(t, r, enc)
 	r2, err := encoding.DecodeRecord(enc)
 	if err != nil {
 		t.Fatalf("re-encoded record does not decode: %v\nrecord %+v\ninput %x", err, r, b)
@@ -210,5 +231,6 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		if !reflect.DeepEqual(r, got) {
 			t.Fatalf("round trip:\n%+v\n%+v", r, got)
 		}
+		checkLayout(t, r, enc)
 	})
 }

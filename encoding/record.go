@@ -234,3 +234,77 @@ func readBin(dec *msgpack.Decoder, rd *bytes.Reader, slab []byte) (v, rest []byt
 	}
 	return v, slab[len(slab)+n : len(slab)+n], nil
 }
+
+// Checksum returns the checksum stored in the encoded record b and whether
+// it matches b's content. It does not decode b.
+func Checksum(b []byte) (crc uint32, ok bool) {
+	if len(b) < minEncoding {
+		return 0, false
+	}
+	n := len(b) - trailerLen
+	crc = binary.BigEndian.Uint32(b[n:])
+	return crc, crc32.Checksum(b[:n], castagnoli) == crc
+}
+
+// Layout is where the fingerprint and the result lie in an encoded record:
+// b[FpOff:FpOff+FpLen] and b[ResOff:ResOff+ResLen] (ResNil: the result is
+// nil).
+type Layout struct {
+	FpOff, FpLen, ResOff, ResLen uint32
+	ResNil                       bool
+}
+
+// RecordLayout locates the fingerprint and the result in the encoded record
+// b without decoding the rest. It checks only what it reads; use it on
+// records that DecodeRecord accepts.
+func RecordLayout(b []byte) (Layout, error) {
+	var l Layout
+	i := headerLen
+	if len(b) <= i || b[i] != 0x90|bodyFields { // fixarray of seven
+		return l, corrupt("body is not an array of %d", bodyFields)
+	}
+	i++
+	off, n, isNil, err := binAt(b, i)
+	if err != nil || isNil {
+		return l, corrupt("fingerprint is not a bin")
+	}
+	l.FpOff, l.FpLen = uint32(off), uint32(n)
+	if off, n, isNil, err = binAt(b, off+n); err != nil {
+		return l, corrupt("result: %v", err)
+	}
+	l.ResOff, l.ResLen, l.ResNil = uint32(off), uint32(n), isNil
+	return l, nil
+}
+
+// binAt reads the msgpack bin (or nil) header at b[i] and returns where its
+// payload lies, checked against len(b).
+func binAt(b []byte, i int) (off, n int, isNil bool, err error) {
+	if i >= len(b) {
+		return 0, 0, false, corrupt("truncated")
+	}
+	switch c := b[i]; c {
+	case 0xc0:
+		return i + 1, 0, true, nil
+	case 0xc4:
+		if i+2 > len(b) {
+			return 0, 0, false, corrupt("truncated")
+		}
+		off, n = i+2, int(b[i+1])
+	case 0xc5:
+		if i+3 > len(b) {
+			return 0, 0, false, corrupt("truncated")
+		}
+		off, n = i+3, int(binary.BigEndian.Uint16(b[i+1:]))
+	case 0xc6:
+		if i+5 > len(b) {
+			return 0, 0, false, corrupt("truncated")
+		}
+		off, n = i+5, int(binary.BigEndian.Uint32(b[i+1:]))
+	default:
+		return 0, 0, false, corrupt("code %#x is not a bin", c)
+	}
+	if n > len(b)-off {
+		return 0, 0, false, corrupt("bin of %d bytes, %d left", n, len(b)-off)
+	}
+	return off, n, false, nil
+}
