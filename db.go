@@ -15,6 +15,7 @@ import (
 	"github.com/receiptstore/receipts/internal/locktable"
 	"github.com/receiptstore/receipts/internal/machine"
 	"github.com/receiptstore/receipts/internal/mutate"
+	"github.com/receiptstore/receipts/internal/rcache"
 )
 
 // tokenBlock is how many fencing tokens are reserved by one synced write of
@@ -32,9 +33,10 @@ type DB struct {
 	pdb       *pebble.DB
 	dirLock   *pebble.Lock
 	locks     *locktable.Table
-	width     int64 // epoch width, ns
-	retention int64 // ns
-	ttl       int64 // ns
+	cache     *rcache.Cache // recently finished receipts; nil if disabled
+	width     int64         // epoch width, ns
+	retention int64         // ns
+	ttl       int64         // ns
 	secret    []byte
 	loc       *time.Location // of Options.Now's times: receipts report times in it
 	readOnly  bool           // Options.Pebble.ReadOnly: inspection only
@@ -49,12 +51,14 @@ type DB struct {
 		next, ceil uint64 // next token to hand out; first token not yet reserved on disk
 	}
 
-	closeMu  sync.RWMutex  // protects closed
-	closed   bool          //
-	closing  chan struct{} // closed when Close starts: waiters give up
-	inflight sync.WaitGroup
-	bgCancel context.CancelFunc
-	bg       sync.WaitGroup // background goroutines (GC loop)
+	// gate counts in-flight calls, plus gateClosed once Close has begun;
+	// drained is closed when the last of them exits after that.
+	gate      atomic.Int64
+	drained   chan struct{}
+	drainOnce sync.Once
+	closing   chan struct{} // closed when Close starts: waiters give up
+	bgCancel  context.CancelFunc
+	bg        sync.WaitGroup // background goroutines (GC loop)
 
 	gcMu   sync.Mutex // one GC at a time
 	lastGC atomic.Pointer[GCStats]
@@ -66,6 +70,7 @@ type DB struct {
 
 type counters struct {
 	claims, replays, takeovers, commits, fails, releases, abandons, conflicts, mismatches atomic.Uint64
+	cacheHits                                                                             atomic.Uint64
 }
 
 // Open opens the store in dir, creating it if needed. Open copies opts; nil
@@ -108,9 +113,11 @@ func Open(dir string, opts *Options) (*DB, error) {
 		pdb:       pdb,
 		dirLock:   lock,
 		locks:     locktable.New(),
+		cache:     rcache.New(o.ReplayCacheSize),
 		retention: int64(o.Retention),
 		ttl:       int64(o.LeaseTTL),
 		closing:   make(chan struct{}),
+		drained:   make(chan struct{}),
 		readOnly:  po.ReadOnly,
 	}
 	db.tokenFn = db.newToken
@@ -245,16 +252,14 @@ func (db *DB) getCounter(key []byte) (uint64, error) {
 // another holder's receipt get ErrClosed. Afterwards every method returns
 // ErrClosed. A second Close returns nil.
 func (db *DB) Close() (err error) {
-	db.closeMu.Lock()
-	if db.closed {
-		db.closeMu.Unlock()
+	old := db.gate.Or(gateClosed)
+	if old&gateClosed != 0 {
 		return nil
 	}
-	db.closed = true
 	close(db.closing)
-	db.closeMu.Unlock()
-
-	db.inflight.Wait()
+	if old != 0 {
+		<-db.drained
+	}
 	db.bgCancel()
 	db.bg.Wait()
 	defer func() {
@@ -279,18 +284,23 @@ func (db *DB) Close() (err error) {
 	return err
 }
 
-// enter registers an in-flight call; exit ends it.
+// gateClosed is the bit of DB.gate that Close sets.
+const gateClosed = 1 << 62
+
+// enter registers an in-flight call; exit ends it. One atomic add each.
 func (db *DB) enter() error {
-	db.closeMu.RLock()
-	defer db.closeMu.RUnlock()
-	if db.closed {
+	if db.gate.Add(1)&gateClosed != 0 {
+		db.exit()
 		return ErrClosed
 	}
-	db.inflight.Add(1)
 	return nil
 }
 
-func (db *DB) exit() { db.inflight.Done() }
+func (db *DB) exit() {
+	if db.gate.Add(-1) == gateClosed { // Close has begun and nothing is in flight
+		db.drainOnce.Do(func() { close(db.drained) })
+	}
+}
 
 // Options returns the options in force: the defaults filled in, the epoch
 // width as stored when the store was created. Changing the result changes
@@ -425,16 +435,69 @@ func (db *DB) lock(ctx context.Context, k Key) (*locktable.Entry, error) {
 	return db.locks.Lock(ctx, keys.AppendLockKey(buf[:0], k.Scope, k.ID))
 }
 
-// put adds the write of next (last written at now) to b, moving the record
-// to the current epoch: the stored key, if any other, is deleted.
-func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, now int64) error {
-	key := keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), db.epochOf(now), k.Scope, k.ID)
-	if stored != nil && string(stored) != string(key) {
-		if err := b.Delete(stored, nil); err != nil {
-			return err
+// fromCache answers a claim of k with fingerprint fp (nil: a Lookup) at now
+// through the replay cache. It probes the epochs exactly as readInto does,
+// and answers only if the newest record found is the cached one: intact,
+// under the cached epoch, with the cached checksum. The outcome is then
+// Replay (with a receipt of the caller's own) or Mismatch. ok is false
+// otherwise, for the uncached way to decide. Only synced records are
+// cached, so what this answers is durable and needs no key lock.
+func (db *DB) fromCache(k Key, lockKey, fp []byte, now int64) (r *Receipt, out machine.Outcome, ok bool) {
+	ent := db.cache.Get(lockKey)
+	if ent == nil || (now >= ent.UpdatedAt+db.retention && mutate.Name != mutate.StaleCache) { // machine.Visible
+		return nil, 0, false
+	}
+	hi := db.epochOf(now)
+	key := ent.Key
+	if hi != ent.Epoch { // the newer epochs must not hold a record
+		bp := keyBufs.Get().(*[]byte)
+		defer keyBufs.Put(bp)
+		key = keys.AppendRecord((*bp)[:0], hi, k.Scope, k.ID)
+		*bp = key[:0]
+	}
+	for e := hi; ; e-- {
+		if e == ent.Epoch {
+			key = ent.Key
+		} else {
+			keys.SetEpoch(key, e)
+		}
+		v, closer, err := db.pdb.Get(key)
+		if err == nil {
+			if e == ent.Epoch && ent.Matches(v) {
+				rec := ent.View(v)
+				out, ok = machine.Replay, true
+				if fp != nil { // a finished record: Replay or Mismatch, no token
+					res, _ := machine.Claim(&rec, fp, now, db.ttl, nil)
+					out, ok = res.Outcome, res.Outcome == machine.Replay || res.Outcome == machine.Mismatch
+				}
+				if out == machine.Replay && ok {
+					r = db.receiptCopy(k, &rec)
+				}
+			}
+			_ = closer.Close()
+			if ok {
+				db.n.cacheHits.Add(1)
+			}
+			return r, out, ok
+		}
+		if e <= ent.Epoch || e <= db.oldestLiveEpoch(hi) {
+			return nil, 0, false
 		}
 	}
-	return b.Set(key, encoding.EncodeRecord(next), nil)
+}
+
+// put adds the write of next (last written at now) to b, moving the record
+// to the current epoch: the stored key, if any other, is deleted.
+// It returns the key written and its epoch.
+func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, err error) {
+	epoch = db.epochOf(now)
+	key = keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), epoch, k.Scope, k.ID)
+	if stored != nil && string(stored) != string(key) {
+		if err := b.Delete(stored, nil); err != nil {
+			return nil, 0, err
+		}
+	}
+	return key, epoch, b.Set(key, encoding.EncodeRecord(next), nil)
 }
 
 // setClock adds the store's clock to b and commits it, synced; the clock
@@ -470,6 +533,20 @@ func (db *DB) receipt(k Key, rec *encoding.Record) *Receipt {
 	return newReceipt(k, rec, db.opts.Retention, db.loc)
 }
 
+// receiptCopy is receipt for a shared record (a cached one): the receipt
+// gets its own copy of the fingerprint and the result.
+func (db *DB) receiptCopy(k Key, rec *encoding.Record) *Receipt {
+	r := newReceipt(k, rec, db.opts.Retention, db.loc)
+	slab := make([]byte, len(rec.Fingerprint)+len(rec.Result))
+	nf := copy(slab, rec.Fingerprint)
+	copy(slab[nf:], rec.Result)
+	r.Fingerprint = slab[:nf:nf]
+	if rec.Result != nil {
+		r.Result = slab[nf:]
+	}
+	return r
+}
+
 // Lookup returns the visible record of k in any state (a Pending claim
 // included), after Options.BeforeReplay. It returns ErrNotFound if there is
 // none.
@@ -484,22 +561,31 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	e, err := db.lock(ctx, k)
-	if err != nil {
-		return nil, err
+	var lk [keys.MaxLockKeyLen]byte
+	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
+	r, _, ok := db.fromCache(k, lockKey, nil, db.now())
+	if !ok {
+		e, err := db.locks.Lock(ctx, lockKey)
+		if err != nil {
+			return nil, err
+		}
+		var rec encoding.Record
+		bp := keyBufs.Get().(*[]byte)
+		found, stored, err := db.readInto(k, db.now(), &rec, *bp)
+		if err == nil && found {
+			epoch, _ := keys.Epoch(stored)
+			db.cache.Put(lockKey, stored, epoch, &rec) // read under the lock: durable
+		}
+		keyBufs.Put(bp)
+		e.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
+		}
+		r = db.receipt(k, &rec)
 	}
-	var rec encoding.Record
-	bp := keyBufs.Get().(*[]byte)
-	found, _, err := db.readInto(k, db.now(), &rec, *bp)
-	keyBufs.Put(bp)
-	e.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	if !found {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
-	}
-	r := db.receipt(k, &rec)
 	if err := db.beforeReplay(ctx, r); err != nil {
 		return nil, err
 	}

@@ -96,6 +96,7 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 		}
 	}
 	st.EpochsDropped = dropped
+	db.cache.Sweep(func(updatedAt int64) bool { return now >= updatedAt+db.retention }) // machine.Visible
 	if dropped > 0 && db.opts.CompactOnGC {
 		if err := db.pdb.Compact(ctx, keys.RecordsStart, end, true); err != nil {
 			st.Duration = time.Since(start)

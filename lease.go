@@ -115,13 +115,24 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	var lk [keys.MaxLockKeyLen]byte
+	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
+	// A retry of a recently finished operation: answered from the replay
+	// cache, without the key lock or a read.
+	if r, out, ok := db.fromCache(k, lockKey, fp, db.now()); ok {
+		if out == machine.Mismatch {
+			return nil, nil, db.mismatch(k)
+		}
+		r, err := db.replay(ctx, r)
+		return nil, r, err
+	}
 	var deadline time.Time
 	waited := false
 	if cfg.maxWait > 0 {
 		deadline = time.Now().Add(cfg.maxWait)
 	}
 	for {
-		e, err := db.lock(ctx, k)
+		e, err := db.locks.Lock(ctx, lockKey)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -139,6 +150,10 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			cur = nil
 		}
 		res, err := machine.Claim(cur, fp, now, db.ttl, db.tokenFn)
+		if res.Outcome == machine.Replay { // read under the lock: durable
+			epoch, _ := keys.Epoch(stored)
+			db.cache.Put(lockKey, stored, epoch, cur)
+		}
 		if res.Outcome != machine.Claimed || err != nil {
 			keyBufs.Put(bp) // stored is needed only to write
 		}
@@ -149,7 +164,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 		switch res.Outcome {
 		case machine.Claimed:
 			b := db.pdb.NewBatch()
-			err := db.put(b, k, stored, res.Next, now)
+			_, _, err := db.put(b, k, stored, res.Next, now)
 			if err == nil {
 				err = commitBatch(b, cfg.noSync)
 			}
@@ -170,17 +185,12 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 
 		case machine.Replay:
 			e.Unlock()
-			db.n.replays.Add(1)
-			r := db.receipt(k, cur)
-			if err := db.beforeReplay(ctx, r); err != nil {
-				return nil, nil, err
-			}
-			return nil, r, nil
+			r, err := db.replay(ctx, db.receipt(k, cur))
+			return nil, r, err
 
 		case machine.Mismatch:
 			e.Unlock()
-			db.n.mismatches.Add(1)
-			return nil, nil, fmt.Errorf("%w: %s", ErrIntentMismatch, k)
+			return nil, nil, db.mismatch(k)
 		}
 
 		// InProgress: counted once per call, however long it waits.
@@ -217,6 +227,21 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	}
 }
 
+// replay counts a replay of r and hands it out after Options.BeforeReplay.
+func (db *DB) replay(ctx context.Context, r *Receipt) (*Receipt, error) {
+	db.n.replays.Add(1)
+	if err := db.beforeReplay(ctx, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// mismatch counts a refused claim with a different intent.
+func (db *DB) mismatch(k Key) error {
+	db.n.mismatches.Add(1)
+	return fmt.Errorf("%w: %s", ErrIntentMismatch, k)
+}
+
 // update runs fn on l's current record under the key lock and writes what
 // it returns (nil: delete the record). The batch is synced unless noSync.
 // ok=false from fn means the lease is lost: nothing is written.
@@ -245,6 +270,8 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 	if err != nil {
 		return nil, err
 	}
+	var key []byte
+	var epoch uint64
 	if !ok {
 		return nil, fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, l.key, l.token)
 	}
@@ -252,11 +279,14 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 		if err = b.Delete(stored, nil); err == nil {
 			err = db.commitWithClock(b)
 		}
-	} else if err = db.put(b, l.key, stored, next, now); err == nil {
+	} else if key, epoch, err = db.put(b, l.key, stored, next, now); err == nil {
 		err = commitBatch(b, noSync)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("receipts: write %s: %w", l.key, err)
+	}
+	if next != nil && !noSync {
+		db.cache.Put(l.lockKey, key, epoch, next) // synced (finished records only)
 	}
 	if notify {
 		e.Notify()

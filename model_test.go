@@ -136,6 +136,9 @@ func newModelSM(t *rapid.T) *modelSM {
 	ret := rapid.SampledFrom([]time.Duration{time.Hour, 10 * time.Minute}).Draw(t, "retention")
 	ttl := rapid.SampledFrom([]time.Duration{time.Minute, 5 * time.Minute}).Draw(t, "leaseTTL")
 	width := rapid.SampledFrom([]time.Duration{0, time.Second, ret / 3, ret, 2 * ret}).Draw(t, "epochWidth")
+	// The replay cache: default, off, or one set of two entries (evicting
+	// all the time).
+	cache := rapid.SampledFrom([]int64{0, -1, 512}).Draw(t, "replayCache")
 	m := &modelSM{
 		fs:       vfs.NewCrashableMem(),
 		ret:      int64(ret),
@@ -148,11 +151,12 @@ func newModelSM(t *rapid.T) *modelSM {
 	}
 	m.fake.Store(modelBase)
 	m.opts = receipts.Options{
-		Retention:  ret,
-		LeaseTTL:   ttl,
-		EpochWidth: width,
-		GCInterval: -1,
-		Now:        func() time.Time { return time.Unix(0, m.fake.Load()) },
+		Retention:       ret,
+		LeaseTTL:        ttl,
+		EpochWidth:      width,
+		GCInterval:      -1,
+		ReplayCacheSize: cache,
+		Now:             func() time.Time { return time.Unix(0, m.fake.Load()) },
 	}
 	m.open(t)
 	m.hwm = modelBase

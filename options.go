@@ -19,6 +19,9 @@ const (
 	// DefaultCacheSize is Pebble's block cache when Options.Pebble sets
 	// neither Cache nor CacheSize.
 	DefaultCacheSize = 64 << 20
+	// DefaultReplayCacheSize is the memory kept for recently finished
+	// receipts when Options.ReplayCacheSize is zero.
+	DefaultReplayCacheSize = 8 << 20
 )
 
 // Limits on input. Anything larger is rejected with an error wrapping
@@ -63,6 +66,13 @@ type Options struct {
 	// Levels without a filter policy get 10-bit Bloom filters, and the
 	// block cache is DefaultCacheSize unless Cache or CacheSize is set.
 	Pebble *pebble.Options
+	// ReplayCacheSize is how many bytes of recently finished receipts are
+	// kept in memory, so that a retry is answered without reading the
+	// engine. Only receipts whose commit has been synced are cached, and a
+	// cached receipt is served only while it is visible, exactly as if it
+	// had been read. Zero means DefaultReplayCacheSize; negative disables
+	// the cache.
+	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC). Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -86,6 +96,9 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.ReplayCacheSize == 0 {
+		o.ReplayCacheSize = DefaultReplayCacheSize
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

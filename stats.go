@@ -31,6 +31,12 @@ type Stats struct {
 
 	// Counters since Open.
 	Claims, Replays, Takeovers, Commits, Fails, Releases, Abandons, Conflicts, Mismatches uint64
+	// ReplayCacheHits counts the replays, mismatches and lookups answered
+	// from the replay cache (Options.ReplayCacheSize) without reading the
+	// engine. ReplayCacheEntries and ReplayCacheBytes are what it holds now.
+	ReplayCacheHits    uint64
+	ReplayCacheEntries int
+	ReplayCacheBytes   int64
 }
 
 // Stats returns the store's figures. After Close it returns only the
@@ -49,7 +55,10 @@ func (db *DB) Stats() Stats {
 		Abandons:   db.n.abandons.Load(),
 		Conflicts:  db.n.conflicts.Load(),
 		Mismatches: db.n.mismatches.Load(),
+
+		ReplayCacheHits: db.n.cacheHits.Load(),
 	}
+	s.ReplayCacheEntries, s.ReplayCacheBytes = db.cache.Len()
 	if err := db.enter(); err != nil {
 		return s
 	}

@@ -8,6 +8,7 @@
 #   nolock    claims skip the per-key lock
 #   naivekey  record keys concatenate scope and id without a length prefix
 #   nofence   commits skip the fencing-token check
+#   stalecache the replay cache answers for receipts past retention
 #
 # The script builds the root package's tests once with the tag, runs every
 # harness unmutated (each must pass, or the check means nothing), then runs
@@ -61,7 +62,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence)
+mutations=(nosync nolock naivekey nofence stalecache)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then
@@ -123,8 +124,8 @@ cell() {
 }
 
 table() {
-	echo "| harness | unmutated | nosync | nolock | naivekey | nofence |"
-	echo "|---|---|---|---|---|---|"
+	echo "| harness | unmutated | nosync | nolock | naivekey | nofence | stalecache |"
+	echo "|---|---|---|---|---|---|---|"
 	for h in "${harnesses[@]}"; do
 		line="| $h | ${result["$h,none"]%% *} (${result["$h,none"]#* })"
 		for m in "${mutations[@]}"; do

@@ -10,6 +10,7 @@
 //	nolock    claims skip the per-key lock (read-check-write races)
 //	naivekey  record keys concatenate scope and id without a length prefix
 //	nofence   commits skip the fencing-token check
+//	stalecache the replay cache answers for receipts past retention
 package mutate
 
 // Mutation names.
@@ -18,4 +19,6 @@ const (
 	NoLock   = "nolock"
 	NaiveKey = "naivekey"
 	NoFence  = "nofence"
+	// StaleCache: the replay cache skips its visibility check.
+	StaleCache = "stalecache"
 )

@@ -1,0 +1,185 @@
+// Package rcache remembers recently finished receipts, so that a retry of a
+// finished operation is answered with one engine read and a checksum: no key
+// lock and no decoding.
+//
+// An entry holds a finished record's fixed fields (state, attempts, token,
+// times), the epoch its key was stored under, the length and checksum of its
+// stored bytes, and where its fingerprint and result lie in them. It is only
+// a memo of decoding: a reader still reads the engine, exactly as an
+// uncached read does, and uses the entry only if the bytes it finds under
+// the key are intact and carry the entry's checksum; the fingerprint and
+// result are then taken from those bytes. Anything else (another record, an
+// expired one, a corrupt one, an error) goes the uncached way. Entries are
+// added only for records that are durable (synced), so bytes that match an
+// entry are durable bytes.
+//
+// The cache is a fixed table of slots, two-way set associative, sized from
+// the byte budget at creation: a new entry takes an empty way of its set, or
+// the way of the same key, or else the way whose record was written longest
+// ago. Lookups take no lock (one atomic load per way), so readers on
+// different cores never contend.
+package rcache
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/maphash"
+	"math/bits"
+	"sync/atomic"
+
+	"github.com/receiptstore/receipts/encoding"
+)
+
+// entryBytes approximates what one entry costs beside its key: its slot, the
+// entry and the allocation overhead.
+const entryBytes = 144
+
+// avgKey is the key length assumed when sizing the table.
+const avgKey = 48
+
+// Entry is one cached record.
+type Entry struct {
+	encoding.Layout
+	Key            []byte // the record's key in the engine (shared: never modify)
+	Epoch          uint64 // of Key
+	Len, CRC       uint32 // of the stored bytes
+	State          encoding.State
+	Attempts       uint32
+	Token          uint64
+	CreatedAt      int64
+	UpdatedAt      int64
+	LeaseExpiresAt int64
+}
+
+// Matches reports whether v, read under the entry's key at its epoch, is the
+// cached record: intact, of the same length and checksum.
+func (e *Entry) Matches(v []byte) bool {
+	if len(v) != int(e.Len) || binary.BigEndian.Uint32(v[len(v)-4:]) != e.CRC {
+		return false
+	}
+	_, ok := encoding.Checksum(v)
+	return ok
+}
+
+// View returns the record that v, which Matches e, holds. Its fingerprint
+// and result alias v.
+func (e *Entry) View(v []byte) encoding.Record {
+	r := encoding.Record{
+		State:          e.State,
+		Fingerprint:    v[e.FpOff : e.FpOff+e.FpLen : e.FpOff+e.FpLen],
+		Attempts:       e.Attempts,
+		Token:          e.Token,
+		CreatedAt:      e.CreatedAt,
+		UpdatedAt:      e.UpdatedAt,
+		LeaseExpiresAt: e.LeaseExpiresAt,
+	}
+	if !e.ResNil {
+		r.Result = v[e.ResOff : e.ResOff+e.ResLen : e.ResOff+e.ResLen]
+	}
+	return r
+}
+
+// Cache is a bounded map from a key to its finished record. A nil *Cache is
+// a disabled cache: Get finds nothing, Put and Sweep do nothing.
+type Cache struct {
+	seed  maphash.Seed
+	mask  uint64 // len(slots)-1; len(slots) is a power of two, at least 2
+	slots []atomic.Pointer[item]
+}
+
+type item struct {
+	hash uint64
+	key  string
+	Entry
+}
+
+// New returns a cache that holds about size bytes (nil if size <= 0).
+func New(size int64) *Cache {
+	if size <= 0 {
+		return nil
+	}
+	n := max(uint64(size)/(entryBytes+avgKey), 2)
+	n = 1 << (63 - bits.LeadingZeros64(n)) // round down to a power of two
+	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]atomic.Pointer[item], n)}
+}
+
+// set returns the first slot of key's set and key's hash.
+func (c *Cache) set(key []byte) (int, uint64) {
+	h := maphash.Bytes(c.seed, key)
+	return int(h & c.mask &^ 1), h
+}
+
+// Get returns key's entry, or nil. Entries are immutable.
+func (c *Cache) Get(key []byte) *Entry {
+	if c == nil {
+		return nil
+	}
+	i, h := c.set(key)
+	for w := range 2 {
+		if it := c.slots[i+w].Load(); it != nil && it.hash == h && it.key == string(key) {
+			return &it.Entry
+		}
+	}
+	return nil
+}
+
+// Put caches the finished record r, stored under recKey (in epoch), for
+// key. Pending records are not cached. recKey is copied.
+//
+// REQUIRES: r is durable (its write has been synced) and stored under
+// recKey, encoded as encoding.EncodeRecord(r); key's lock is held or r was
+// read under it.
+func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
+	if c == nil || r.State == encoding.StatePending {
+		return
+	}
+	enc := encoding.EncodeRecord(r)
+	l, err := encoding.RecordLayout(enc)
+	if err != nil {
+		return // cannot happen for an encoding of ours; cache nothing
+	}
+	crc, _ := encoding.Checksum(enc)
+	i, h := c.set(key)
+	it := &item{hash: h, key: string(key), Entry: Entry{
+		Layout: l, Key: bytes.Clone(recKey), Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
+		State: r.State, Attempts: r.Attempts, Token: r.Token,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
+	}}
+	// The same key or an empty way; else the way written longest ago.
+	a, b := c.slots[i].Load(), c.slots[i+1].Load()
+	victim := i
+	switch {
+	case a == nil || (a.hash == h && a.key == it.key):
+	case b == nil || (b.hash == h && b.key == it.key) || b.UpdatedAt < a.UpdatedAt:
+		victim = i + 1
+	}
+	c.slots[victim].Store(it)
+}
+
+// Sweep drops the entries for which expired(UpdatedAt) is true.
+func (c *Cache) Sweep(expired func(updatedAt int64) bool) (dropped int) {
+	if c == nil {
+		return 0
+	}
+	for i := range c.slots {
+		if it := c.slots[i].Load(); it != nil && expired(it.UpdatedAt) && c.slots[i].CompareAndSwap(it, nil) {
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// Len returns the number of entries and about the bytes they take.
+func (c *Cache) Len() (entries int, bytes int64) {
+	if c == nil {
+		return 0, 0
+	}
+	bytes = int64(len(c.slots)) * 8
+	for i := range c.slots {
+		if it := c.slots[i].Load(); it != nil {
+			entries++
+			bytes += entryBytes + int64(len(it.key)+len(it.Key))
+		}
+	}
+	return entries, bytes
+}

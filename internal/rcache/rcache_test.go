@@ -1,0 +1,151 @@
+package rcache
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/receiptstore/receipts/encoding"
+)
+
+func finished(i int, result []byte) *encoding.Record {
+	return &encoding.Record{
+		State:       encoding.StateSucceeded,
+		Fingerprint: []byte(fmt.Sprintf("fp-%d", i)),
+		Result:      result,
+		Attempts:    1,
+		Token:       uint64(i),
+		CreatedAt:   int64(i),
+		UpdatedAt:   int64(i),
+	}
+}
+
+func TestPutGetView(t *testing.T) {
+	c := New(1 << 20)
+	for _, res := range [][]byte{nil, {}, []byte("result")} {
+		r := finished(7, res)
+		c.Put([]byte("k"), []byte("record-key"), 3, r)
+		e := c.Get([]byte("k"))
+		if e == nil {
+			t.Fatalf("no entry after Put")
+		}
+		if e.Epoch != 3 || string(e.Key) != "record-key" {
+			t.Fatalf("entry key %q epoch %d", e.Key, e.Epoch)
+		}
+		enc := encoding.EncodeRecord(r)
+		if !e.Matches(enc) {
+			t.Fatalf("entry does not match its own encoding")
+		}
+		got := e.View(enc)
+		want, err := encoding.DecodeRecord(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != want.State || !bytes.Equal(got.Fingerprint, want.Fingerprint) || !bytes.Equal(got.Result, want.Result) ||
+			(got.Result == nil) != (want.Result == nil) || got.Token != want.Token || got.UpdatedAt != want.UpdatedAt {
+			t.Fatalf("view %+v, decoded %+v", got, *want)
+		}
+		// Any other bytes do not match: a flipped bit, a truncation, another record.
+		for i := range enc {
+			bad := bytes.Clone(enc)
+			bad[i] ^= 0x10
+			if e.Matches(bad) {
+				t.Fatalf("matches with byte %d flipped", i)
+			}
+		}
+		if e.Matches(enc[:len(enc)-1]) || e.Matches(nil) || e.Matches(encoding.EncodeRecord(finished(8, res))) {
+			t.Fatalf("matches other bytes")
+		}
+	}
+	if c.Get([]byte("other")) != nil {
+		t.Fatalf("entry for a key never put")
+	}
+}
+
+func TestPendingNotCached(t *testing.T) {
+	c := New(1 << 20)
+	r := finished(1, nil)
+	r.State = encoding.StatePending
+	c.Put([]byte("k"), []byte("rk"), 1, r)
+	if c.Get([]byte("k")) != nil {
+		t.Fatalf("a pending record was cached")
+	}
+}
+
+func TestDisabled(t *testing.T) {
+	var c *Cache = New(0)
+	if c != nil {
+		t.Fatalf("New(0) is not disabled")
+	}
+	c.Put([]byte("k"), []byte("rk"), 1, finished(1, nil))
+	if c.Get([]byte("k")) != nil || c.Sweep(func(int64) bool { return true }) != 0 {
+		t.Fatalf("a disabled cache holds something")
+	}
+	if n, b := c.Len(); n != 0 || b != 0 {
+		t.Fatalf("disabled cache Len %d %d", n, b)
+	}
+}
+
+func TestBoundedAndReplacesOldest(t *testing.T) {
+	c := New(4 << 10)
+	slots := len(c.slots)
+	for i := range 10 * slots {
+		c.Put([]byte(fmt.Sprintf("k%d", i)), []byte("rk"), 1, finished(i, []byte("r")))
+	}
+	n, _ := c.Len()
+	if n > slots {
+		t.Fatalf("%d entries in %d slots", n, slots)
+	}
+	// A set holds the two most recently written records among those put
+	// into it: putting an older record evicts nothing newer.
+	c = New(2 * (entryBytes + avgKey)) // one set of two ways
+	c.Put([]byte("a"), []byte("rk"), 1, finished(10, nil))
+	c.Put([]byte("b"), []byte("rk"), 1, finished(20, nil))
+	c.Put([]byte("c"), []byte("rk"), 1, finished(30, nil)) // evicts a (oldest)
+	if c.Get([]byte("a")) != nil || c.Get([]byte("b")) == nil || c.Get([]byte("c")) == nil {
+		t.Fatalf("did not evict the oldest")
+	}
+	c.Put([]byte("b"), []byte("rk2"), 2, finished(40, nil)) // same key: replaced in place
+	if e := c.Get([]byte("b")); e == nil || e.Epoch != 2 || c.Get([]byte("c")) == nil {
+		t.Fatalf("same key not replaced in place")
+	}
+}
+
+func TestSweep(t *testing.T) {
+	c := New(1 << 20)
+	for i := range 100 {
+		c.Put([]byte(fmt.Sprintf("k%d", i)), []byte("rk"), 1, finished(i, nil))
+	}
+	if got := c.Sweep(func(updated int64) bool { return updated < 50 }); got != 50 {
+		t.Fatalf("swept %d, want 50", got)
+	}
+	for i := range 100 {
+		if got := c.Get([]byte(fmt.Sprintf("k%d", i))) != nil; got != (i >= 50) {
+			t.Fatalf("key %d cached %v after sweep", i, got)
+		}
+	}
+}
+
+// Readers and writers at once (run with -race): a reader sees a whole entry
+// of the key it asked for, or none.
+func TestConcurrent(t *testing.T) {
+	c := New(8 << 10)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				k := []byte(fmt.Sprintf("k%d", (i*7+w)%300))
+				if w%2 == 0 {
+					c.Put(k, k, uint64(i), finished(i, k))
+				} else if e := c.Get(k); e != nil && !bytes.Equal(e.Key, k) {
+					t.Errorf("entry of %q under %q", e.Key, k)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
