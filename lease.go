@@ -177,7 +177,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			if err != nil {
 				return nil, nil, fmt.Errorf("receipts: claim %s: %w", k, err)
 			}
-			db.n.claims.Add(1)
+			db.hot.claims.Add(1)
 			if res.Recovered {
 				db.n.takeovers.Add(1)
 			}
@@ -195,7 +195,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 
 		// InProgress: counted once per call, however long it waits.
 		if !waited {
-			db.n.conflicts.Add(1)
+			db.hot.conflicts.Add(1)
 			waited = true
 		}
 		retry := time.Duration(res.RetryAfter)
@@ -229,7 +229,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 
 // replay counts a replay of r and hands it out after Options.BeforeReplay.
 func (db *DB) replay(ctx context.Context, r *Receipt) (*Receipt, error) {
-	db.n.replays.Add(1)
+	db.hot.replays.Add(1)
 	if err := db.beforeReplay(ctx, r); err != nil {
 		return nil, err
 	}
@@ -238,7 +238,7 @@ func (db *DB) replay(ctx context.Context, r *Receipt) (*Receipt, error) {
 
 // mismatch counts a refused claim with a different intent.
 func (db *DB) mismatch(k Key) error {
-	db.n.mismatches.Add(1)
+	db.hot.mismatches.Add(1)
 	return fmt.Errorf("%w: %s", ErrIntentMismatch, k)
 }
 
@@ -370,7 +370,7 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte, b *pebbl
 		return nil, err
 	}
 	if state == Succeeded {
-		l.db.n.commits.Add(1)
+		l.db.hot.commits.Add(1)
 	} else {
 		l.db.n.fails.Add(1)
 	}

@@ -46,17 +46,17 @@ func (db *DB) Stats() Stats {
 		Retention:  db.opts.Retention,
 		LeaseTTL:   db.opts.LeaseTTL,
 		EpochWidth: time.Duration(db.width),
-		Claims:     db.n.claims.Load(),
-		Replays:    db.n.replays.Load(),
+		Claims:     db.hot.claims.Load(),
+		Replays:    db.hot.replays.Load(),
 		Takeovers:  db.n.takeovers.Load(),
-		Commits:    db.n.commits.Load(),
+		Commits:    db.hot.commits.Load(),
 		Fails:      db.n.fails.Load(),
 		Releases:   db.n.releases.Load(),
 		Abandons:   db.n.abandons.Load(),
-		Conflicts:  db.n.conflicts.Load(),
-		Mismatches: db.n.mismatches.Load(),
+		Conflicts:  db.hot.conflicts.Load(),
+		Mismatches: db.hot.mismatches.Load(),
 
-		ReplayCacheHits: db.n.cacheHits.Load(),
+		ReplayCacheHits: db.hot.cacheHits.Load(),
 	}
 	s.ReplayCacheEntries, s.ReplayCacheBytes = db.cache.Len()
 	if err := db.enter(); err != nil {
