@@ -21,7 +21,6 @@
 package rcache
 
 import (
-	"bytes"
 	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
@@ -89,8 +88,14 @@ type Cache struct {
 
 type item struct {
 	hash uint64
-	key  string
+	// keys is the record key (Entry.Key) followed by the key the entry
+	// was put under: one allocation, and one cache miss, for both.
+	keys []byte
 	Entry
+}
+
+func (it *item) is(h uint64, key []byte) bool {
+	return it.hash == h && string(it.keys[len(it.Key):]) == string(key)
 }
 
 // New returns a cache that holds about size bytes (nil if size <= 0).
@@ -116,7 +121,7 @@ func (c *Cache) Get(key []byte) *Entry {
 	}
 	i, h := c.set(key)
 	for w := range 2 {
-		if it := c.slots[i+w].Load(); it != nil && it.hash == h && it.key == string(key) {
+		if it := c.slots[i+w].Load(); it != nil && it.is(h, key) {
 			return &it.Entry
 		}
 	}
@@ -140,8 +145,10 @@ func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
 	}
 	crc, _ := encoding.Checksum(enc)
 	i, h := c.set(key)
-	it := &item{hash: h, key: string(key), Entry: Entry{
-		Layout: l, Key: bytes.Clone(recKey), Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
+	rk := make([]byte, len(recKey)+len(key))
+	copy(rk[copy(rk, recKey):], key)
+	it := &item{hash: h, keys: rk, Entry: Entry{
+		Layout: l, Key: rk[:len(recKey):len(recKey)], Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
 	}}
@@ -149,8 +156,8 @@ func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
 	a, b := c.slots[i].Load(), c.slots[i+1].Load()
 	victim := i
 	switch {
-	case a == nil || (a.hash == h && a.key == it.key):
-	case b == nil || (b.hash == h && b.key == it.key) || b.UpdatedAt < a.UpdatedAt:
+	case a == nil || a.is(h, key):
+	case b == nil || b.is(h, key) || b.UpdatedAt < a.UpdatedAt:
 		victim = i + 1
 	}
 	c.slots[victim].Store(it)
@@ -178,7 +185,7 @@ func (c *Cache) Len() (entries int, bytes int64) {
 	for i := range c.slots {
 		if it := c.slots[i].Load(); it != nil {
 			entries++
-			bytes += entryBytes + int64(len(it.key)+len(it.Key))
+			bytes += entryBytes + int64(len(it.keys))
 		}
 	}
 	return entries, bytes
