@@ -137,6 +137,9 @@ type AdminStats struct {
 	Expired    int64     `json:"expired"`
 	Corrupt    int64     `json:"corrupt"`
 	DiskBytes  uint64    `json:"disk_bytes"`
+	// ReplayCacheEntries and ReplayCacheBytes: what the replay cache holds.
+	ReplayCacheEntries int   `json:"replay_cache_entries"`
+	ReplayCacheBytes   int64 `json:"replay_cache_bytes"`
 	// LastGC is nil if no garbage collection ran since the store was opened.
 	LastGC *AdminGCStats `json:"last_gc,omitempty"`
 	// Counters count calls since the store was opened.
@@ -154,6 +157,8 @@ type AdminCounters struct {
 	Abandons   uint64 `json:"abandons"`
 	Conflicts  uint64 `json:"conflicts"`
 	Mismatches uint64 `json:"mismatches"`
+	// ReplayCacheHits counts calls answered from the replay cache.
+	ReplayCacheHits uint64 `json:"replay_cache_hits"`
 }
 
 // AdminGCStats is the JSON form of GCStats.
@@ -181,10 +186,14 @@ func NewAdminStats(s Stats, now time.Time) AdminStats {
 		Expired:    s.Expired,
 		Corrupt:    s.Corrupt,
 		DiskBytes:  s.DiskBytes,
+
+		ReplayCacheEntries: s.ReplayCacheEntries,
+		ReplayCacheBytes:   s.ReplayCacheBytes,
 		Counters: AdminCounters{
 			Claims: s.Claims, Replays: s.Replays, Takeovers: s.Takeovers,
 			Commits: s.Commits, Fails: s.Fails, Releases: s.Releases,
 			Abandons: s.Abandons, Conflicts: s.Conflicts, Mismatches: s.Mismatches,
+			ReplayCacheHits: s.ReplayCacheHits,
 		},
 	}
 	if !s.LastGC.At.IsZero() {

@@ -76,5 +76,8 @@ func (a *app) printStats(s *receipts.AdminStats) {
 		fmt.Fprintf(tw, "since open\tclaims %d, replays %d, takeovers %d, commits %d, fails %d,\n", c.Claims, c.Replays, c.Takeovers, c.Commits, c.Fails)
 		fmt.Fprintf(tw, "\treleases %d, abandons %d, conflicts %d, mismatches %d\n", c.Releases, c.Abandons, c.Conflicts, c.Mismatches)
 	}
+	if s.ReplayCacheEntries > 0 || s.Counters.ReplayCacheHits > 0 {
+		fmt.Fprintf(tw, "replay cache\t%d entries (%s), %d hits since open\n", s.ReplayCacheEntries, showSize(uint64(s.ReplayCacheBytes)), s.Counters.ReplayCacheHits)
+	}
 	_ = tw.Flush()
 }
