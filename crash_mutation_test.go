@@ -17,7 +17,7 @@ import (
 // run when it chooses (RECEIPTS_MUTATION_CHECK=1; it takes a few minutes):
 // it builds this package's tests with -tags receipts_mutate, checks that
 // every harness passes unmutated, runs every harness under every mutation
-// (nosync, nolock, naivekey, nofence), logs the table, and fails if a
+// (nosync, nolock, naivekey, nofence, stalecache), logs the table, and fails if a
 // mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -72,9 +72,9 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache"}
 	var table strings.Builder
-	table.WriteString("| harness | unmutated | nosync | nolock | naivekey | nofence |\n|---|---|---|---|---|---|\n")
+	table.WriteString("| harness | unmutated | nosync | nolock | naivekey | nofence | stalecache |\n|---|---|---|---|---|---|---|\n")
 	caught := make(map[string]int)
 	for _, h := range harnesses {
 		base := run(h, "")
