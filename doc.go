@@ -56,6 +56,12 @@
 // epoch of their last write (Retention/4 wide by default), so dropping a
 // whole expired epoch is one range deletion.
 //
+// Retries of recently finished operations are answered through a bounded
+// replay cache (Options.ReplayCacheSize): one engine read whose bytes must
+// match the cached record's checksum, without the key lock or decoding.
+// Only synced receipts are cached, so nothing undurable is ever answered,
+// and a record changed or damaged on disk is read exactly as without it.
+//
 // When Pebble cannot make the write-ahead log durable (a failed fsync) it
 // stops the process (fail-stop, through its Logger's Fatalf): continuing
 // could report a commit that a crash then loses. A restart recovers from
