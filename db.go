@@ -297,7 +297,7 @@ func (db *DB) Close() (err error) {
 	return err
 }
 
-// gateClosed is the bit of DB.gate that Close sets.
+// gateClosed is the bit of hotFields.gate that Close sets.
 const gateClosed = 1 << 62
 
 // enter registers an in-flight call; exit ends it. One atomic add each.
@@ -546,8 +546,9 @@ func (db *DB) receipt(k Key, rec *encoding.Record) *Receipt {
 	return newReceipt(k, rec, db.opts.Retention, db.loc)
 }
 
-// receiptCopy is receipt for a shared record (a cached one): the receipt
-// gets its own copy of the fingerprint and the result.
+// receiptCopy is receipt for a record whose fingerprint and result alias
+// memory the caller must not keep (the engine's bytes): the receipt gets its
+// own copy of both.
 func (db *DB) receiptCopy(k Key, rec *encoding.Record) *Receipt {
 	r := newReceipt(k, rec, db.opts.Retention, db.loc)
 	slab := make([]byte, len(rec.Fingerprint)+len(rec.Result))

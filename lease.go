@@ -117,8 +117,8 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	}
 	var lk [keys.MaxLockKeyLen]byte
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
-	// A retry of a recently finished operation: answered from the replay
-	// cache, without the key lock or a read.
+	// A retry of a recently finished operation: answered through the replay
+	// cache, with one read checked against it, without the key lock.
 	if r, out, ok := db.fromCache(k, lockKey, fp, db.now()); ok {
 		if out == machine.Mismatch {
 			return nil, nil, db.mismatch(k)
