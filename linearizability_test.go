@@ -244,8 +244,11 @@ func linHistory(t *testing.T, seed uint64) ([]porcupine.Operation, []uint64) {
 		Retention:  24 * time.Hour,
 		LeaseTTL:   linTTL,
 		GCInterval: -1,
-		Now:        func() time.Time { return time.Unix(0, clock.Load()) },
-		Pebble:     &pebble.Options{FS: vfs.NewMem()},
+		// The replay cache at its default size, off, or one set of two
+		// entries that the keys keep evicting from each other.
+		ReplayCacheSize: []int64{0, -1, 512}[seed%3],
+		Now:             func() time.Time { return time.Unix(0, clock.Load()) },
+		Pebble:          &pebble.Options{FS: vfs.NewMem()},
 	})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, db.Close()) }()
