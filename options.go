@@ -66,12 +66,15 @@ type Options struct {
 	// Levels without a filter policy get 10-bit Bloom filters, and the
 	// block cache is DefaultCacheSize unless Cache or CacheSize is set.
 	Pebble *pebble.Options
-	// ReplayCacheSize is how many bytes of recently finished receipts are
-	// kept in memory, so that a retry is answered without reading the
-	// engine. Only receipts whose commit has been synced are cached, and a
-	// cached receipt is served only while it is visible, exactly as if it
-	// had been read. Zero means DefaultReplayCacheSize; negative disables
-	// the cache.
+	// ReplayCacheSize is the memory, in bytes, for remembering recently
+	// finished receipts, so that a retry of one is answered with a single
+	// engine read checked against the remembered record's checksum, without
+	// the key lock or decoding. Only receipts whose commit has been synced
+	// are remembered, and the answer is always the one an uncached read
+	// gives (a record changed or damaged on disk is read as such). Zero
+	// means DefaultReplayCacheSize (32,768 receipts); negative disables it.
+	// An entry takes about 200 bytes plus its key, whatever the result's
+	// size (results are read from the engine); at most 64Mi entries.
 	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC). Default
 	// slog.Default().

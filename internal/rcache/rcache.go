@@ -36,6 +36,10 @@ const entryBytes = 144
 // avgKey is the key length assumed when sizing the table.
 const avgKey = 48
 
+// maxSlots caps the table (the slots are allocated up front): 64Mi entries,
+// about 12 GiB of receipts.
+const maxSlots = 1 << 26
+
 // Entry is one cached record.
 type Entry struct {
 	encoding.Layout
@@ -103,7 +107,7 @@ func New(size int64) *Cache {
 	if size <= 0 {
 		return nil
 	}
-	n := max(uint64(size)/(entryBytes+avgKey), 2)
+	n := min(max(uint64(size)/(entryBytes+avgKey), 2), maxSlots)
 	n = 1 << (63 - bits.LeadingZeros64(n)) // round down to a power of two
 	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]atomic.Pointer[item], n)}
 }

@@ -149,3 +149,14 @@ func TestConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestSizes(t *testing.T) {
+	for _, tc := range []struct {
+		size  int64
+		slots int
+	}{{1, 2}, {2 * (entryBytes + avgKey), 2}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
+		if got := len(New(tc.size).slots); got != tc.slots {
+			t.Errorf("New(%d): %d slots, want %d", tc.size, got, tc.slots)
+		}
+	}
+}
