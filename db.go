@@ -501,16 +501,17 @@ func (db *DB) fromCache(k Key, lockKey, fp []byte, now int64) (r *Receipt, out m
 
 // put adds the write of next (last written at now) to b, moving the record
 // to the current epoch: the stored key, if any other, is deleted.
-// It returns the key written and its epoch.
-func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, err error) {
+// It returns the key written, its epoch and the value.
+func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, enc []byte, err error) {
 	epoch = db.epochOf(now)
 	key = keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), epoch, k.Scope, k.ID)
 	if stored != nil && string(stored) != string(key) {
 		if err := b.Delete(stored, nil); err != nil {
-			return nil, 0, err
+			return nil, 0, nil, err
 		}
 	}
-	return key, epoch, b.Set(key, encoding.EncodeRecord(next), nil)
+	enc = encoding.EncodeRecord(next)
+	return key, epoch, enc, b.Set(key, enc, nil)
 }
 
 // setClock adds the store's clock to b and commits it, synced; the clock

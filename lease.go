@@ -164,7 +164,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 		switch res.Outcome {
 		case machine.Claimed:
 			b := db.pdb.NewBatch()
-			_, _, err := db.put(b, k, stored, res.Next, now)
+			_, _, _, err := db.put(b, k, stored, res.Next, now)
 			if err == nil {
 				err = commitBatch(b, cfg.noSync)
 			}
@@ -270,7 +270,7 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 	if err != nil {
 		return nil, err
 	}
-	var key []byte
+	var key, enc []byte
 	var epoch uint64
 	if !ok {
 		return nil, fmt.Errorf("%w: %s (token %d)", ErrLeaseLost, l.key, l.token)
@@ -279,14 +279,14 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 		if err = b.Delete(stored, nil); err == nil {
 			err = db.commitWithClock(b)
 		}
-	} else if key, epoch, err = db.put(b, l.key, stored, next, now); err == nil {
+	} else if key, epoch, enc, err = db.put(b, l.key, stored, next, now); err == nil {
 		err = commitBatch(b, noSync)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("receipts: write %s: %w", l.key, err)
 	}
 	if next != nil && !noSync {
-		db.cache.Put(l.lockKey, key, epoch, next) // synced (finished records only)
+		db.cache.PutEncoded(l.lockKey, key, epoch, next, enc) // synced (finished records only)
 	}
 	if notify {
 		e.Notify()

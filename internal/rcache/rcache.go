@@ -142,7 +142,15 @@ func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
 	if c == nil || r.State == encoding.StatePending {
 		return
 	}
-	enc := encoding.EncodeRecord(r)
+	c.PutEncoded(key, recKey, epoch, r, encoding.EncodeRecord(r))
+}
+
+// PutEncoded is Put for a record whose encoding the caller already has
+// (enc = encoding.EncodeRecord(r), as written to the engine).
+func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
+	if c == nil || r.State == encoding.StatePending {
+		return
+	}
 	l, err := encoding.RecordLayout(enc)
 	if err != nil {
 		return // cannot happen for an encoding of ours; cache nothing
