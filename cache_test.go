@@ -213,7 +213,7 @@ func TestReplayCacheDisabledAndTiny(t *testing.T) {
 				require.Zero(t, st.ReplayCacheHits)
 				require.Zero(t, st.ReplayCacheEntries)
 			} else {
-				require.LessOrEqual(t, st.ReplayCacheEntries, 2, "a 512-byte cache holds one set")
+				require.LessOrEqual(t, st.ReplayCacheEntries, 4, "a 512-byte cache holds one set")
 			}
 		})
 	}

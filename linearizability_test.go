@@ -244,7 +244,7 @@ func linHistory(t *testing.T, seed uint64) ([]porcupine.Operation, []uint64) {
 		Retention:  24 * time.Hour,
 		LeaseTTL:   linTTL,
 		GCInterval: -1,
-		// The replay cache at its default size, off, or one set of two
+		// The replay cache at its default size, off, or one set of four
 		// entries that the keys keep evicting from each other.
 		ReplayCacheSize: []int64{0, -1, 512}[seed%3],
 		Now:             func() time.Time { return time.Unix(0, clock.Load()) },

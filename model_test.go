@@ -136,8 +136,8 @@ func newModelSM(t *rapid.T) *modelSM {
 	ret := rapid.SampledFrom([]time.Duration{time.Hour, 10 * time.Minute}).Draw(t, "retention")
 	ttl := rapid.SampledFrom([]time.Duration{time.Minute, 5 * time.Minute}).Draw(t, "leaseTTL")
 	width := rapid.SampledFrom([]time.Duration{0, time.Second, ret / 3, ret, 2 * ret}).Draw(t, "epochWidth")
-	// The replay cache: default, off, or one set of two entries (evicting
-	// all the time).
+	// The replay cache: default, off, or one set of four entries (five
+	// keys: evicting whenever all are finished).
 	cache := rapid.SampledFrom([]int64{0, -1, 512}).Draw(t, "replayCache")
 	m := &modelSM{
 		fs:       vfs.NewCrashableMem(),

@@ -13,17 +13,18 @@
 // added only for records that are durable (synced), so bytes that match an
 // entry are durable bytes.
 //
-// The cache is a fixed table of slots, two-way set associative, sized from
-// the byte budget at creation: a new entry takes an empty way of its set, or
-// the way of the same key, or else the way whose record was written longest
-// ago. Lookups take no lock (one atomic load per way), so readers on
-// different cores never contend.
+// The cache is a fixed table of slots, four-way set associative (a set is
+// one cache line), sized from the byte budget at creation: a new entry takes
+// the way of the same key, or an empty way, or else the way whose record was
+// written longest ago. Lookups take no lock (atomic loads only), so readers
+// on different cores never contend.
 package rcache
 
 import (
 	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
+	"slices"
 	"sync/atomic"
 
 	"github.com/receiptstore/receipts/encoding"
@@ -86,8 +87,19 @@ func (e *Entry) View(v []byte) encoding.Record {
 // a disabled cache: Get finds nothing, Put and Sweep do nothing.
 type Cache struct {
 	seed  maphash.Seed
-	mask  uint64 // len(slots)-1; len(slots) is a power of two, at least 2
-	slots []atomic.Pointer[item]
+	mask  uint64 // len(slots)-1; len(slots) is a power of two, at least ways
+	slots []slot
+}
+
+// ways is the number of slots in a set: 4 x 16 bytes, one cache line.
+const ways = 4
+
+// slot holds an item and its key's hash. The hash is only a filter, read
+// before the item, so that a lookup dereferences only the item it wants;
+// the item itself is the truth (the two are not updated together).
+type slot struct {
+	tag atomic.Uint64
+	p   atomic.Pointer[item]
 }
 
 type item struct {
@@ -107,15 +119,16 @@ func New(size int64) *Cache {
 	if size <= 0 {
 		return nil
 	}
-	n := min(max(uint64(size)/(entryBytes+avgKey), 2), maxSlots)
+	n := min(max(uint64(size)/(entryBytes+avgKey), ways), maxSlots)
 	n = 1 << (63 - bits.LeadingZeros64(n)) // round down to a power of two
-	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]atomic.Pointer[item], n)}
+	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]slot, n)}
 }
 
-// set returns the first slot of key's set and key's hash.
-func (c *Cache) set(key []byte) (int, uint64) {
+// set returns key's set and key's hash.
+func (c *Cache) set(key []byte) ([]slot, uint64) {
 	h := maphash.Bytes(c.seed, key)
-	return int(h & c.mask &^ 1), h
+	i := h & c.mask &^ (ways - 1)
+	return c.slots[i : i+ways : i+ways], h
 }
 
 // Get returns key's entry, or nil. Entries are immutable.
@@ -123,9 +136,12 @@ func (c *Cache) Get(key []byte) *Entry {
 	if c == nil {
 		return nil
 	}
-	i, h := c.set(key)
-	for w := range 2 {
-		if it := c.slots[i+w].Load(); it != nil && it.is(h, key) {
+	set, h := c.set(key)
+	for w := range set {
+		if set[w].tag.Load() != h {
+			continue
+		}
+		if it := set[w].p.Load(); it != nil && it.is(h, key) {
 			return &it.Entry
 		}
 	}
@@ -156,7 +172,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 		return // cannot happen for an encoding of ours; cache nothing
 	}
 	crc, _ := encoding.Checksum(enc)
-	i, h := c.set(key)
+	set, h := c.set(key)
 	rk := make([]byte, len(recKey)+len(key))
 	copy(rk[copy(rk, recKey):], key)
 	it := &item{hash: h, keys: rk, Entry: Entry{
@@ -164,15 +180,26 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
 	}}
-	// The same key or an empty way; else the way written longest ago.
-	a, b := c.slots[i].Load(), c.slots[i+1].Load()
-	victim := i
-	switch {
-	case a == nil || a.is(h, key):
-	case b == nil || b.is(h, key) || b.UpdatedAt < a.UpdatedAt:
-		victim = i + 1
+	// The way of the same key, else an empty way, else the way whose
+	// record was written longest ago.
+	var olds [ways]*item
+	for w := range set {
+		olds[w] = set[w].p.Load()
 	}
-	c.slots[victim].Store(it)
+	victim := slices.IndexFunc(olds[:], func(old *item) bool { return old != nil && old.is(h, key) })
+	if victim < 0 {
+		victim = slices.Index(olds[:], nil)
+	}
+	if victim < 0 {
+		victim = 0
+		for w, old := range olds {
+			if old.UpdatedAt < olds[victim].UpdatedAt {
+				victim = w
+			}
+		}
+	}
+	set[victim].p.Store(it)
+	set[victim].tag.Store(h)
 }
 
 // Sweep drops the entries for which expired(UpdatedAt) is true.
@@ -181,7 +208,7 @@ func (c *Cache) Sweep(expired func(updatedAt int64) bool) (dropped int) {
 		return 0
 	}
 	for i := range c.slots {
-		if it := c.slots[i].Load(); it != nil && expired(it.UpdatedAt) && c.slots[i].CompareAndSwap(it, nil) {
+		if it := c.slots[i].p.Load(); it != nil && expired(it.UpdatedAt) && c.slots[i].p.CompareAndSwap(it, nil) {
 			dropped++
 		}
 	}
@@ -193,9 +220,9 @@ func (c *Cache) Len() (entries int, bytes int64) {
 	if c == nil {
 		return 0, 0
 	}
-	bytes = int64(len(c.slots)) * 8
+	bytes = int64(len(c.slots)) * 16
 	for i := range c.slots {
-		if it := c.slots[i].Load(); it != nil {
+		if it := c.slots[i].p.Load(); it != nil {
 			entries++
 			bytes += entryBytes + int64(len(it.keys))
 		}

@@ -97,18 +97,27 @@ func TestBoundedAndReplacesOldest(t *testing.T) {
 	if n > slots {
 		t.Fatalf("%d entries in %d slots", n, slots)
 	}
-	// A set holds the two most recently written records among those put
-	// into it: putting an older record evicts nothing newer.
-	c = New(2 * (entryBytes + avgKey)) // one set of two ways
-	c.Put([]byte("a"), []byte("rk"), 1, finished(10, nil))
-	c.Put([]byte("b"), []byte("rk"), 1, finished(20, nil))
-	c.Put([]byte("c"), []byte("rk"), 1, finished(30, nil)) // evicts a (oldest)
-	if c.Get([]byte("a")) != nil || c.Get([]byte("b")) == nil || c.Get([]byte("c")) == nil {
+	// A set holds the most recently written records among those put into
+	// it: a new one evicts the oldest.
+	c = New(1) // one set
+	for i, k := range []string{"b", "a", "c", "d"} {
+		c.Put([]byte(k), []byte("rk"), 1, finished([]int{20, 10, 30, 40}[i], nil))
+	}
+	c.Put([]byte("e"), []byte("rk"), 1, finished(50, nil)) // evicts a (written at 10)
+	if c.Get([]byte("a")) != nil {
 		t.Fatalf("did not evict the oldest")
 	}
-	c.Put([]byte("b"), []byte("rk2"), 2, finished(40, nil)) // same key: replaced in place
-	if e := c.Get([]byte("b")); e == nil || e.Epoch != 2 || c.Get([]byte("c")) == nil {
+	for _, k := range []string{"b", "c", "d", "e"} {
+		if c.Get([]byte(k)) == nil {
+			t.Fatalf("evicted %s, not the oldest", k)
+		}
+	}
+	c.Put([]byte("b"), []byte("rk2"), 2, finished(60, nil)) // same key: replaced in place
+	if e := c.Get([]byte("b")); e == nil || e.Epoch != 2 || c.Get([]byte("c")) == nil || c.Get([]byte("e")) == nil {
 		t.Fatalf("same key not replaced in place")
+	}
+	if n, _ := c.Len(); n != ways {
+		t.Fatalf("%d entries in one set", n)
 	}
 }
 
@@ -154,7 +163,7 @@ func TestSizes(t *testing.T) {
 	for _, tc := range []struct {
 		size  int64
 		slots int
-	}{{1, 2}, {2 * (entryBytes + avgKey), 2}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
+	}{{1, ways}, {2 * (entryBytes + avgKey), ways}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
 		if got := len(New(tc.size).slots); got != tc.slots {
 			t.Errorf("New(%d): %d slots, want %d", tc.size, got, tc.slots)
 		}

@@ -71,6 +71,9 @@ func (s *Store) Name() string { return "receipts" }
 // Close closes the engine.
 func (s *Store) Close() error { return s.DB.Close() }
 
+// Flush writes the engine's memtables to sstables.
+func (s *Store) Flush() error { return s.DB.Pebble().Flush() }
+
 var errReplayRan = errors.New("engine: fn ran for a committed key")
 
 // Do performs k once through the store's Mode.

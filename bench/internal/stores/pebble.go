@@ -85,6 +85,9 @@ func (f *Floor) Name() string { return "pebble-floor" }
 
 func (f *Floor) Close() error { return f.DB.Close() }
 
+// Flush writes the memtables to sstables.
+func (f *Floor) Flush() error { return f.DB.Flush() }
+
 func (f *Floor) Do(_ context.Context, k workload.Key, fp, result []byte) (bool, error) {
 	key := recordKey(k, f.epoch.Load())
 	mu := f.locks.lock(k)

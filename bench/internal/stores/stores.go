@@ -31,6 +31,12 @@ type Store interface {
 	Close() error
 }
 
+// Flusher is a store that can write what it holds in memory to its files, so that reads
+// go where a loaded server's reads of anything but its last fraction of a second go.
+type Flusher interface {
+	Flush() error
+}
+
 var (
 	// ErrInProgress: the key is claimed and not committed yet.
 	ErrInProgress = errors.New("stores: in progress")
