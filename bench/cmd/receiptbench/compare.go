@@ -203,12 +203,13 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 				add("replay", s.Name(), 0, pr, 0)
 				continue
 			}
-			// The Pebble stores answer from sstables, not from whatever part of the set the
-			// memtable happens to hold after the earlier workloads: the same state for both,
-			// and a loaded server's (its memtables hold its last fraction of a second).
-			if f, ok := s.(stores.Flusher); ok {
-				if err := f.Flush(); err != nil {
-					pr.FirstErr = fmt.Errorf("flush after populating: %w", err)
+			// The Pebble stores answer from settled sstables, not from whatever part of the
+			// set the memtable happens to hold after the earlier workloads, and no compaction
+			// left over from those runs while another store is measured: the same state for
+			// both, and a loaded server's (its memtables hold its last fraction of a second).
+			if st, ok := s.(stores.Settler); ok {
+				if err := st.Settle(); err != nil {
+					pr.FirstErr = fmt.Errorf("settle after populating: %w", err)
 					add("replay", s.Name(), 0, pr, 0)
 					continue
 				}

@@ -71,8 +71,8 @@ func (s *Store) Name() string { return "receipts" }
 // Close closes the engine.
 func (s *Store) Close() error { return s.DB.Close() }
 
-// Flush writes the engine's memtables to sstables.
-func (s *Store) Flush() error { return s.DB.Pebble().Flush() }
+// Settle flushes the engine's memtables and compacts everything.
+func (s *Store) Settle() error { return stores.SettlePebble(s.DB.Pebble()) }
 
 var errReplayRan = errors.New("engine: fn ran for a committed key")
 

@@ -85,8 +85,8 @@ func (f *Floor) Name() string { return "pebble-floor" }
 
 func (f *Floor) Close() error { return f.DB.Close() }
 
-// Flush writes the memtables to sstables.
-func (f *Floor) Flush() error { return f.DB.Flush() }
+// Settle flushes the memtables and compacts everything.
+func (f *Floor) Settle() error { return SettlePebble(f.DB) }
 
 func (f *Floor) Do(_ context.Context, k workload.Key, fp, result []byte) (bool, error) {
 	key := recordKey(k, f.epoch.Load())

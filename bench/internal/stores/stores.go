@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/bench/internal/workload"
 )
 
@@ -31,10 +32,20 @@ type Store interface {
 	Close() error
 }
 
-// Flusher is a store that can write what it holds in memory to its files, so that reads
-// go where a loaded server's reads of anything but its last fraction of a second go.
-type Flusher interface {
-	Flush() error
+// Settler is a store that can bring its files to a settled shape: memtables flushed and
+// everything compacted, with no background work left. Reads then go where a loaded
+// server's reads of anything but its last fraction of a second go, and two stores being
+// compared are in the same state, neither of them compacting while the other is measured.
+type Settler interface {
+	Settle() error
+}
+
+// SettlePebble flushes db and compacts its whole key space.
+func SettlePebble(db *pebble.DB) error {
+	if err := db.Flush(); err != nil {
+		return err
+	}
+	return db.Compact(context.Background(), []byte{0}, bytes.Repeat([]byte{0xff}, 16), true)
 }
 
 var (
