@@ -457,7 +457,7 @@ func (db *DB) lock(ctx context.Context, k Key) (*locktable.Entry, error) {
 // cached, so what this answers is durable and needs no key lock.
 func (db *DB) fromCache(k Key, lockKey, fp []byte, now int64) (r *Receipt, out machine.Outcome, ok bool) {
 	ent := db.cache.Get(lockKey)
-	if ent == nil || (now >= ent.UpdatedAt+db.retention && mutate.Name != mutate.StaleCache) { // machine.Visible
+	if ent == nil || (machine.Expired(ent.UpdatedAt, now, db.retention) && mutate.Name != mutate.StaleCache) {
 		return nil, 0, false
 	}
 	hi := db.epochOf(now)
@@ -483,7 +483,7 @@ func (db *DB) fromCache(k Key, lockKey, fp []byte, now int64) (r *Receipt, out m
 					res, _ := machine.Claim(&rec, fp, now, db.ttl, nil)
 					out, ok = res.Outcome, res.Outcome == machine.Replay || res.Outcome == machine.Mismatch
 				}
-				if out == machine.Replay && ok {
+				if out == machine.Replay {
 					r = db.receiptCopy(k, &rec)
 				}
 			}

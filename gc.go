@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/machine"
 )
 
 // GCStats describes one garbage collection.
@@ -96,7 +97,7 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 		}
 	}
 	st.EpochsDropped = dropped
-	db.cache.Sweep(func(updatedAt int64) bool { return now >= updatedAt+db.retention }) // machine.Visible
+	db.cache.Sweep(func(updatedAt int64) bool { return machine.Expired(updatedAt, now, db.retention) })
 	if dropped > 0 && db.opts.CompactOnGC {
 		if err := db.pdb.Compact(ctx, keys.RecordsStart, end, true); err != nil {
 			st.Duration = time.Since(start)

@@ -148,8 +148,8 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 		return err
 	}
 	n := len(b) - trailerLen
-	if got, want := crc32.Checksum(b[:n], castagnoli), binary.BigEndian.Uint32(b[n:]); got != want {
-		return corrupt("checksum mismatch (%08x, want %08x)", got, want)
+	if want, ok := Checksum(b); !ok {
+		return corrupt("checksum mismatch (stored %08x)", want)
 	}
 	body := b[headerLen:n]
 	d := decoderPool.Get().(*decoder)

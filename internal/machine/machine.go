@@ -31,8 +31,12 @@ const (
 // Visible reports whether r is still within retention at now: a record is
 // visible until its last write plus retention, and never after.
 func Visible(r *encoding.Record, now, retention int64) bool {
-	return r != nil && now < r.UpdatedAt+retention
+	return r != nil && !Expired(r.UpdatedAt, now, retention)
 }
+
+// Expired reports whether a record last written at updatedAt is past
+// retention at now.
+func Expired(updatedAt, now, retention int64) bool { return now >= updatedAt+retention }
 
 // LeaseLive reports whether r's lease is live at now.
 func LeaseLive(r *encoding.Record, now int64) bool {

@@ -103,16 +103,13 @@ type slot struct {
 }
 
 type item struct {
-	hash uint64
 	// keys is the record key (Entry.Key) followed by the key the entry
 	// was put under: one allocation, and one cache miss, for both.
 	keys []byte
 	Entry
 }
 
-func (it *item) is(h uint64, key []byte) bool {
-	return it.hash == h && string(it.keys[len(it.Key):]) == string(key)
-}
+func (it *item) is(key []byte) bool { return string(it.keys[len(it.Key):]) == string(key) }
 
 // New returns a cache that holds about size bytes (nil if size <= 0).
 func New(size int64) *Cache {
@@ -141,7 +138,7 @@ func (c *Cache) Get(key []byte) *Entry {
 		if set[w].tag.Load() != h {
 			continue
 		}
-		if it := set[w].p.Load(); it != nil && it.is(h, key) {
+		if it := set[w].p.Load(); it != nil && it.is(key) {
 			return &it.Entry
 		}
 	}
@@ -175,7 +172,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	set, h := c.set(key)
 	rk := make([]byte, len(recKey)+len(key))
 	copy(rk[copy(rk, recKey):], key)
-	it := &item{hash: h, keys: rk, Entry: Entry{
+	it := &item{keys: rk, Entry: Entry{
 		Layout: l, Key: rk[:len(recKey):len(recKey)], Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
@@ -186,7 +183,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	for w := range set {
 		olds[w] = set[w].p.Load()
 	}
-	victim := slices.IndexFunc(olds[:], func(old *item) bool { return old != nil && old.is(h, key) })
+	victim := slices.IndexFunc(olds[:], func(old *item) bool { return old != nil && old.is(key) })
 	if victim < 0 {
 		victim = slices.Index(olds[:], nil)
 	}
