@@ -207,7 +207,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 			// set the memtable happens to hold after the earlier workloads, and no compaction
 			// left over from those runs while another store is measured: the same state for
 			// both, and a loaded server's (its memtables hold its last fraction of a second).
-			if st, ok := s.(stores.Settler); ok {
+			if st, ok := s.(stores.Settler); ok && cfg.settle {
 				if err := st.Settle(); err != nil {
 					pr.FirstErr = fmt.Errorf("settle after populating: %w", err)
 					add("replay", s.Name(), 0, pr, 0)

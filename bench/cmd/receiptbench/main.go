@@ -41,6 +41,7 @@ type config struct {
 	dsn       string
 	duration  time.Duration
 	quick     bool
+	settle    bool
 	json      bool
 	concs     []int
 	stores    map[string]bool
@@ -99,6 +100,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL DSN (default: a throwaway cluster if the server binaries are installed)")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured time per configuration")
 	fs.BoolVar(&cfg.quick, "quick", false, "short run: 1s per configuration, fewer replay keys")
+	fs.BoolVar(&cfg.settle, "settle", true, "flush and compact the floor and receipts before the replay rows (false: replays read whatever the earlier workloads left in memtables and L0)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&concs, "conc", "1,8,64", "concurrencies (goroutines), comma-separated")
 	fs.StringVar(&storeList, "stores", strings.Join(allStores, ","), "stores to run, comma-separated")

@@ -91,7 +91,11 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		notes = append(notes, "  (hot runs on receipts and the floor only: the peers have no way to wait for an in-flight first call)")
 	}
 	if cfg.workloads["replay"] {
-		notes = append(notes, fmt.Sprintf("  replays read %d committed keys (floor and receipts: flushed and compacted first)", rep.ReplayKeys))
+		settled := ""
+		if cfg.settle {
+			settled = " (floor and receipts: flushed and compacted first)"
+		}
+		notes = append(notes, fmt.Sprintf("  replays read %d committed keys%s", rep.ReplayKeys, settled))
 	}
 	if rep.Postgres != "" {
 		notes = append(notes, "  postgres: "+rep.Postgres)
