@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/encoding"
@@ -84,6 +85,10 @@ type hotFields struct {
 	// Counters since Open.
 	claims, replays, commits, cacheHits, conflicts, mismatches atomic.Uint64
 }
+
+// hotFields must fit one cache line (a size class of its own): adding a
+// field past 64 bytes fails to compile here.
+const _ = uint8(64 - unsafe.Sizeof(hotFields{}))
 
 // Open opens the store in dir, creating it if needed. Open copies opts; nil
 // means defaults. It fails with ErrInvalidOptions for options that cannot
