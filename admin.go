@@ -2,7 +2,6 @@ package receipts
 
 import (
 	"bufio"
-	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -244,31 +243,12 @@ func (h *adminHandler) get(w http.ResponseWriter, r *http.Request) {
 		adminError(w, adminStatus(err), err)
 		return
 	}
-	writeJSON(w, NewAdminReceipt(rec, time.Unix(0, h.db.now())))
-}
-
-// inspect is Lookup for operators: it does not call Options.BeforeReplay.
-func (db *DB) inspect(ctx context.Context, k Key) (*Receipt, error) {
-	if err := db.enter(); err != nil {
-		return nil, err
-	}
-	defer db.exit()
-	if err := k.validate(); err != nil {
-		return nil, err
-	}
-	e, err := db.lock(ctx, k)
+	now, err := h.db.now(r.Context())
 	if err != nil {
-		return nil, err
+		adminError(w, adminStatus(err), err)
+		return
 	}
-	rec, _, err := db.read(k, db.now())
-	e.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	if rec == nil {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
-	}
-	return db.receipt(k, rec), nil
+	writeJSON(w, NewAdminReceipt(rec, now))
 }
 
 // parseFilter reads a Filter from the query parameters of the list
@@ -303,8 +283,12 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 		adminError(w, adminStatus(err), err)
 		return
 	}
-	now := time.Unix(0, h.db.now())
+	now, err := h.db.now(r.Context())
 	h.db.exit()
+	if err != nil {
+		adminError(w, adminStatus(err), err)
+		return
+	}
 
 	w.Header().Set("Content-Type", "application/json")
 	if r.Method == http.MethodHead {
@@ -348,9 +332,14 @@ func (h *adminHandler) stats(w http.ResponseWriter, r *http.Request) {
 		adminError(w, adminStatus(err), err)
 		return
 	}
+	now, err := h.db.now(r.Context())
 	h.db.exit()
+	if err != nil {
+		adminError(w, adminStatus(err), err)
+		return
+	}
 	s := h.db.Stats()
-	writeJSON(w, NewAdminStats(s, time.Unix(0, h.db.now())))
+	writeJSON(w, NewAdminStats(s, now))
 }
 
 // adminStatus maps an engine error to an HTTP status.

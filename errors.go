@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/pebbleengine"
 )
 
 // Sentinel errors. Test for them with errors.Is; the engine wraps them with
@@ -25,8 +28,8 @@ var (
 	// ErrLeaseLost is returned by Renew, Commit, Fail, CommitWith and Release
 	// when the lease's fencing token is stale: another caller took the key
 	// over, or the record is gone (released, or past retention). Nothing was
-	// written.
-	ErrLeaseLost = errors.New("receipts: lease lost")
+	// written. It is driver.ErrLeaseLost, which engines return.
+	ErrLeaseLost = driver.ErrLeaseLost
 
 	// ErrInvalidArgument is the parent of every bad-input error
 	// (ErrInvalidKey, ErrInvalidFingerprint, ErrResultTooLarge,
@@ -54,8 +57,9 @@ var (
 	ErrClosed = errors.New("receipts: closed")
 
 	// ErrCorrupt marks bytes read from disk that do not decode: a record or
-	// the store's meta data. A corrupt record is never read as absent.
-	ErrCorrupt = errors.New("receipts: corrupt record")
+	// the store's meta data. A corrupt record is never read as absent. It is
+	// driver.ErrCorrupt, which engines return.
+	ErrCorrupt = driver.ErrCorrupt
 
 	// ErrFailed is wrapped by the error Do returns together with a Failed
 	// receipt, the first time and on every replay.
@@ -63,12 +67,17 @@ var (
 
 	// ErrUnknownFormat is returned by Open for a store written in a format
 	// this version does not know (a newer one).
-	ErrUnknownFormat = errors.New("receipts: unknown store format")
+	ErrUnknownFormat = driver.ErrUnknownFormat
 
 	// ErrLocked is returned by Open when another process (or another DB in
 	// this process) holds the directory. Inspect a running service through
 	// its AdminHandler, or open a Checkpoint of it.
-	ErrLocked = errors.New("receipts: store is locked by another process (use the service's admin endpoint, or open a checkpoint)")
+	ErrLocked = pebbleengine.ErrLocked
+
+	// ErrUnsupported is returned by a method the store's engine cannot
+	// serve: CommitWith, DoBatch and Checkpoint on another engine than
+	// Pebble (DB.Pebble returns nil there).
+	ErrUnsupported = errors.New("receipts: not supported by this engine")
 )
 
 // sentinel is an error value that also matches its parents under errors.Is.

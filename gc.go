@@ -1,17 +1,8 @@
 package receipts
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
-	"fmt"
-	"math"
 	"time"
-
-	"github.com/cockroachdb/pebble/v2"
-	"github.com/receiptstore/receipts/encoding"
-	"github.com/receiptstore/receipts/internal/keys"
-	"github.com/receiptstore/receipts/internal/machine"
 )
 
 // GCStats describes one garbage collection.
@@ -53,87 +44,21 @@ func (db *DB) GC(ctx context.Context) (GCStats, error) {
 	return db.gc(ctx)
 }
 
+// gc runs the engine's GC and keeps its stats for Stats.
 func (db *DB) gc(ctx context.Context) (GCStats, error) {
-	db.gcMu.Lock()
-	defer db.gcMu.Unlock()
-	start := time.Now()
-	now := db.now()
-	st := GCStats{At: unixTime(now, db.loc)}
-
-	// Epochs below newFloor are dead.
-	newFloor := uint64(max(now-db.retention, 0) / db.width)
-	end := keys.EpochStart(newFloor)
-	dropped, first, err := db.countEpochs(keys.RecordsStart, end)
-	if err != nil {
-		return st, err
+	ds, err := db.eng.GC(ctx)
+	st := GCStats{
+		At:            ds.At,
+		EpochsDropped: ds.EpochsDropped,
+		BytesFreed:    ds.BytesFreed,
+		Writes:        ds.Writes,
+		Compacted:     ds.Compacted,
+		Duration:      ds.Duration,
 	}
-	if dropped > 0 {
-		// From the first epoch still holding records: what earlier GCs
-		// dropped may not be reclaimed yet, and is not counted again.
-		if st.BytesFreed, err = db.pdb.EstimateDiskUsage(keys.EpochStart(first), end); err != nil {
-			st.BytesFreed = 0 // an estimate only
-		}
+	if err == nil || st.EpochsDropped > 0 { // dropped, if not compacted
+		db.lastGC.Store(&st)
 	}
-	if dropped > 0 || newFloor > db.floor.Load() {
-		b := db.pdb.NewBatch()
-		if dropped > 0 {
-			_ = b.DeleteRange(keys.RecordsStart, end, nil)
-			st.Writes++
-		}
-		if newFloor > db.floor.Load() {
-			_ = b.Set(keys.GCFloor, encoding.EncodeUint64(newFloor), nil)
-			st.Writes++
-		}
-		err := b.Commit(pebble.Sync)
-		_ = b.Close()
-		if err != nil {
-			return st, fmt.Errorf("receipts: gc: %w", err)
-		}
-		if newFloor > db.floor.Load() {
-			db.floor.Store(newFloor)
-		}
-		if newFloor > db.minEpoch.Load() {
-			db.minEpoch.Store(newFloor)
-		}
-	}
-	st.EpochsDropped = dropped
-	db.cache.Sweep(func(updatedAt int64) bool { return machine.Expired(updatedAt, now, db.retention) })
-	if dropped > 0 && db.opts.CompactOnGC {
-		if err := db.pdb.Compact(ctx, keys.RecordsStart, end, true); err != nil {
-			st.Duration = time.Since(start)
-			db.lastGC.Store(&st) // the epochs were dropped all the same
-			return st, fmt.Errorf("receipts: gc: compact: %w", err)
-		}
-		st.Compacted = true
-	}
-	st.Duration = time.Since(start)
-	db.lastGC.Store(&st)
-	return st, nil
-}
-
-// countEpochs counts the epochs that hold records in [lo, hi), one seek per
-// epoch, and returns the first of them.
-func (db *DB) countEpochs(lo, hi []byte) (n int, first uint64, err error) {
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return 0, 0, fmt.Errorf("receipts: gc: %w", err)
-	}
-	defer it.Close()
-	for valid := it.First(); valid; {
-		e, ok := keys.Epoch(it.Key())
-		if !ok {
-			return n, first, fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
-		}
-		if n == 0 {
-			first = e
-		}
-		n++
-		valid = it.SeekGE(keys.EpochStart(e + 1))
-	}
-	if err := it.Error(); err != nil {
-		return n, first, fmt.Errorf("receipts: gc: %w", err)
-	}
-	return n, first, nil
+	return st, err
 }
 
 // gcInterval is the background GC period; 0 means disabled.
@@ -144,7 +69,7 @@ func (db *DB) gcInterval() time.Duration {
 	case db.opts.GCInterval > 0:
 		return db.opts.GCInterval
 	}
-	return min(max(time.Duration(db.width), time.Second), time.Hour)
+	return min(max(db.opts.EpochWidth, time.Second), time.Hour)
 }
 
 func (db *DB) gcLoop(ctx context.Context, interval time.Duration) {
@@ -161,32 +86,4 @@ func (db *DB) gcLoop(ctx context.Context, interval time.Duration) {
 			db.opts.Logger.Error("receipts: background gc", "err", err)
 		}
 	}
-}
-
-// epochSpans is the engine's span policy: it ends a span at every epoch
-// boundary, and at the start and end of the store's keys. Pebble finishes a
-// flush's or compaction's output sstable at each span's end, so no sstable
-// holds records of two epochs, or records and other keys; GC's range
-// deletion then covers whole sstables, which Pebble's delete-only
-// compactions drop without rewriting anything.
-//
-// A table that starts at a range deletion's bound (shorter than a record
-// key) gets no epoch boundary: GC's deletion spans every epoch since 1970,
-// and splitting it at each would make millions of sstables.
-func epochSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
-	switch {
-	case bytes.Compare(start, keys.StoreStart) < 0:
-		return pebble.SpanPolicy{}, keys.StoreStart, nil
-	case bytes.Compare(start, keys.RecordsStart) < 0:
-		return pebble.SpanPolicy{}, keys.RecordsStart, nil
-	case bytes.Compare(start, keys.RecordsEnd) >= 0:
-		return pebble.SpanPolicy{}, nil, nil
-	case len(start) <= len(keys.RecordsStart)+8: // not a record key
-		return pebble.SpanPolicy{}, keys.RecordsEnd, nil
-	}
-	e := binary.BigEndian.Uint64(start[len(keys.RecordsStart):])
-	if e == math.MaxUint64 {
-		return pebble.SpanPolicy{}, keys.RecordsEnd, nil
-	}
-	return pebble.SpanPolicy{}, keys.EpochStart(e + 1), nil
 }

@@ -255,7 +255,7 @@ func gcLoopRunning() bool {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
 			s := string(buf[:n])
-			return strings.Contains(s, "receipts.(*DB).gcLoop") || strings.Contains(s, "created by github.com/receiptstore/receipts.Open")
+			return strings.Contains(s, "receipts.(*DB).gcLoop") || strings.Contains(s, "created by github.com/receiptstore/receipts.openDB")
 		}
 		buf = make([]byte, 2*len(buf))
 	}

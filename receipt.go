@@ -5,50 +5,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/driver"
 )
-
-// Key identifies an operation: Scope is the authenticated caller (account,
-// tenant, agent principal), ID the operation key the caller minted when the
-// action was approved. Keys of different scopes never see each other. Both
-// parts are non-empty and at most MaxKeyPartLen bytes; any bytes are allowed.
-// Keep secrets and personal data out of keys: they are stored as given and
-// shown by receiptctl.
-type Key struct{ Scope, ID string }
-
-// String formats k for messages, quoting each part.
-func (k Key) String() string { return strconv.Quote(k.Scope) + "/" + strconv.Quote(k.ID) }
-
-func (k Key) validate() error {
-	switch {
-	case len(k.Scope) == 0:
-		return fmt.Errorf("%w: empty scope", ErrInvalidKey)
-	case len(k.ID) == 0:
-		return fmt.Errorf("%w: empty id", ErrInvalidKey)
-	case len(k.Scope) > MaxKeyPartLen:
-		return fmt.Errorf("%w: scope of %d bytes (max %d)", ErrInvalidKey, len(k.Scope), MaxKeyPartLen)
-	case len(k.ID) > MaxKeyPartLen:
-		return fmt.Errorf("%w: id of %d bytes (max %d)", ErrInvalidKey, len(k.ID), MaxKeyPartLen)
-	}
-	return nil
-}
-
-func validateFingerprint(fp []byte) error {
-	switch {
-	case len(fp) == 0:
-		return fmt.Errorf("%w: nil or empty", ErrInvalidFingerprint)
-	case len(fp) > MaxFingerprintLen:
-		return fmt.Errorf("%w: %d bytes (max %d)", ErrInvalidFingerprint, len(fp), MaxFingerprintLen)
-	}
-	return nil
-}
-
-func validateResult(result []byte) error {
-	if len(result) > MaxResultSize {
-		return fmt.Errorf("%w: %d bytes (max %d)", ErrResultTooLarge, len(result), MaxResultSize)
-	}
-	return nil
-}
 
 // State is a record's state.
 type State uint8
@@ -56,11 +14,11 @@ type State uint8
 // Record states. The zero State means "unspecified" (any, in a Filter).
 const (
 	// Pending: claimed; a lease is live, or has run out (abandoned).
-	Pending State = State(encoding.StatePending)
+	Pending State = State(driver.Pending)
 	// Succeeded: committed with a result; replayed to every retry.
-	Succeeded State = State(encoding.StateSucceeded)
+	Succeeded State = State(driver.Succeeded)
 	// Failed: a definitive failure, replayed like a success.
-	Failed State = State(encoding.StateFailed)
+	Failed State = State(driver.Failed)
 )
 
 // String returns "pending", "succeeded" or "failed".
@@ -121,25 +79,19 @@ func (r *Receipt) Abandoned(now time.Time) bool {
 	return r.State == Pending && !now.Before(r.LeaseExpiresAt)
 }
 
-// unixTime converts store time to a time.Time in loc.
-func unixTime(ns int64, loc *time.Location) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns).In(loc)
-}
-
-func newReceipt(k Key, rec *encoding.Record, retention time.Duration, loc *time.Location) *Receipt {
+// newReceipt is the receipt of the engine's record r. It shares r's
+// fingerprint and result.
+func newReceipt(r *driver.Record) *Receipt {
 	return &Receipt{
-		Key:            k,
-		Fingerprint:    rec.Fingerprint,
-		State:          State(rec.State),
-		Result:         rec.Result,
-		Attempts:       rec.Attempts,
-		Token:          rec.Token,
-		CreatedAt:      unixTime(rec.CreatedAt, loc),
-		UpdatedAt:      unixTime(rec.UpdatedAt, loc),
-		ExpiresAt:      unixTime(rec.UpdatedAt+int64(retention), loc),
-		LeaseExpiresAt: unixTime(rec.LeaseExpiresAt, loc),
+		Key:            Key(r.Key),
+		Fingerprint:    r.Fingerprint,
+		State:          State(r.State),
+		Result:         r.Result,
+		Attempts:       r.Attempts,
+		Token:          r.Token,
+		CreatedAt:      r.CreatedAt,
+		UpdatedAt:      r.UpdatedAt,
+		ExpiresAt:      r.ExpiresAt,
+		LeaseExpiresAt: r.LeaseExpiresAt,
 	}
 }

@@ -1,15 +1,11 @@
 package receipts
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"iter"
 
-	"github.com/cockroachdb/pebble/v2"
-	"github.com/receiptstore/receipts/encoding"
-	"github.com/receiptstore/receipts/internal/keys"
-	"github.com/receiptstore/receipts/internal/machine"
+	"github.com/receiptstore/receipts/driver"
 )
 
 // Filter selects the records Scan returns. The zero Filter selects every
@@ -50,106 +46,17 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 			yield(nil, err)
 			return
 		}
-		now := db.now()
-		n := 0
-		for r, err := range db.records(ctx, now, f.Scope) {
+		df := driver.Filter{Scope: f.Scope, State: driver.State(f.State), Abandoned: f.Abandoned, Limit: f.Limit}
+		for rec, err := range db.eng.Scan(ctx, df) {
 			if err != nil {
 				if !yield(nil, err) {
 					return
 				}
 				continue
 			}
-			if f.State != 0 && r.State != f.State {
-				continue
-			}
-			if f.Abandoned && !r.Abandoned(unixTime(now, db.loc)) {
-				continue
-			}
-			if !yield(r, nil) {
+			if !yield(newReceipt(&rec), nil) {
 				return
 			}
-			if n++; f.Limit > 0 && n >= f.Limit {
-				return
-			}
-		}
-	}
-}
-
-// rawRecords iterates every record key in the live epochs (scope-restricted
-// if scope is not empty), with its epoch and undecoded value.
-func (db *DB) rawRecords(ctx context.Context, lo uint64, scope string, fn func(epoch uint64, key, value []byte) bool) error {
-	it, err := db.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.EpochStart(lo), UpperBound: keys.RecordsEnd})
-	if err != nil {
-		return fmt.Errorf("receipts: scan: %w", err)
-	}
-	defer it.Close()
-	var valid bool
-	if scope == "" {
-		valid = it.First()
-	} else {
-		valid = it.SeekGE(keys.ScopeStart(lo, scope))
-	}
-	for i := 0; valid; i++ {
-		if i%1024 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-		}
-		e, ok := keys.Epoch(it.Key())
-		if !ok {
-			return fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())
-		}
-		if scope != "" {
-			prefix := keys.ScopeStart(e, scope)
-			if !bytes.HasPrefix(it.Key(), prefix) {
-				if bytes.Compare(it.Key(), prefix) < 0 {
-					valid = it.SeekGE(prefix)
-				} else {
-					valid = it.SeekGE(keys.ScopeStart(e+1, scope))
-				}
-				continue
-			}
-		}
-		v, err := it.ValueAndErr()
-		if err != nil {
-			return fmt.Errorf("receipts: scan: %w", err)
-		}
-		if !fn(e, it.Key(), v) {
-			return nil
-		}
-		valid = it.Next()
-	}
-	if err := it.Error(); err != nil {
-		return fmt.Errorf("receipts: scan: %w", err)
-	}
-	return nil
-}
-
-// records yields the decoded visible records of the live epochs.
-func (db *DB) records(ctx context.Context, now int64, scope string) iter.Seq2[*Receipt, error] {
-	return func(yield func(*Receipt, error) bool) {
-		lo := db.oldestLiveEpoch(db.epochOf(now))
-		stopped := false
-		err := db.rawRecords(ctx, lo, scope, func(_ uint64, key, value []byte) bool {
-			_, s, id, kerr := keys.ParseRecord(key)
-			if kerr != nil {
-				stopped = !yield(nil, fmt.Errorf("%w: record key %q: %w", ErrCorrupt, key, kerr))
-				return !stopped
-			}
-			k := Key{Scope: s, ID: id}
-			rec, derr := encoding.DecodeRecord(value)
-			if derr != nil {
-				stopped = !yield(nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, k, derr))
-				return !stopped
-			}
-			if !machine.Visible(rec, now, db.retention) {
-				return true
-			}
-			stopped = !yield(db.receipt(k, rec), nil)
-			return !stopped
-		})
-		if err != nil && !stopped {
-			yield(nil, err)
 		}
 	}
 }

@@ -3,9 +3,6 @@ package receipts
 import (
 	"context"
 	"time"
-
-	"github.com/receiptstore/receipts/encoding"
-	"github.com/receiptstore/receipts/internal/machine"
 )
 
 // Stats describes the store. Record counts come from a scan of the live
@@ -40,59 +37,31 @@ type Stats struct {
 }
 
 // Stats returns the store's figures. After Close it returns only the
-// configuration.
+// configuration and the counters.
 func (db *DB) Stats() Stats {
 	s := Stats{
 		Retention:  db.opts.Retention,
 		LeaseTTL:   db.opts.LeaseTTL,
-		EpochWidth: time.Duration(db.width),
-		Claims:     db.hot.claims.Load(),
-		Replays:    db.hot.replays.Load(),
+		EpochWidth: db.opts.EpochWidth,
+		Claims:     db.hot.Claims.Load(),
+		Replays:    db.hot.Replays.Load(),
 		Takeovers:  db.n.takeovers.Load(),
-		Commits:    db.hot.commits.Load(),
+		Commits:    db.hot.Commits.Load(),
 		Fails:      db.n.fails.Load(),
 		Releases:   db.n.releases.Load(),
 		Abandons:   db.n.abandons.Load(),
-		Conflicts:  db.hot.conflicts.Load(),
-		Mismatches: db.hot.mismatches.Load(),
-
-		ReplayCacheHits: db.hot.cacheHits.Load(),
+		Conflicts:  db.hot.Conflicts.Load(),
+		Mismatches: db.hot.Mismatches.Load(),
 	}
-	s.ReplayCacheEntries, s.ReplayCacheBytes = db.cache.Len()
 	if err := db.enter(); err != nil {
 		return s
 	}
 	defer db.exit()
 	s.LastGC = *db.lastGC.Load()
-	s.DiskBytes = db.pdb.Metrics().DiskSpaceUsage()
-	now := db.now()
-	var rec encoding.Record
-	last, seen := uint64(0), false
-	_ = db.rawRecords(context.Background(), db.minEpoch.Load(), "", func(e uint64, _, value []byte) bool {
-		if !seen || e != last {
-			s.LiveEpochs++
-			last, seen = e, true
-		}
-		if err := encoding.DecodeRecordInto(&rec, value); err != nil {
-			s.Corrupt++
-			return true
-		}
-		if !machine.Visible(&rec, now, db.retention) {
-			s.Expired++
-			return true
-		}
-		switch State(rec.State) {
-		case Pending:
-			s.Pending++
-			if !machine.LeaseLive(&rec, now) {
-				s.Abandoned++
-			}
-		case Succeeded:
-			s.Succeeded++
-		case Failed:
-			s.Failed++
-		}
-		return true
-	})
+	es, _ := db.eng.Stats(context.Background()) // the counts so far (Stats reports no errors)
+	s.LiveEpochs = es.LiveEpochs
+	s.Pending, s.Abandoned, s.Succeeded, s.Failed = es.Pending, es.Abandoned, es.Succeeded, es.Failed
+	s.Expired, s.Corrupt, s.DiskBytes = es.Expired, es.Corrupt, es.DiskBytes
+	s.ReplayCacheHits, s.ReplayCacheEntries, s.ReplayCacheBytes = es.ReplayCacheHits, es.ReplayCacheEntries, es.ReplayCacheBytes
 	return s
 }

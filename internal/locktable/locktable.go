@@ -121,11 +121,13 @@ func (e *Entry) Notify() {
 	e.sh.mu.Unlock()
 }
 
-// Watch returns a channel closed at the key's next Notify, and keeps the
-// entry alive until Done. REQUIRES: the key lock held.
-func (e *Entry) Watch() Watch {
+// Watch returns a channel closed at key's next Notify, without taking the
+// key lock, and keeps key's entry alive until Done. A caller that reads
+// the key's state after Watch returns misses no change: a change after
+// that read notifies the channel.
+func (t *Table) Watch(key []byte) Watch {
+	e := t.ref(key)
 	e.sh.mu.Lock()
-	e.refs++
 	w := Watch{C: e.changed, e: e}
 	e.sh.mu.Unlock()
 	return w

@@ -48,7 +48,8 @@ func (db *DB) Do(ctx context.Context, k Key, fingerprint []byte,
 // the receipt in one synced batch. A crash loses an unsynced claim together
 // with the effect it guarded, so the claim is not synced: one fsync per
 // operation. If fn returns an error, b is discarded (a Failed receipt is
-// written without it).
+// written without it). On another engine than Pebble it returns
+// ErrUnsupported.
 func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
@@ -56,13 +57,16 @@ func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
 		return nil, err
 	}
 	defer db.exit()
+	if db.peb == nil {
+		return nil, fmt.Errorf("%w: DoBatch on the %s engine", ErrUnsupported, db.eng.Name())
+	}
 	return db.do(ctx, k, fingerprint, true, fn)
 }
 
 func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
-	l, r, err := db.claim(ctx, k, fp, claimConfig{wait: true, noSync: batch})
+	l, r, err := db.claim(ctx, k, fp, claimConfig{wait: true, noSync: batch}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +90,7 @@ func (db *DB) run(ctx context.Context, l *Lease, batch bool,
 
 	var b *pebble.Batch
 	if batch {
-		b = db.pdb.NewBatch()
+		b = db.peb.NewBatch()
 		defer b.Close()
 	}
 	finished := false
@@ -103,7 +107,7 @@ func (db *DB) run(ctx context.Context, l *Lease, batch bool,
 	stop()
 
 	if ferr == nil {
-		r, err := l.finish(detached, Succeeded, result, b, nil)
+		r, err := l.settle(detached, Succeeded, result, b, nil)
 		if err != nil {
 			return nil, db.afterFinishError(detached, l, err)
 		}
@@ -120,7 +124,7 @@ func (db *DB) run(ctx context.Context, l *Lease, batch bool,
 		if result == nil {
 			result = []byte(ferr.Error())
 		}
-		r, err := l.finish(detached, Failed, result, nil, nil)
+		r, err := l.settle(detached, Failed, result, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("receipts: %s failed (%w), and recording it failed: %w", l.key, ferr, db.afterFinishError(detached, l, err))
 		}

@@ -1,0 +1,237 @@
+package receipts
+
+// The claim path, top-down:
+//
+//  1. Claim (or Do) enters the gate and validates the key and fingerprint;
+//  2. claim asks the engine for one atomic decision (driver.Engine.Claim).
+//     The Pebble engine probes its replay cache first (a retry of a
+//     finished operation: one read, no key lock), then, under the key lock,
+//     reads the newest live epoch, lets internal/machine decide, writes a
+//     new or taken-over claim to the current epoch and syncs it;
+//  3. the outcome becomes a Lease (Claimed, TookOver), a replayed Receipt
+//     after Options.BeforeReplay (Replay), ErrIntentMismatch, or, while
+//     another holder's lease is live, *InProgressError or a wait;
+//  4. waiting (WaitForResult, WaitAtMost, Do) registers a watch on the key
+//     (driver.Engine.Watch), claims once more (a change between the first
+//     read and the registration is not missed), then sleeps until the watch
+//     fires, the holder's lease ends, a re-check period, the deadline, ctx
+//     or Close, and claims again.
+//
+// The holder then calls the Lease's methods (lease.go), or Do runs fn and
+// records its outcome (run.go).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// ClaimOption changes how Claim behaves.
+type ClaimOption func(*claimConfig)
+
+type claimConfig struct {
+	wait    bool          // wait for a live holder instead of ErrInProgress
+	maxWait time.Duration // with wait: give up after this long (0: only ctx bounds it)
+	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
+}
+
+// WaitForResult makes Claim block, bounded by its context, while another
+// caller holds a live lease on the key: until the holder commits (Claim then
+// returns the receipt), releases or lets its lease run out (Claim then
+// returns a lease). Holders in this process wake waiters through a channel;
+// a holder from before a restart is waited out until its lease expires.
+func WaitForResult() ClaimOption { return func(c *claimConfig) { c.wait = true } }
+
+// WaitAtMost is WaitForResult bounded by d as well as by the context: once d
+// has passed, Claim looks at the key once more and returns what it finds
+// (the receipt, a lease, or *InProgressError with a fresh RetryAfter, not
+// wrapping any context error). HTTP and MCP front ends use it to wait a
+// little for a duplicate's first call before answering "in progress".
+func WaitAtMost(d time.Duration) ClaimOption {
+	return func(c *claimConfig) { c.wait, c.maxWait = true, d }
+}
+
+// Claim claims k for the caller with the intent's fingerprint. Exactly one
+// of lease and receipt is non-nil when err is nil:
+//   - a lease: the caller must run the effect, then Commit, Fail or Release
+//     (the claim is synced before Claim returns, so an external effect may
+//     start at once);
+//   - a receipt: the operation already finished (Succeeded or Failed); its
+//     stored result is returned after Options.BeforeReplay, and nothing runs.
+//
+// Errors: ErrIntentMismatch if k was used with another fingerprint;
+// *InProgressError (ErrInProgress) while another caller holds a live lease,
+// unless WaitForResult is given; ErrInvalidKey, ErrInvalidFingerprint,
+// ErrCorrupt, ErrClosed, or the context's error.
+func (db *DB) Claim(ctx context.Context, k Key, fingerprint []byte, opts ...ClaimOption) (*Lease, *Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, nil, err
+	}
+	defer db.exit()
+	var cfg claimConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return db.claim(ctx, k, fingerprint, cfg, nil)
+}
+
+// ClaimWith is Claim with the engine's decision made by claim instead of the
+// engine's Claim: an engine package's own way of claiming (pgstore.DoTx
+// claims inside the caller's transaction). claim gets the request Claim
+// would send (validated) and must decide as driver.Engine.Claim does. Like
+// database/sql's Conn.Raw, it is for engine packages; applications call
+// Claim.
+func (db *DB) ClaimWith(ctx context.Context, k Key, fingerprint []byte,
+	claim func(ctx context.Context, e driver.Engine, req driver.ClaimRequest) (driver.ClaimResult, error),
+	opts ...ClaimOption,
+) (*Lease, *Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, nil, err
+	}
+	defer db.exit()
+	var cfg claimConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return db.claim(ctx, k, fingerprint, cfg, func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+		return claim(ctx, db.eng, req)
+	})
+}
+
+// claimFunc makes one claim decision for ClaimWith; nil means the engine's
+// Claim (a method value of an interface would allocate on every call).
+type claimFunc func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error)
+
+func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, decide claimFunc) (*Lease, *Receipt, error) {
+	if err := k.validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := validateFingerprint(fp); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	req := driver.ClaimRequest{Key: driver.Key(k), Fingerprint: fp, LeaseTTL: db.ttl, NoSync: cfg.noSync}
+	var deadline time.Time
+	if cfg.maxWait > 0 {
+		deadline = time.Now().Add(cfg.maxWait)
+	}
+	var w watch
+	defer w.stop()
+	conflict := false
+	for {
+		var res driver.ClaimResult
+		var err error
+		if decide == nil {
+			res, err = db.eng.Claim(ctx, req)
+		} else {
+			res, err = decide(ctx, req)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if res.Outcome != driver.InProgress {
+			return db.claimed(ctx, k, &res)
+		}
+		// InProgress: counted once per call, however long it waits.
+		if !conflict {
+			db.hot.Conflicts.Add(1)
+			conflict = true
+		}
+		retry := max(res.Record.LeaseExpiresAt.Sub(res.Now), 0)
+		wait := min(retry, waitRecheck)
+		if !deadline.IsZero() {
+			wait = min(wait, time.Until(deadline))
+		}
+		if !cfg.wait || (!deadline.IsZero() && wait <= 0) {
+			return nil, nil, &InProgressError{Key: k, RetryAfter: retry}
+		}
+		if w.c == nil { // registered after this read: read once more before waiting
+			w.start(db.eng, req.Key)
+			continue
+		}
+		if err := w.wait(ctx, wait, db.closing); err != nil {
+			if errors.Is(err, ErrClosed) {
+				return nil, nil, err
+			}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: retry, cause: err}
+		}
+	}
+}
+
+// claimed turns a claim decision other than InProgress into Claim's answer.
+func (db *DB) claimed(ctx context.Context, k Key, res *driver.ClaimResult) (*Lease, *Receipt, error) {
+	switch res.Outcome {
+	case driver.Claimed, driver.TookOver:
+		db.hot.Claims.Add(1)
+		recovered := res.Outcome == driver.TookOver
+		if recovered {
+			db.n.takeovers.Add(1)
+		}
+		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered}, nil, nil
+	case driver.Replay:
+		r, err := db.replay(ctx, newReceipt(&res.Record))
+		return nil, r, err
+	case driver.Mismatch:
+		return nil, nil, db.mismatch(k)
+	}
+	return nil, nil, fmt.Errorf("receipts: claim %s: the %s engine answered outcome %d", k, db.eng.Name(), res.Outcome)
+}
+
+// watch is a waiter's registration with the engine (driver.Engine.Watch).
+type watch struct {
+	e    driver.Engine
+	k    driver.Key
+	c    <-chan struct{}
+	done func()
+}
+
+func (w *watch) start(e driver.Engine, k driver.Key) {
+	w.e, w.k = e, k
+	w.c, w.done = e.Watch(k)
+}
+
+func (w *watch) stop() {
+	if w.done != nil {
+		w.done()
+		w.c, w.done = nil, nil
+	}
+}
+
+// wait sleeps until the watch fires, d passes, ctx ends (its error) or
+// closing is closed (ErrClosed). A watch that fired is registered afresh
+// before wait returns, so the read that follows misses no later change.
+func (w *watch) wait(ctx context.Context, d time.Duration, closing <-chan struct{}) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.c:
+		w.stop()
+		w.start(w.e, w.k)
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-closing:
+		return ErrClosed
+	}
+	return nil
+}
+
+// replay counts a replay of r and hands it out after Options.BeforeReplay.
+func (db *DB) replay(ctx context.Context, r *Receipt) (*Receipt, error) {
+	db.hot.Replays.Add(1)
+	if err := db.beforeReplay(ctx, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// mismatch counts a refused claim with a different intent.
+func (db *DB) mismatch(k Key) error {
+	db.hot.Mismatches.Add(1)
+	return fmt.Errorf("%w: %s", ErrIntentMismatch, k)
+}

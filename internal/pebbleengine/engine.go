@@ -1,0 +1,108 @@
+// Package pebbleengine is the Pebble engine behind receipts.Open: a
+// driver.Engine over one Pebble directory.
+//
+// Records live under keys.AppendRecord (an epoch of their last write, then
+// the key); a lookup probes the live epochs newest-first. A per-key lock
+// (internal/locktable) serializes read-check-write of one key and is held
+// across the sync, so same-key callers never see undurable state; the pure
+// rules are internal/machine's. Finished, synced records are remembered in
+// the replay cache (internal/rcache), so a retry of one is answered with a
+// single engine read checked against it. GC drops whole epochs with one
+// range deletion.
+//
+// Besides driver.Engine it serves what only Pebble can: the *pebble.DB for
+// the application's own data, checkpoints, and receipts committed in the
+// same batch as an effect (Lease.CommitWith, DB.DoBatch).
+package pebbleengine
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/hot"
+	"github.com/receiptstore/receipts/internal/locktable"
+	"github.com/receiptstore/receipts/internal/rcache"
+)
+
+// ErrLocked is returned by Open when another process (or another DB in this
+// process) holds the directory. receipts.ErrLocked is this error.
+var ErrLocked = errors.New("receipts: store is locked by another process (use the service's admin endpoint, or open a checkpoint)")
+
+// Config is the engine's configuration: the shared settings (validated by
+// the root) and Pebble's own.
+type Config struct {
+	driver.Config
+	// Pebble tunes the engine; it is cloned, never changed (nil: defaults).
+	Pebble *pebble.Options
+	// CompactOnGC makes GC compact the dropped range at once.
+	CompactOnGC bool
+	// ReplayCacheSize is the replay cache's memory in bytes (<= 0: none).
+	ReplayCacheSize int64
+	// Hot is the cache line the engine's clock and cache-hit counter live
+	// on, shared with the root's gate and counters (nil: one of its own).
+	Hot *hot.Line
+}
+
+// Engine is a receipts store in one Pebble directory. It is safe for
+// concurrent use.
+type Engine struct {
+	// Set in Open, read-only after.
+	cfg         driver.Config // Now never nil; EpochWidth as stored
+	pdb         *pebble.DB
+	dirLock     *pebble.Lock
+	locks       *locktable.Table
+	cache       *rcache.Cache // recently finished receipts; nil if disabled
+	width       int64         // epoch width, ns
+	retention   int64         // ns
+	secret      []byte
+	loc         *time.Location // of Config.Now's times: records report times in it
+	readOnly    bool           // Pebble.ReadOnly: inspection only
+	compactOnGC bool
+	tokenFn     func() (uint64, error) // e.newToken, bound once (a method value allocates)
+
+	// hot.Clock is the store's time high-water mark; hot.CacheHits counts
+	// replay-cache answers.
+	hot      *hot.Line
+	clockMu  sync.Mutex    // serializes writes of keys.Clock, so the last one written is the largest
+	minEpoch atomic.Uint64 // no record lives in an older epoch
+	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
+
+	tok struct {
+		sync.Mutex        // protects next and ceil; held across the ceiling's sync (once per tokenBlock)
+		next, ceil uint64 // next token to hand out; first token not yet reserved on disk
+	}
+
+	gcMu sync.Mutex // one GC at a time
+}
+
+var _ driver.Engine = (*Engine)(nil)
+
+// Name returns "pebble".
+func (e *Engine) Name() string { return "pebble" }
+
+// Config returns the settings in force (the epoch width as stored).
+func (e *Engine) Config() driver.Config { return e.cfg }
+
+// Secret returns the store's random secret, created with it.
+func (e *Engine) Secret() []byte { return e.secret }
+
+// DB returns the Pebble database the store runs on, for the application's
+// own data (receipts.DB.Pebble).
+func (e *Engine) DB() *pebble.DB { return e.pdb }
+
+// NewBatch returns a batch of the store's Pebble database (DoBatch's).
+func (e *Engine) NewBatch() *pebble.Batch { return e.pdb.NewBatch() }
+
+// Checkpoint writes a consistent copy of the store to dir, which must not
+// exist.
+func (e *Engine) Checkpoint(dir string) error {
+	if err := e.pdb.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return fmt.Errorf("receipts: checkpoint to %s: %w", dir, err)
+	}
+	return nil
+}

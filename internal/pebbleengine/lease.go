@@ -1,0 +1,118 @@
+package pebbleengine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/machine"
+)
+
+// The fenced writes of a lease's holder. Each is one rmw: it writes nothing
+// and returns driver.ErrLeaseLost unless the visible record is Pending with
+// the holder's token.
+
+// fenced is rmw for the lease of k with token; decide returns ok=false if
+// the lease is lost.
+func (e *Engine) fenced(ctx context.Context, k driver.Key, token uint64, b *pebble.Batch, wo writeOpts,
+	decide func(cur *encoding.Record, now int64) (next *encoding.Record, del, ok bool, err error),
+) (*encoding.Record, error) {
+	var lk [keys.MaxLockKeyLen]byte
+	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
+	next, _, err := e.rmw(ctx, k, lockKey, b, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
+		next, del, ok, err := decide(cur, now)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: %s (token %d)", driver.ErrLeaseLost, k, token)
+		}
+		return next, del, err
+	})
+	return next, err
+}
+
+// Renew extends the lease to now + ttl. Renewals are not synced: a crash
+// ends the lease anyway.
+func (e *Engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
+	next, err := e.fenced(ctx, k, token, nil, unsynced, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+		next, ok := machine.Renew(cur, token, now, int64(ttl))
+		return next, false, ok, nil
+	})
+	if err != nil {
+		return driver.Record{}, err
+	}
+	return e.record(k, next), nil
+}
+
+// Finish records state and result, synced before it returns.
+func (e *Engine) Finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (driver.Record, error) {
+	return e.FinishBatch(ctx, k, token, state, result, nil, nil)
+}
+
+// FinishBatch is Finish with the receipt written in one synced batch with
+// an effect: b, if not nil, already holds it (DoBatch); effect, if not
+// nil, writes it into the batch once the lease is known to hold
+// (CommitWith). If effect fails, nothing is written and its error is
+// returned, wrapped.
+func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte,
+	b *pebble.Batch, effect func(*pebble.Batch) error,
+) (driver.Record, error) {
+	if b == nil && effect != nil {
+		b = e.pdb.NewBatch()
+		defer b.Close()
+	}
+	next, err := e.fenced(ctx, k, token, b, notified, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+		next, ok := machine.Finish(cur, token, encoding.State(state), result, now)
+		if !ok {
+			return nil, false, false, nil // the effect is not applied
+		}
+		if effect != nil {
+			if err := effect(b); err != nil {
+				return nil, false, true, fmt.Errorf("receipts: effect of %s: %w", k, err)
+			}
+		}
+		return next, false, true, nil
+	})
+	if err != nil {
+		return driver.Record{}, err
+	}
+	return e.record(k, next), nil
+}
+
+// Release gives the key up, no effect having happened: the record is
+// deleted, or, if recovered (the lease took over an unknown outcome), kept
+// as an abandoned claim, so that the next claim is Recovered too.
+func (e *Engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
+	if recovered {
+		return e.Abandon(ctx, k, token)
+	}
+	return e.Forget(ctx, k, token)
+}
+
+// Forget deletes the record.
+func (e *Engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
+	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, _ int64) (*encoding.Record, bool, bool, error) {
+		ok := machine.Release(cur, token)
+		return nil, ok, ok, nil
+	})
+	return err
+}
+
+// Abandon ends the lease at once, keeping the claim.
+func (e *Engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
+	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+		next, ok := machine.Abandon(cur, token, now)
+		return next, false, ok, nil
+	})
+	return err
+}
+
+// Watch returns a channel closed at the next Finish, Release, Forget or
+// Abandon of k in this process (other processes cannot open the store).
+func (e *Engine) Watch(k driver.Key) (<-chan struct{}, func()) {
+	var lk [keys.MaxLockKeyLen]byte
+	w := e.locks.Watch(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
+	return w.C, w.Done
+}

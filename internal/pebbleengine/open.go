@@ -1,0 +1,222 @@
+package pebbleengine
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/hot"
+	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/locktable"
+	"github.com/receiptstore/receipts/internal/rcache"
+)
+
+// Open opens the store in dir, creating it if needed. cfg's shared settings
+// are already defaulted and validated. It fails with driver.ErrUnknownFormat
+// for a store of a newer format, ErrLocked if another process holds dir,
+// and driver.ErrCorrupt if the store's meta data is damaged.
+func Open(dir string, cfg Config) (*Engine, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	po := pebbleOptions(cfg.Pebble, cfg.Logger)
+	if err := po.FS.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("receipts: create %s: %w", dir, err)
+	}
+	lock, err := pebble.LockDirectory(dir, po.FS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, dir, err)
+	}
+	po.Lock = lock
+	opened := false
+	defer func() {
+		if !opened { // an error, or a panic out of Pebble (a failed directory fsync)
+			_ = lock.Close()
+		}
+	}()
+	pdb, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: open %s: %w", dir, err)
+	}
+	e := &Engine{
+		cfg:         cfg.Config,
+		pdb:         pdb,
+		dirLock:     lock,
+		locks:       locktable.New(),
+		cache:       rcache.New(cfg.ReplayCacheSize),
+		retention:   int64(cfg.Retention),
+		readOnly:    po.ReadOnly,
+		compactOnGC: cfg.CompactOnGC,
+		hot:         cfg.Hot,
+	}
+	if e.hot == nil {
+		e.hot = new(hot.Line)
+	}
+	e.tokenFn = e.newToken
+	if err := e.load(); err != nil {
+		_ = pdb.Close()
+		return nil, err
+	}
+	e.cfg.EpochWidth = time.Duration(e.width)
+	opened = true
+	return e, nil
+}
+
+// load reads or creates the meta record and restores the token counter, the
+// GC floor, the oldest epoch and the clock's high-water mark.
+func (e *Engine) load() error {
+	t := e.cfg.Now()
+	e.loc = t.Location()
+	now := t.UnixNano()
+	if err := e.loadMeta(now); err != nil {
+		return err
+	}
+	ceil, err := e.getCounter(keys.TokenCeiling)
+	if err != nil {
+		return err
+	}
+	e.tok.next, e.tok.ceil = max(ceil, 1), max(ceil, 1)
+	floor, err := e.getCounter(keys.GCFloor)
+	if err != nil {
+		return err
+	}
+	e.floor.Store(floor)
+
+	// The clock never runs behind what the store has seen: the newest epoch
+	// holding a record, and the start of the GC floor (GC ran at least the
+	// Retention of the time after it). Not floor*width+Retention: reopened
+	// with a longer Retention than GC ran with, that is in the future, and
+	// the store's time would stand still until then (leases would not run
+	// out, abandoned claims could not be taken over).
+	hwm := now
+	if floor > 0 {
+		hwm = max(hwm, int64(floor)*e.width)
+	}
+	clock, err := e.getCounter(keys.Clock)
+	if err != nil {
+		return err
+	}
+	hwm = max(hwm, int64(clock))
+	first, last, found, err := e.epochBounds()
+	if err != nil {
+		return err
+	}
+	minEpoch := uint64(max(hwm, 0) / e.width)
+	if found {
+		minEpoch = min(minEpoch, first)
+		hwm = max(hwm, int64(last)*e.width)
+	}
+	e.minEpoch.Store(max(minEpoch, floor))
+	e.hot.Clock.Store(hwm)
+	return nil
+}
+
+// loadMeta reads the meta record, or creates it for a new store.
+func (e *Engine) loadMeta(now int64) error {
+	meta, err := e.getMeta()
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		meta = &encoding.Meta{Format: encoding.StoreFormat, EpochWidth: int64(e.cfg.EpochWidth), Secret: make([]byte, 32), CreatedAt: now}
+		_, _ = rand.Read(meta.Secret)
+		b, err := encoding.EncodeMeta(meta)
+		if err != nil {
+			return err
+		}
+		if err := e.pdb.Set(keys.Meta, b, pebble.Sync); err != nil {
+			return fmt.Errorf("receipts: write meta: %w", err)
+		}
+	case err != nil:
+		return err
+	case meta.Format != encoding.StoreFormat:
+		return fmt.Errorf("%w: store format %d, this version reads format %d", driver.ErrUnknownFormat, meta.Format, encoding.StoreFormat)
+	}
+	e.width, e.secret = meta.EpochWidth, meta.Secret
+	return nil
+}
+
+// epochBounds returns the oldest and newest epochs holding records.
+func (e *Engine) epochBounds() (first, last uint64, found bool, err error) {
+	it, err := e.pdb.NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("receipts: open iterator: %w", err)
+	}
+	defer it.Close()
+	if it.First() {
+		var ok bool
+		if first, ok = keys.Epoch(it.Key()); !ok {
+			return 0, 0, false, fmt.Errorf("%w: malformed record key %q", driver.ErrCorrupt, it.Key())
+		}
+		found = true
+	}
+	if it.Last() {
+		var ok bool
+		if last, ok = keys.Epoch(it.Key()); !ok {
+			return 0, 0, false, fmt.Errorf("%w: malformed record key %q", driver.ErrCorrupt, it.Key())
+		}
+	}
+	if err := it.Error(); err != nil {
+		return 0, 0, false, fmt.Errorf("receipts: scan epochs: %w", err)
+	}
+	return first, last, found, nil
+}
+
+func (e *Engine) getMeta() (*encoding.Meta, error) {
+	v, closer, err := e.pdb.Get(keys.Meta)
+	if err != nil {
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("receipts: read meta: %w", err)
+	}
+	defer closer.Close()
+	m, err := encoding.DecodeMeta(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: meta: %w", driver.ErrCorrupt, err)
+	}
+	return m, nil
+}
+
+func (e *Engine) getCounter(key []byte) (uint64, error) {
+	v, closer, err := e.pdb.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("receipts: read %q: %w", key, err)
+	}
+	defer closer.Close()
+	n, err := encoding.DecodeUint64(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q: %w", driver.ErrCorrupt, key, err)
+	}
+	return n, nil
+}
+
+// Close persists the clock and closes Pebble and the directory lock. The
+// root calls it once, after every call in flight has ended.
+func (e *Engine) Close() (err error) {
+	defer func() {
+		// Runs even if the clock write below panics (a WAL sync failure
+		// under a logger whose Fatalf panics): the engine and the directory
+		// lock are released either way.
+		if cerr := e.pdb.Close(); err == nil {
+			err = cerr
+		}
+		if lerr := e.dirLock.Close(); err == nil {
+			err = lerr
+		}
+		if err != nil {
+			err = fmt.Errorf("receipts: close: %w", err)
+		}
+	}()
+	// Persist the clock so that a restart with the clock behind resumes
+	// from here (records stay exactly as expired as they were).
+	if !e.readOnly {
+		err = e.pdb.Set(keys.Clock, encoding.EncodeUint64(uint64(e.hot.Clock.Load())), pebble.Sync)
+	}
+	return err
+}

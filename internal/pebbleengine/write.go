@@ -1,0 +1,142 @@
+package pebbleengine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/mutate"
+)
+
+// writeOpts says how rmw commits what it writes.
+type writeOpts struct {
+	noSync bool // not synced: renewals, and DoBatch's claim
+	notify bool // wake the key's waiters once the write is in
+}
+
+var (
+	synced   = writeOpts{}
+	notified = writeOpts{notify: true}
+	unsynced = writeOpts{noSync: true}
+)
+
+// decideFunc decides a write from the visible record cur (nil if none) at
+// the store's time now: next is the record to write, del deletes the
+// record; neither writes nothing.
+type decideFunc func(cur *encoding.Record, now int64) (next *encoding.Record, del bool, err error)
+
+// rmw is the one read-modify-write path of a key:
+//
+//  1. take k's lock (lockKey, keys.AppendLockKey of k);
+//  2. read the visible record at the store's time (readInto: the newest
+//     live epoch holding k, from the current one back);
+//  3. let decide choose what to write;
+//  4. write it into b (the caller's, holding an effect, or a new batch),
+//     moving the record to the current epoch (put), and commit, synced
+//     unless wo.noSync (a deletion also writes the clock: commitWithClock);
+//  5. remember a finished, synced record in the replay cache: the one
+//     written, or, if nothing is, the one read (it was read under the
+//     lock, so it is durable);
+//  6. wake the key's waiters if wo.notify, then unlock.
+//
+// The lock is held across the sync, so no same-key caller sees a write
+// before it is durable. It returns the record written and the store's time.
+func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebble.Batch, wo writeOpts, decide decideFunc) (*encoding.Record, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	ent, err := e.locks.Lock(ctx, lockKey)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer ent.Unlock()
+	now := e.now()
+	var rec encoding.Record
+	bp := keyBufs.Get().(*[]byte)
+	defer keyBufs.Put(bp)
+	found, stored, err := e.readInto(k, now, &rec, *bp)
+	if stored != nil { // readInto may have grown the buffer
+		*bp = stored[:0]
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	cur := &rec
+	if !found {
+		cur = nil
+	}
+	next, del, err := decide(cur, now)
+	if err != nil {
+		return nil, 0, err
+	}
+	if next == nil && !del {
+		if cur != nil {
+			epoch, _ := keys.Epoch(stored)
+			e.cache.Put(lockKey, stored, epoch, cur)
+		}
+		return nil, now, nil
+	}
+	if b == nil {
+		b = e.pdb.NewBatch()
+		defer b.Close()
+	}
+	var key, enc []byte
+	var epoch uint64
+	if del {
+		if err = b.Delete(stored, nil); err == nil {
+			err = e.commitWithClock(b)
+		}
+	} else if key, epoch, enc, err = e.put(b, k, stored, next, now); err == nil {
+		err = commitBatch(b, wo.noSync)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("receipts: write %s: %w", k, err)
+	}
+	if next != nil && !wo.noSync {
+		e.cache.PutEncoded(lockKey, key, epoch, next, enc) // synced (finished records only)
+	}
+	if wo.notify {
+		ent.Notify()
+	}
+	return next, now, nil
+}
+
+// put adds the write of next (last written at now) to b, moving the record
+// to the current epoch: the stored key, if any other, is deleted.
+// It returns the key written, its epoch and the value.
+func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, enc []byte, err error) {
+	epoch = e.epochOf(now)
+	key = keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), epoch, k.Scope, k.ID)
+	if stored != nil && string(stored) != string(key) {
+		if err := b.Delete(stored, nil); err != nil {
+			return nil, 0, nil, err
+		}
+	}
+	enc = encoding.EncodeRecord(next)
+	return key, epoch, enc, b.Set(key, enc, nil)
+}
+
+// commitWithClock adds the store's clock to b and commits it, synced; the
+// clock goes with every deletion, so that no restart, however far behind
+// its clock, can bring back an older, expired copy that the deleted record
+// had superseded: the store's time never runs backwards across restarts.
+func (e *Engine) commitWithClock(b *pebble.Batch) error {
+	e.clockMu.Lock()
+	defer e.clockMu.Unlock()
+	if err := b.Set(keys.Clock, encoding.EncodeUint64(uint64(e.hot.Clock.Load())), nil); err != nil {
+		return err
+	}
+	return commitBatch(b, false)
+}
+
+// commitBatch writes b, synced unless noSync.
+func commitBatch(b *pebble.Batch, noSync bool) error {
+	wo := pebble.Sync
+	if noSync || mutate.Name == mutate.NoSync {
+		wo = pebble.NoSync
+	}
+	return b.Commit(wo)
+}

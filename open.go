@@ -1,0 +1,140 @@
+package receipts
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/hot"
+	"github.com/receiptstore/receipts/internal/pebbleengine"
+)
+
+// Open opens the store in dir on the Pebble engine, creating it if needed.
+// Open copies opts; nil means defaults. It fails with ErrInvalidOptions for
+// options that cannot work, ErrUnknownFormat for a store of a newer format,
+// ErrLocked if another process holds dir, and ErrCorrupt if the store's meta
+// data is damaged.
+func Open(dir string, opts *Options) (*DB, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.ensureDefaults()
+	if o.ReplayCacheSize == 0 {
+		o.ReplayCacheSize = DefaultReplayCacheSize
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	h := new(hot.Line)
+	return openDB(o, h, func(cfg driver.Config) (driver.Engine, error) {
+		return pebbleengine.Open(dir, pebbleengine.Config{
+			Config:          cfg,
+			Pebble:          o.Pebble,
+			CompactOnGC:     o.CompactOnGC,
+			ReplayCacheSize: o.ReplayCacheSize,
+			Hot:             h,
+		})
+	})
+}
+
+// OpenEngine returns a DB on another storage engine, for engine packages
+// (pgstore.Open calls it and returns the same *DB): it copies, defaults and
+// validates opts (nil means defaults), then calls open with the settings
+// every engine shares, and serves the contract on the engine open returns.
+// Options.Now left nil means the engine's own clock (the database's, for
+// PostgreSQL). The Pebble-only fields (Pebble, CompactOnGC,
+// ReplayCacheSize) must be zero: ErrInvalidOptions otherwise. If open
+// fails, its error is returned as is. On the DB it returns, Pebble returns
+// nil, and CommitWith, DoBatch and Checkpoint return ErrUnsupported.
+func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Options) (*DB, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.Pebble != nil:
+		return nil, fmt.Errorf("%w: Options.Pebble is for the Pebble engine only", ErrInvalidOptions)
+	case o.CompactOnGC:
+		return nil, fmt.Errorf("%w: Options.CompactOnGC is for the Pebble engine only", ErrInvalidOptions)
+	case o.ReplayCacheSize != 0:
+		return nil, fmt.Errorf("%w: Options.ReplayCacheSize is for the Pebble engine only", ErrInvalidOptions)
+	}
+	now := o.Now
+	o.ensureDefaults()
+	o.Now = now // nil: the engine's clock
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return openDB(o, new(hot.Line), open)
+}
+
+// openDB opens the engine with o's shared settings and starts background GC.
+// REQUIRES: o defaulted and validated.
+func openDB(o Options, h *hot.Line, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
+	eng, err := openEngine(driver.Config{
+		Retention:  o.Retention,
+		LeaseTTL:   o.LeaseTTL,
+		EpochWidth: o.EpochWidth,
+		Now:        o.Now,
+		Logger:     o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	db := &DB{
+		opts:    o,
+		eng:     eng,
+		secret:  eng.Secret(),
+		ttl:     o.LeaseTTL,
+		hot:     h,
+		closing: make(chan struct{}),
+		drained: make(chan struct{}),
+	}
+	db.peb, _ = eng.(*pebbleengine.Engine)
+	db.opts.EpochWidth = eng.Config().EpochWidth
+	db.lastGC.Store(&GCStats{})
+	ctx, cancel := context.WithCancel(context.Background())
+	db.bgCancel = cancel
+	if interval := db.gcInterval(); interval > 0 {
+		db.bg.Add(1)
+		go db.gcLoop(ctx, interval)
+	}
+	return db, nil
+}
+
+// Close waits for in-flight calls to finish (their commits land or fail
+// cleanly), stops background work and closes the engine. Callers waiting for
+// another holder's receipt get ErrClosed. Afterwards every method returns
+// ErrClosed. A second Close returns nil.
+func (db *DB) Close() error {
+	old := db.hot.Gate.Or(gateClosed)
+	if old&gateClosed != 0 {
+		return nil
+	}
+	close(db.closing)
+	if old != 0 {
+		<-db.drained
+	}
+	db.bgCancel()
+	db.bg.Wait()
+	return db.eng.Close()
+}
+
+// gateClosed is the bit of hot.Line.Gate that Close sets.
+const gateClosed = 1 << 62
+
+// enter registers an in-flight call; exit ends it. One atomic add each.
+func (db *DB) enter() error {
+	if db.hot.Gate.Add(1)&gateClosed != 0 {
+		db.exit()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (db *DB) exit() {
+	if db.hot.Gate.Add(-1) == gateClosed { // Close has begun and nothing is in flight
+		db.drainOnce.Do(func() { close(db.drained) })
+	}
+}

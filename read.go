@@ -1,0 +1,53 @@
+package receipts
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// Lookup returns the visible record of k in any state (a Pending claim
+// included), after Options.BeforeReplay. It returns ErrNotFound if there is
+// none.
+func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, err
+	}
+	defer db.exit()
+	r, err := db.lookup(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.beforeReplay(ctx, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// inspect is Lookup for operators: it does not call Options.BeforeReplay.
+func (db *DB) inspect(ctx context.Context, k Key) (*Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, err
+	}
+	defer db.exit()
+	return db.lookup(ctx, k)
+}
+
+// lookup reads k's visible record from the engine.
+func (db *DB) lookup(ctx context.Context, k Key) (*Receipt, error) {
+	if err := k.validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rec, found, _, err := db.eng.Lookup(ctx, driver.Key(k))
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
+	}
+	return newReceipt(&rec), nil
+}
