@@ -23,7 +23,9 @@ const (
 )
 
 // Options configure a DB. A nil *Options means all defaults. Open copies the
-// options; it never changes the caller's struct.
+// options; it never changes the caller's struct. Pebble, CompactOnGC and
+// ReplayCacheSize configure the Pebble engine (Open); OpenEngine, for other
+// engines, rejects them unless zero.
 type Options struct {
 	// Retention is how long a receipt, or an abandoned claim, stays visible
 	// after its last write. Default 24h.
@@ -50,6 +52,8 @@ type Options struct {
 	// no earlier than the start of the newest epoch on disk; a receipt that
 	// had just expired may then be visible again until it expires by the
 	// restarted clock (retention only ever runs longer, never shorter).
+	// With OpenEngine, nil means the engine's own clock (PostgreSQL: the
+	// database's).
 	Now func() time.Time
 	// Pebble tunes the engine (cache, FS, ...). It is cloned, never changed.
 	// Its FS lets tests use vfs.NewMem, vfs.NewCrashableMem or errorfs.
