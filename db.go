@@ -519,7 +519,7 @@ func (db *DB) put(b *pebble.Batch, k Key, stored []byte, next *encoding.Record, 
 	return key, epoch, enc, b.Set(key, enc, nil)
 }
 
-// setClock adds the store's clock to b and commits it, synced; the clock
+// commitWithClock adds the store's clock to b and commits it, synced; the clock
 // goes with every deletion, so that no restart, however far behind its
 // clock, can bring back an older, expired copy that the deleted record had
 // superseded: the store's time never runs backwards across restarts.
@@ -532,7 +532,7 @@ func (db *DB) commitWithClock(b *pebble.Batch) error {
 	return commitBatch(b, false)
 }
 
-// commit writes b, synced unless noSync.
+// commitBatch writes b, synced unless noSync.
 func commitBatch(b *pebble.Batch, noSync bool) error {
 	wo := pebble.Sync
 	if noSync || mutate.Name == mutate.NoSync {
