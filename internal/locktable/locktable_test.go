@@ -3,6 +3,7 @@ package locktable
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,7 @@ func TestMutualExclusion(t *testing.T) {
 					overlaps.Add(1)
 				}
 				counter++
+				runtime.Gosched() // widen the window for another goroutine to get in
 				inside.Add(-1)
 				e.Unlock()
 			}
