@@ -177,12 +177,17 @@ func corpusDigests(t *testing.T) string {
 
 // msgpackEncoding is how Fingerprint encoded before it sorted every map:
 // msgpack's own encoder.
-func msgpackEncoding(v any) ([]byte, error) {
+func msgpackEncoding(v any) (_ []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("msgpack panics: %v", r) // e.g. on `msgpack:",inline"` on a pointer
+		}
+	}()
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	enc.SetSortMapKeys(true)
 	enc.UseCompactInts(true)
-	err := enc.Encode(v)
+	err = enc.Encode(v)
 	return buf.Bytes(), err
 }
 
@@ -210,6 +215,10 @@ type Base struct {
 }
 
 type base struct{ Shared int }
+
+// Pair is embedded in random struct types (reflect.StructOf needs
+// exported names).
+type Pair struct{ A, B int }
 
 type embeds struct {
 	Base
@@ -586,7 +595,10 @@ var (
 		reflect.TypeFor[float64](), reflect.TypeFor[bool](), reflect.TypeFor[[2]int16](), reflect.TypeFor[keyStruct](),
 		reflect.TypeFor[myString](), reflect.TypeFor[any](),
 	}
-	anyType = reflect.TypeFor[any]()
+	anyType    = reflect.TypeFor[any]()
+	structTags = []reflect.StructTag{"", "", `msgpack:",omitempty"`, `msgpack:"-"`, `msgpack:"renamed"`, `msgpack:"F0,omitempty"`,
+		`json:"j"`, `msgpack:"Name"`, `msgpack:",inline"`, `msgpack:",noinline"`}
+	embeddable = []reflect.Type{reflect.TypeFor[Base](), reflect.TypeFor[*Base](), reflect.TypeFor[Pair](), reflect.TypeFor[*Pair]()}
 )
 
 // genType draws a random type, nesting up to 4 levels.
@@ -602,8 +614,11 @@ func genType(t *rapid.T, depth int) reflect.Type {
 		return reflect.SliceOf(genType(t, depth+1))
 	case 2:
 		return reflect.ArrayOf(2, genType(t, depth+1))
-	case 3, 4:
+	case 3:
 		return reflect.MapOf(rapid.SampledFrom(keyTypes).Draw(t, "key"), genType(t, depth+1))
+	case 4:
+		// The maps msgpack's SetSortMapKeys sorted.
+		return reflect.MapOf(reflect.TypeFor[string](), rapid.SampledFrom([]reflect.Type{anyType, anyType, reflect.TypeFor[string](), reflect.TypeFor[bool]()}).Draw(t, "sorted elem"))
 	case 5:
 		return reflect.PointerTo(genType(t, depth+1))
 	case 6:
@@ -612,9 +627,16 @@ func genType(t *rapid.T, depth int) reflect.Type {
 		fields := make([]reflect.StructField, rapid.IntRange(1, 3).Draw(t, "fields"))
 		for i := range fields {
 			fields[i] = reflect.StructField{Name: fmt.Sprintf("F%d", i), Type: genType(t, depth+1)}
-			if rapid.Bool().Draw(t, "tag") {
-				fields[i].Tag = `msgpack:",omitempty"`
+			fields[i].Tag = rapid.SampledFrom(structTags).Draw(t, "tag")
+		}
+		if e := rapid.IntRange(0, 5).Draw(t, "embed"); e < len(embeddable) {
+			et := embeddable[e]
+			name := et.Name()
+			if et.Kind() == reflect.Pointer {
+				name = et.Elem().Name()
 			}
+			f := reflect.StructField{Name: name, Type: et, Anonymous: true, Tag: rapid.SampledFrom(structTags).Draw(t, "tag")}
+			fields = append(fields, f) // after the fields that may shadow its own
 		}
 		return reflect.StructOf(fields)
 	}
@@ -682,4 +704,73 @@ func genValue(t *rapid.T, typ reflect.Type, depth int, inKey bool) reflect.Value
 		}
 	}
 	return v
+}
+
+// TestFingerprintMatchesMsgpackProperty checks, over random values of
+// random nested types, that wherever msgpack's own encoding was already
+// canonical (no map with two or more entries other than
+// map[string]string/bool/any, no NaN, no -0), Fingerprint writes
+// msgpack's bytes: the digests stored before maps were sorted still match.
+func TestFingerprintMatchesMsgpackProperty(t *testing.T) {
+	compared := 0
+	rapid.Check(t, func(t *rapid.T) {
+		typ := genType(t, 0)
+		v := genValue(t, typ, 0, false)
+		if !msgpackCanonical(v) {
+			return
+		}
+		want, err := msgpackEncoding(v.Interface())
+		if err != nil {
+			return // not something Fingerprint accepted before
+		}
+		compared++
+		got, err := encoding.CanonicalEncoding(v.Interface())
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s %#v:\n got %x\nwant %x", typ, v.Interface(), got, want)
+		}
+	})
+	if compared == 0 {
+		t.Fatal("no value was compared")
+	}
+	t.Logf("%d values compared with msgpack's encoding", compared)
+}
+
+// msgpackCanonical reports whether msgpack alone encodes v the same way
+// every time, with the floats Fingerprint leaves alone.
+func msgpackCanonical(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Float32, reflect.Float64:
+		f := v.Float()
+		return !math.IsNaN(f) && (f != 0 || !math.Signbit(f))
+	case reflect.Pointer, reflect.Interface:
+		return v.IsNil() || msgpackCanonical(v.Elem())
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			if !msgpackCanonical(v.Index(i)) {
+				return false
+			}
+		}
+	case reflect.Map:
+		t := v.Type()
+		sorted := t.Key() == reflect.TypeFor[string]() &&
+			(t.Elem() == reflect.TypeFor[string]() || t.Elem() == reflect.TypeFor[bool]() || t.Elem() == anyType)
+		if v.Len() > 1 && !sorted {
+			return false
+		}
+		for it := v.MapRange(); it.Next(); {
+			if !msgpackCanonical(it.Key()) || !msgpackCanonical(it.Value()) {
+				return false
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if !msgpackCanonical(v.Field(i)) {
+				return false
+			}
+		}
+	}
+	return true
 }
