@@ -204,6 +204,7 @@ type tagged struct {
 }
 
 type asArray struct {
+	//lint:ignore U1000 msgpack reads its tag
 	_msgpack struct{} `msgpack:",as_array"`
 	A        int
 	B        string
