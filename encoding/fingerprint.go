@@ -83,10 +83,11 @@ const MaxFingerprintDepth = 10000
 //     canonical is up to the type. json.Marshaler is ignored. A struct field
 //     of interface type error is its Error() string.
 //
-// Refused, with an error wrapping ErrUnsupportedValue: funcs, channels,
-// complex numbers, uintptr and unsafe.Pointer (anywhere, even when nil);
-// maps whose keys are or contain pointers (a pointer-keyed map is keyed by
-// identity, which an encoding cannot show), including under an interface;
+// Refused, with an error wrapping ErrUnsupportedValue: a func, channel,
+// complex, uintptr or unsafe.Pointer value anywhere (even a nil one); maps
+// keyed by pointers or channels (even empty: such a map is keyed by
+// identity, which an encoding cannot show) and keys that hold a pointer
+// under an interface, array or struct field;
 // cycles (through pointers, maps or slices); nesting deeper than
 // MaxFingerprintDepth; custom-encoding methods that fail (their error is
 // wrapped too) or that sit on a value read from an unexported embedded
@@ -379,8 +380,10 @@ func (w *fpWriter) custom(v reflect.Value, depth int) (bool, error) {
 type mapEntry struct{ k0, k1, v1 int }
 
 func (w *fpWriter) mapValue(v reflect.Value, depth int) error {
-	if k := v.Type().Key().Kind(); k == reflect.Pointer || k == reflect.UnsafePointer {
-		return unsupported("map key of pointer type %s", v.Type().Key())
+	switch kt := v.Type().Key(); kt.Kind() {
+	case reflect.Pointer, reflect.UnsafePointer, reflect.Chan:
+		// Refused by type, even when empty: keys compared by identity.
+		return unsupported("map keyed by %s", kt)
 	}
 	if v.IsNil() {
 		return w.enc.EncodeNil()
