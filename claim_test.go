@@ -151,8 +151,7 @@ func TestWaitForResultWakesOnCommitAndRelease(t *testing.T) {
 		go func() {
 			l, r, err := s.db.Claim(bg, k2, []byte("fp"), receipts.WaitForResult())
 			if l != nil {
-				_, cerr := l.Commit(bg, []byte("by waiter"))
-				require.NoError(t, cerr)
+				_, err = l.Commit(bg, []byte("by waiter")) // checked by the test goroutine
 			}
 			waiters <- out{l, r, err}
 		}()
@@ -178,14 +177,15 @@ func TestWaitForResultTakesOverExpiredLease(t *testing.T) {
 	k := key("a", "k")
 	_, _, err := s.db.Claim(bg, k, []byte("fp"))
 	require.NoError(t, err)
-	done := make(chan *receipts.Lease)
+	var l *receipts.Lease
+	done := make(chan error, 1)
 	go func() {
-		l, _, err := s.db.Claim(bg, k, []byte("fp"), receipts.WaitForResult())
-		require.NoError(t, err)
-		done <- l
+		var err error
+		l, _, err = s.db.Claim(bg, k, []byte("fp"), receipts.WaitForResult())
+		done <- err // checked by the test goroutine: require would Goexit here
 	}()
 	s.clock.Advance(31 * time.Second) // the holder died: nobody renews
-	l := <-done
+	require.NoError(t, <-done)
 	require.True(t, l.Recovered())
 	require.Equal(t, uint32(2), l.Attempt())
 }
@@ -344,13 +344,15 @@ func TestWaitAtMost(t *testing.T) {
 	require.NotErrorIs(t, err, context.DeadlineExceeded)
 
 	// The holder commits within the bound: the waiter gets the receipt.
-	done := make(chan *receipts.Receipt)
+	var r *receipts.Receipt
+	done := make(chan error, 1)
 	go func() {
-		_, r, err := s.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(time.Minute))
-		require.NoError(t, err)
-		done <- r
+		var err error
+		_, r, err = s.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(time.Minute))
+		done <- err // checked by the test goroutine
 	}()
 	_, err = l.Commit(bg, []byte("done"))
 	require.NoError(t, err)
-	require.Equal(t, []byte("done"), (<-done).Result)
+	require.NoError(t, <-done)
+	require.Equal(t, []byte("done"), r.Result)
 }

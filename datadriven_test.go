@@ -1,25 +1,21 @@
 package receipts_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/datadriven"
 	"github.com/receiptstore/receipts"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the actual output")
-
-// TestDataDriven runs the state machine scripts in testdata/machine/*.txt.
-// Each case is a command, a "----" line, and the expected output, ended by
-// a blank line:
+// TestDataDriven runs the state machine scripts in testdata/machine/*.txt
+// with github.com/cockroachdb/datadriven. Each case is a command, a "----"
+// line, and the expected output, ended by a blank line:
 //
 //	claim a k fp as=L1        claim (a, k) with fingerprint fp; name the lease L1
 //	claim a k fp wait         with WaitForResult (bounded: 50ms)
@@ -28,15 +24,31 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the actua
 //	advance 31s               back 10s (clock jumps backwards)
 //	gc                        reopen                stats
 //
-// Run with -rewrite to regenerate the expected output.
+// Each script gets a fresh store. Run with -rewrite to regenerate the
+// expected output.
 func TestDataDriven(t *testing.T) {
 	files, err := filepath.Glob("testdata/machine/*.txt")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f) })
-	}
+	datadriven.Walk(t, "testdata/machine", func(t *testing.T, path string) {
+		sc := &script{t: t, leases: map[string]*receipts.Lease{}}
+		sc.s = newTestStore(t, func(o *receipts.Options) {
+			o.Retention = time.Hour
+			o.LeaseTTL = 30 * time.Second
+			o.EpochWidth = 15 * time.Minute
+		})
+		sc.start = sc.s.clock.Now()
+		datadriven.RunTest(t, path, func(t *testing.T, td *datadriven.TestData) string {
+			if td.Input != "" {
+				td.Fatalf(t, "commands take no input")
+			}
+			sc.t = t
+			// The commands are positional: run sees the line as written
+			// (datadriven splits key=value arguments, FullCmd joins them).
+			return sc.run(td.FullCmd()) + "\n"
+		})
+	})
 }
 
 type script struct {
@@ -44,66 +56,6 @@ type script struct {
 	s      *testStore
 	leases map[string]*receipts.Lease
 	start  time.Time
-}
-
-func runScript(t *testing.T, path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := &script{t: t, leases: map[string]*receipts.Lease{}}
-	sc.s = newTestStore(t, func(o *receipts.Options) {
-		o.Retention = time.Hour
-		o.LeaseTTL = 30 * time.Second
-		o.EpochWidth = 15 * time.Minute
-	})
-	sc.start = sc.s.clock.Now()
-
-	var out strings.Builder
-	lines := bufio.NewScanner(strings.NewReader(string(data)))
-	lineNo := 0
-	next := func() (string, bool) {
-		if !lines.Scan() {
-			return "", false
-		}
-		lineNo++
-		return lines.Text(), true
-	}
-	for {
-		line, ok := next()
-		if !ok {
-			break
-		}
-		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
-			out.WriteString(line + "\n")
-			continue
-		}
-		cmdLine := lineNo
-		out.WriteString(line + "\n")
-		sep, ok := next()
-		if !ok || sep != "----" {
-			t.Fatalf("%s:%d: want ---- after the command", path, cmdLine)
-		}
-		out.WriteString("----\n")
-		var want []string
-		for {
-			l, ok := next()
-			if !ok || l == "" {
-				break
-			}
-			want = append(want, l)
-		}
-		got := sc.run(line)
-		out.WriteString(got + "\n\n")
-		if !*rewrite && got != strings.Join(want, "\n") {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, cmdLine, line, got, strings.Join(want, "\n"))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 func errName(err error) string {

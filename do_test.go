@@ -120,6 +120,7 @@ func TestDoConcurrentSameKeyRunsOnce(t *testing.T) {
 	const n = 16
 	var wg sync.WaitGroup
 	results := make([][]byte, n)
+	errs := make([]error, n) // checked by the test goroutine after wg.Wait
 	for i := range n {
 		wg.Add(1)
 		go func() {
@@ -129,8 +130,9 @@ func TestDoConcurrentSameKeyRunsOnce(t *testing.T) {
 				<-release
 				return []byte("once"), nil
 			})
-			require.NoError(t, err)
-			results[i] = r.Result
+			if errs[i] = err; err == nil {
+				results[i] = r.Result
+			}
 		}()
 	}
 	for calls.Load() == 0 {
@@ -138,6 +140,9 @@ func TestDoConcurrentSameKeyRunsOnce(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
 	require.Equal(t, int32(1), calls.Load())
 	for _, r := range results {
 		require.Equal(t, []byte("once"), r)
@@ -206,18 +211,20 @@ func TestDoWaitsForHolderAndReplays(t *testing.T) {
 	k := key("a", "k")
 	l, _, err := s.db.Claim(bg, k, []byte("fp"))
 	require.NoError(t, err)
-	done := make(chan *receipts.Receipt)
+	var r *receipts.Receipt
+	done := make(chan error, 1)
 	go func() {
-		r, err := s.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		var err error
+		r, err = s.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
 			t.Error("fn must not run: the holder committed")
 			return nil, nil
 		})
-		require.NoError(t, err)
-		done <- r
+		done <- err // checked by the test goroutine
 	}()
 	_, err = l.Commit(bg, []byte("from holder"))
 	require.NoError(t, err)
-	require.Equal(t, []byte("from holder"), (<-done).Result)
+	require.NoError(t, <-done)
+	require.Equal(t, []byte("from holder"), r.Result)
 }
 
 func TestDoBatchCommitsEffectWithReceipt(t *testing.T) {

@@ -86,8 +86,9 @@ func ExampleDB_Claim() {
 	// retry: succeeded refund re_123 created
 }
 
-// The seed's WorkItems service: the work item and its receipt commit in one
-// synced batch, so they can never be separated by a crash.
+// A work-item service (like examples/http-workitems): the work item and its
+// receipt commit in one synced batch, so they can never be separated by a
+// crash.
 func ExampleLease_CommitWith() {
 	dir, _ := os.MkdirTemp("", "receipts-example")
 	defer os.RemoveAll(dir)

@@ -191,7 +191,7 @@ func TestGCWithNothingToDrop(t *testing.T) {
 	require.Zero(t, st.Writes)
 }
 
-// TestGCBytesFreed: the estimate covers the epochs this GC dropped, not
+// TestGCBytesFreedCountsEachEpochOnce: the estimate covers the epochs this GC dropped, not
 // again those earlier GCs dropped that Pebble has not reclaimed yet.
 func TestGCBytesFreedCountsEachEpochOnce(t *testing.T) {
 	s := newTestStore(t, nil)

@@ -164,16 +164,16 @@ func TestCloseWaitsForInFlightDo(t *testing.T) {
 	k := key("a", "k")
 	started, finish := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
+	var inFlight *receipts.Receipt
+	var inFlightErr error // checked by the test goroutine after wg.Wait
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r, err := db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		inFlight, inFlightErr = db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
 			close(started)
 			<-finish
 			return []byte("landed"), nil
 		})
-		require.NoError(t, err)
-		require.Equal(t, []byte("landed"), r.Result)
 	}()
 	<-started
 	// A waiter on the same key is told the store is closing.
@@ -193,6 +193,8 @@ func TestCloseWaitsForInFlightDo(t *testing.T) {
 	close(finish)
 	require.NoError(t, <-closed)
 	wg.Wait()
+	require.NoError(t, inFlightErr)
+	require.Equal(t, []byte("landed"), inFlight.Result)
 
 	db, err = receipts.Open(dir, &receipts.Options{GCInterval: -1})
 	require.NoError(t, err)

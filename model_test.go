@@ -4,8 +4,9 @@ package receipts_test
 // CommitWith, Release, Renew, Lookup, Scan, Stats, GC, clock jumps (forward,
 // onto lease and retention boundaries, and backwards), reopen and power-loss
 // crash, run against the real engine and against an in-memory model of the
-// contract in DESIGN.md (the seed's WorkItems, generalized: per key the
-// fingerprint, state, token, attempts, lease expiry and last write). Every
+// contract the package documents (doc.go and the README's "What it
+// guarantees": per key the fingerprint, state, token, attempts, lease expiry
+// and last write). Every
 // outcome is checked field by field.
 //
 //	go test -run TestModel .                      # CI: 1,000 checks
@@ -589,8 +590,8 @@ func (m *modelSM) BadInput(t *rapid.T) {
 	require.ErrorIs(t, err, receipts.ErrInvalidArgument)
 }
 
-// Clock moves. Only the injected clock changes; the store sees it at its
-// next call.
+// ClockSmall moves the clock forward by at most half a lease. Only the
+// injected clock changes; the store sees it at its next call.
 func (m *modelSM) ClockSmall(t *rapid.T) {
 	m.fake.Add(rapid.Int64Range(1, m.ttl/2).Draw(t, "small"))
 }

@@ -12,7 +12,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 time=${1:-1m}
-targets=${FUZZ_TARGETS:-FuzzDecodeRecord FuzzDecodeMeta FuzzDecodeUint64 FuzzRecordRoundTrip FuzzAPI}
+targets=${FUZZ_TARGETS:-FuzzDecodeRecord FuzzDecodeMeta FuzzDecodeUint64 FuzzRecordRoundTrip FuzzFingerprint FuzzAPI}
 for target in $targets; do
 	case $target in
 	FuzzAPI) pkg=./fuzz ;;

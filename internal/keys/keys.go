@@ -77,7 +77,8 @@ func EpochStart(epoch uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte(recordsPrefix), epoch)
 }
 
-// ScopeStart is the first key of a scope within an epoch; ScopeEnd bounds it.
+// ScopeStart is the first key of a scope within an epoch, and the prefix
+// every record key of that scope in that epoch starts with.
 func ScopeStart(epoch uint64, scope string) []byte {
 	b := EpochStart(epoch)
 	b = append(b, byte(len(scope)))

@@ -64,7 +64,7 @@ const (
 )
 
 // recordHeader is the fixed part of a record: state(1) fingerprint(32) token(8)
-// created(8) updated(8) leaseExpires(8), what the engine keeps besides the result.
+// created(8) updated(8) lease expiry(8), what the engine keeps besides the result.
 const recordHeader = 1 + 32 + 8 + 8 + 8 + 8
 
 // encodeRecord builds a record of the given state. It costs what an encoder of a small

@@ -1,0 +1,5 @@
+package encoding
+
+// CanonicalEncoding exposes the bytes Fingerprint hashes to the external
+// tests.
+var CanonicalEncoding = canonicalEncoding
