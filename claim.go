@@ -71,11 +71,7 @@ func (db *DB) Claim(ctx context.Context, k Key, fingerprint []byte, opts ...Clai
 		return nil, nil, err
 	}
 	defer db.exit()
-	var cfg claimConfig
-	for _, o := range opts {
-		o(&cfg)
-	}
-	return db.claim(ctx, k, fingerprint, cfg, nil)
+	return db.claim(ctx, k, fingerprint, claimOptions(opts), nil)
 }
 
 // ClaimWith is Claim with the engine's decision made by claim instead of the
@@ -92,13 +88,22 @@ func (db *DB) ClaimWith(ctx context.Context, k Key, fingerprint []byte,
 		return nil, nil, err
 	}
 	defer db.exit()
-	var cfg claimConfig
-	for _, o := range opts {
-		o(&cfg)
-	}
-	return db.claim(ctx, k, fingerprint, cfg, func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	return db.claim(ctx, k, fingerprint, claimOptions(opts), func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 		return claim(ctx, db.eng, req)
 	})
+}
+
+// claimOptions applies opts. The options see a heap copy only when there
+// are any: a claim without options allocates nothing for them.
+func claimOptions(opts []ClaimOption) claimConfig {
+	if len(opts) == 0 {
+		return claimConfig{}
+	}
+	cfg := new(claimConfig)
+	for _, o := range opts {
+		o(cfg)
+	}
+	return *cfg
 }
 
 // claimFunc makes one claim decision for ClaimWith; nil means the engine's
