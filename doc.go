@@ -62,6 +62,16 @@
 // Only synced receipts are cached, so nothing undurable is ever answered,
 // and a record changed or damaged on disk is read exactly as without it.
 //
+// # Engines
+//
+// The contract above is written once, in this package; a storage engine
+// implements the small interface of package driver under it, as a
+// database/sql driver does under database/sql. Open runs the Pebble
+// engine; OpenEngine serves the same *DB on another (pgstore, for
+// PostgreSQL). What only Pebble can do (DB.Pebble, Lease.CommitWith,
+// DB.DoBatch, DB.Checkpoint) returns ErrUnsupported on another engine
+// (DB.Pebble returns nil).
+//
 // When Pebble cannot make the write-ahead log durable (a failed fsync) it
 // stops the process (fail-stop, through its Logger's Fatalf): continuing
 // could report a commit that a crash then loses. A restart recovers from
