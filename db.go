@@ -269,9 +269,10 @@ func (db *DB) getCounter(key []byte) (uint64, error) {
 }
 
 // Close waits for in-flight calls to finish (their commits land or fail
-// cleanly), stops background work and closes the engine. Callers waiting for
-// another holder's receipt get ErrClosed. Afterwards every method returns
-// ErrClosed. A second Close returns nil.
+// cleanly), stops background work and closes the engine. Once it has begun
+// no new lease is handed out: callers waiting for another holder's receipt,
+// or for the key, get ErrClosed. Afterwards every method returns ErrClosed.
+// A second Close returns nil.
 func (db *DB) Close() (err error) {
 	old := db.hot.gate.Or(gateClosed)
 	if old&gateClosed != 0 {
