@@ -159,7 +159,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 func (db *DB) load() error {
 	t := db.opts.Now()
 	db.loc = t.Location()
-	now := t.UnixNano()
+	now := clockNanos(t)
 	meta, err := db.getMeta()
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
@@ -176,6 +176,9 @@ func (db *DB) load() error {
 		return err
 	case meta.Format != encoding.StoreFormat:
 		return fmt.Errorf("%w: store format %d, this version reads format %d", ErrUnknownFormat, meta.Format, encoding.StoreFormat)
+	}
+	if err := validateWidth(time.Duration(meta.EpochWidth), db.opts.Retention); err != nil {
+		return fmt.Errorf("stored epoch width: %w", err) // nothing written: the store was not new
 	}
 	db.width, db.secret = meta.EpochWidth, meta.Secret
 
@@ -266,9 +269,10 @@ func (db *DB) getCounter(key []byte) (uint64, error) {
 }
 
 // Close waits for in-flight calls to finish (their commits land or fail
-// cleanly), stops background work and closes the engine. Callers waiting for
-// another holder's receipt get ErrClosed. Afterwards every method returns
-// ErrClosed. A second Close returns nil.
+// cleanly), stops background work and closes the engine. Once it has begun
+// no new lease is handed out: callers waiting for another holder's receipt,
+// or for the key, get ErrClosed. Afterwards every method returns ErrClosed.
+// A second Close returns nil.
 func (db *DB) Close() (err error) {
 	old := db.hot.gate.Or(gateClosed)
 	if old&gateClosed != 0 {
@@ -314,6 +318,9 @@ func (db *DB) enter() error {
 	return nil
 }
 
+// closed reports that Close has begun.
+func (db *DB) closed() bool { return db.hot.gate.Load()&gateClosed != 0 }
+
 func (db *DB) exit() {
 	if db.hot.gate.Add(-1) == gateClosed { // Close has begun and nothing is in flight
 		db.drainOnce.Do(func() { close(db.drained) })
@@ -351,7 +358,7 @@ func (db *DB) Checkpoint(dir string) error {
 // now returns the store's time: Options.Now, but never earlier than any time
 // the store has already used.
 func (db *DB) now() int64 {
-	t := db.opts.Now().UnixNano()
+	t := clockNanos(db.opts.Now())
 	for {
 		hw := db.hot.clock.Load()
 		if t <= hw {
@@ -393,8 +400,13 @@ func (db *DB) newToken() (uint64, error) {
 //
 // REQUIRES: k's lock held, for anything that writes based on the result.
 func (db *DB) read(k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
+	return db.readCtx(context.Background(), k, now)
+}
+
+// readCtx is read bounded by ctx.
+func (db *DB) readCtx(ctx context.Context, k Key, now int64) (rec *encoding.Record, stored []byte, err error) {
 	rec = new(encoding.Record)
-	found, stored, err := db.readInto(k, now, rec, nil)
+	found, stored, err := db.readInto(ctx, k, now, rec, nil)
 	if !found {
 		rec = nil
 	}
@@ -420,14 +432,23 @@ func (db *DB) oldestLiveEpoch(hi uint64) uint64 {
 // keyBufs holds record-key buffers for readInto.
 var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 128); return &b }}
 
+// probeCheck is how many epochs a lookup probes between checks of its
+// context.
+const probeCheck = 64
+
 // readInto is read decoding into rec, building keys in buf (stored aliases
 // it). found is false if there is no visible record; stored may still name
-// an expired one.
-func (db *DB) readInto(k Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
+// an expired one. It checks ctx every probeCheck epochs.
+func (db *DB) readInto(ctx context.Context, k Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
 	hi := db.epochOf(now)
 	lo := db.oldestLiveEpoch(hi)
 	key := keys.AppendRecord(buf[:0], hi, k.Scope, k.ID)
 	for e := hi; ; e-- {
+		if (hi-e)%probeCheck == probeCheck-1 {
+			if err := ctx.Err(); err != nil {
+				return false, nil, err
+			}
+		}
 		keys.SetEpoch(key, e)
 		v, closer, err := db.pdb.Get(key)
 		if err == nil {
@@ -459,8 +480,9 @@ func (db *DB) lock(ctx context.Context, k Key) (*locktable.Entry, error) {
 // under the cached epoch, with the cached checksum. The outcome is then
 // Replay (with a receipt of the caller's own) or Mismatch. ok is false
 // otherwise, for the uncached way to decide. Only synced records are
-// cached, so what this answers is durable and needs no key lock.
-func (db *DB) fromCache(k Key, lockKey, fp []byte, now int64) (r *Receipt, out machine.Outcome, ok bool) {
+// cached, so what this answers is durable and needs no key lock. A
+// cancelled ctx makes it give up (ok false; the uncached way reports it).
+func (db *DB) fromCache(ctx context.Context, k Key, lockKey, fp []byte, now int64) (r *Receipt, out machine.Outcome, ok bool) {
 	ent := db.cache.Get(lockKey)
 	if ent == nil || (machine.Expired(ent.UpdatedAt, now, db.retention) && mutate.Name != mutate.StaleCache) {
 		return nil, 0, false
@@ -474,6 +496,9 @@ func (db *DB) fromCache(k Key, lockKey, fp []byte, now int64) (r *Receipt, out m
 		*bp = key[:0]
 	}
 	for e := hi; ; e-- {
+		if (hi-e)%probeCheck == probeCheck-1 && ctx.Err() != nil {
+			return nil, 0, false
+		}
 		if e == ent.Epoch {
 			key = ent.Key
 		} else {
@@ -583,7 +608,7 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 	}
 	var lk [keys.MaxLockKeyLen]byte
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
-	r, _, ok := db.fromCache(k, lockKey, nil, db.now())
+	r, _, ok := db.fromCache(ctx, k, lockKey, nil, db.now())
 	if !ok {
 		e, err := db.locks.Lock(ctx, lockKey)
 		if err != nil {
@@ -591,7 +616,7 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 		}
 		var rec encoding.Record
 		bp := keyBufs.Get().(*[]byte)
-		found, stored, err := db.readInto(k, db.now(), &rec, *bp)
+		found, stored, err := db.readInto(ctx, k, db.now(), &rec, *bp)
 		if err == nil && found {
 			epoch, _ := keys.Epoch(stored)
 			db.cache.Put(lockKey, stored, epoch, &rec) // read under the lock: durable

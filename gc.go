@@ -63,7 +63,7 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 	// Epochs below newFloor are dead.
 	newFloor := uint64(max(now-db.retention, 0) / db.width)
 	end := keys.EpochStart(newFloor)
-	dropped, first, err := db.countEpochs(keys.RecordsStart, end)
+	dropped, first, err := db.countEpochs(ctx, keys.RecordsStart, end)
 	if err != nil {
 		return st, err
 	}
@@ -112,14 +112,19 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 }
 
 // countEpochs counts the epochs that hold records in [lo, hi), one seek per
-// epoch, and returns the first of them.
-func (db *DB) countEpochs(lo, hi []byte) (n int, first uint64, err error) {
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+// epoch, and returns the first of them. It checks ctx every 64 epochs.
+func (db *DB) countEpochs(ctx context.Context, lo, hi []byte) (n int, first uint64, err error) {
+	it, err := db.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return 0, 0, fmt.Errorf("receipts: gc: %w", err)
 	}
 	defer it.Close()
 	for valid := it.First(); valid; {
+		if n%64 == 63 {
+			if err := ctx.Err(); err != nil {
+				return n, first, err
+			}
+		}
 		e, ok := keys.Epoch(it.Key())
 		if !ok {
 			return n, first, fmt.Errorf("%w: malformed record key %q", ErrCorrupt, it.Key())

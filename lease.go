@@ -20,7 +20,8 @@ type ClaimOption func(*claimConfig)
 
 type claimConfig struct {
 	wait    bool          // wait for a live holder instead of ErrInProgress
-	maxWait time.Duration // with wait: give up after this long (0: only ctx bounds it)
+	bounded bool          // with wait: give up after maxWait (otherwise only ctx bounds it)
+	maxWait time.Duration // with bounded: how long to wait (<= 0: look once)
 	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
 }
 
@@ -35,9 +36,10 @@ func WaitForResult() ClaimOption { return func(c *claimConfig) { c.wait = true }
 // has passed, Claim looks at the key once more and returns what it finds
 // (the receipt, a lease, or *InProgressError with a fresh RetryAfter, not
 // wrapping any context error). HTTP and MCP front ends use it to wait a
-// little for a duplicate's first call before answering "in progress".
+// little for a duplicate's first call before answering "in progress". A d
+// of zero or less does not wait: Claim looks once and answers.
 func WaitAtMost(d time.Duration) ClaimOption {
-	return func(c *claimConfig) { c.wait, c.maxWait = true, d }
+	return func(c *claimConfig) { c.wait, c.bounded, c.maxWait = true, true, d }
 }
 
 // Lease is the right to execute one operation, held by one caller. It is
@@ -119,7 +121,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
 	// A retry of a recently finished operation: answered through the replay
 	// cache, with one read checked against it, without the key lock.
-	if r, out, ok := db.fromCache(k, lockKey, fp, db.now()); ok {
+	if r, out, ok := db.fromCache(ctx, k, lockKey, fp, db.now()); ok {
 		if out == machine.Mismatch {
 			return nil, nil, db.mismatch(k)
 		}
@@ -128,18 +130,28 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 	}
 	var deadline time.Time
 	waited := false
-	if cfg.maxWait > 0 {
-		deadline = time.Now().Add(cfg.maxWait)
+	if cfg.bounded {
+		deadline = time.Now().Add(max(cfg.maxWait, 0))
 	}
 	for {
 		e, err := db.locks.Lock(ctx, lockKey)
 		if err != nil {
 			return nil, nil, err
 		}
+		// The gate (enter) admits a call only before Close begins, but a
+		// call admitted earlier may have waited (for the key lock or for a
+		// holder) past that: it must not hand out a lease now, whose Commit
+		// would fail with ErrClosed and leave a synced claim the next start
+		// takes over as Recovered. Checked under the key lock, so no claim
+		// is written once Close has begun and this call saw it.
+		if db.closed() {
+			e.Unlock()
+			return nil, nil, ErrClosed
+		}
 		now := db.now()
 		var rec encoding.Record
 		bp := keyBufs.Get().(*[]byte)
-		found, stored, err := db.readInto(k, now, &rec, *bp)
+		found, stored, err := db.readInto(ctx, k, now, &rec, *bp)
 		if err != nil {
 			keyBufs.Put(bp)
 			e.Unlock()
@@ -258,7 +270,7 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 	}
 	defer e.Unlock()
 	now := db.now()
-	cur, stored, err := db.read(l.key, now)
+	cur, stored, err := db.readCtx(ctx, l.key, now)
 	if err != nil {
 		return nil, err
 	}
@@ -377,9 +389,14 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte, b *pebbl
 	return l.db.receipt(l.key, next), nil
 }
 
-// Release gives the key up: no effect happened, the record is deleted, and
-// the next Claim starts afresh (Attempt 1, not Recovered). Callers waiting
-// for the key wake up and one of them takes it.
+// Release gives the key up: this attempt's effect did not happen. On a
+// first attempt the record is deleted and the next Claim starts afresh
+// (Attempt 1, not Recovered). On a Recovered lease the earlier attempt's
+// outcome is still unknown, so the claim stays, abandoned: the next Claim
+// takes it over at once with Recovered() == true and one more Attempt. To
+// clear a Recovered key after checking with the provider that no attempt's
+// effect happened, use Forget. Callers waiting for the key wake up and one
+// of them takes it.
 func (l *Lease) Release(ctx context.Context) error {
 	if err := l.db.enter(); err != nil {
 		return err
@@ -389,8 +406,29 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 func (l *Lease) release(ctx context.Context) error {
+	_, err := l.update(ctx, nil, false, true, func(cur *encoding.Record, now int64, _ *pebble.Batch) (*encoding.Record, bool, error) {
+		next, ok := machine.Release(cur, l.token, now)
+		return next, ok, nil
+	})
+	if err == nil {
+		l.db.n.releases.Add(1)
+	}
+	return err
+}
+
+// Forget gives the key up for good: the caller has checked with the
+// provider (by ProviderKey) that no attempt's effect happened, neither this
+// one's nor, on a Recovered lease, any earlier one's. The record is deleted
+// and the next Claim starts afresh (Attempt 1, not Recovered). On a lease
+// that is not Recovered it is Release. Fenced like Release: once another
+// caller took the key over it returns ErrLeaseLost and deletes nothing.
+func (l *Lease) Forget(ctx context.Context) error {
+	if err := l.db.enter(); err != nil {
+		return err
+	}
+	defer l.db.exit()
 	_, err := l.update(ctx, nil, false, true, func(cur *encoding.Record, _ int64, _ *pebble.Batch) (*encoding.Record, bool, error) {
-		return nil, machine.Release(cur, l.token), nil
+		return nil, machine.Forget(cur, l.token), nil
 	})
 	if err == nil {
 		l.db.n.releases.Add(1)
