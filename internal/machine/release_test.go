@@ -7,7 +7,7 @@ import (
 	"github.com/receiptstore/receipts/encoding"
 )
 
-const ttl = 30
+// ttl (30) is machine_test.go's.
 
 func claimed(t *testing.T, cur *encoding.Record, now int64, tok uint64) ClaimResult {
 	t.Helper()
