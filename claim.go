@@ -34,7 +34,8 @@ type ClaimOption func(*claimConfig)
 
 type claimConfig struct {
 	wait    bool          // wait for a live holder instead of ErrInProgress
-	maxWait time.Duration // with wait: give up after this long (0: only ctx bounds it)
+	bounded bool          // with wait: give up after maxWait (otherwise only ctx bounds it)
+	maxWait time.Duration // with bounded: how long to wait (<= 0: look once)
 	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
 }
 
@@ -49,9 +50,10 @@ func WaitForResult() ClaimOption { return func(c *claimConfig) { c.wait = true }
 // has passed, Claim looks at the key once more and returns what it finds
 // (the receipt, a lease, or *InProgressError with a fresh RetryAfter, not
 // wrapping any context error). HTTP and MCP front ends use it to wait a
-// little for a duplicate's first call before answering "in progress".
+// little for a duplicate's first call before answering "in progress". A d
+// of zero or less does not wait: Claim looks once and answers.
 func WaitAtMost(d time.Duration) ClaimOption {
-	return func(c *claimConfig) { c.wait, c.maxWait = true, d }
+	return func(c *claimConfig) { c.wait, c.bounded, c.maxWait = true, true, d }
 }
 
 // Claim claims k for the caller with the intent's fingerprint. Exactly one
@@ -122,8 +124,8 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 	}
 	req := driver.ClaimRequest{Key: driver.Key(k), Fingerprint: fp, LeaseTTL: db.ttl, NoSync: cfg.noSync}
 	var deadline time.Time
-	if cfg.maxWait > 0 {
-		deadline = time.Now().Add(cfg.maxWait)
+	if cfg.bounded {
+		deadline = time.Now().Add(max(cfg.maxWait, 0))
 	}
 	var w watch
 	defer w.stop()

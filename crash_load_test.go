@@ -973,7 +973,10 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 			continue
 		}
 		if ki.released[ki.maxGrant] {
-			if r != nil && r.Token <= ki.maxGrant {
+			// A released Recovered lease (Attempts > 1) keeps its claim,
+			// abandoned; a first attempt's release deletes it.
+			kept := r != nil && r.Token == ki.maxGrant && r.State == receipts.Pending && r.Attempts > 1
+			if r != nil && r.Token <= ki.maxGrant && !kept {
 				bad.addf("check %d: %s was released at token %d, store has %s", gen, k, ki.maxGrant, crashFmtReceipt(r))
 			}
 			continue

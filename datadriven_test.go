@@ -19,7 +19,7 @@ import (
 //
 //	claim a k fp as=L1        claim (a, k) with fingerprint fp; name the lease L1
 //	claim a k fp wait         with WaitForResult (bounded: 50ms)
-//	commit L1 result          fail L1 result    release L1    renew L1
+//	commit L1 result          fail L1 result    release L1    renew L1    forget L1
 //	lookup a k                do a k fp ok=result | do a k fp err=notperformed|permanent|unknown
 //	advance 31s               back 10s (clock jumps backwards)
 //	gc                        reopen                stats
@@ -158,6 +158,11 @@ func (sc *script) run(line string) string {
 		return sc.receipt(r)
 	case "release":
 		if err := sc.leases[arg(1)].Release(bg); err != nil {
+			return errName(err)
+		}
+		return "ok"
+	case "forget":
+		if err := sc.leases[arg(1)].Forget(bg); err != nil {
 			return errName(err)
 		}
 		return "ok"

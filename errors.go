@@ -53,8 +53,9 @@ var (
 	// (negative durations, LeaseTTL >= Retention, ...).
 	ErrInvalidOptions = &sentinel{msg: "receipts: invalid options", parents: []error{ErrInvalidArgument}}
 
-	// ErrClosed is returned by every method called after Close.
-	ErrClosed = errors.New("receipts: closed")
+	// ErrClosed is returned by every method called after Close. It is
+	// driver.ErrClosed, which engines return.
+	ErrClosed = driver.ErrClosed
 
 	// ErrCorrupt marks bytes read from disk that do not decode: a record or
 	// the store's meta data. A corrupt record is never read as absent. It is

@@ -170,9 +170,14 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 	return l.db.finished(rec), nil
 }
 
-// Release gives the key up: no effect happened, the record is deleted, and
-// the next Claim starts afresh (Attempt 1, not Recovered). Callers waiting
-// for the key wake up and one of them takes it.
+// Release gives the key up: this attempt's effect did not happen. On a
+// first attempt the record is deleted and the next Claim starts afresh
+// (Attempt 1, not Recovered). On a Recovered lease the earlier attempt's
+// outcome is still unknown, so the claim stays, abandoned: the next Claim
+// takes it over at once with Recovered() == true and one more Attempt. To
+// clear a Recovered key after checking with the provider that no attempt's
+// effect happened, use Forget. Callers waiting for the key wake up and one
+// of them takes it.
 func (l *Lease) Release(ctx context.Context) error {
 	if err := l.db.enter(); err != nil {
 		return err
@@ -185,7 +190,27 @@ func (l *Lease) release(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// Today a released claim leaves no record, Recovered or not (Forget).
+	err := l.db.eng.Release(ctx, driver.Key(l.key), l.token, l.recovered)
+	if err == nil {
+		l.db.n.releases.Add(1)
+	}
+	return err
+}
+
+// Forget gives the key up for good: the caller has checked with the
+// provider (by ProviderKey) that no attempt's effect happened, neither this
+// one's nor, on a Recovered lease, any earlier one's. The record is deleted
+// and the next Claim starts afresh (Attempt 1, not Recovered). On a lease
+// that is not Recovered it is Release. Fenced like Release: once another
+// caller took the key over it returns ErrLeaseLost and deletes nothing.
+func (l *Lease) Forget(ctx context.Context) error {
+	if err := l.db.enter(); err != nil {
+		return err
+	}
+	defer l.db.exit()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	err := l.db.eng.Forget(ctx, driver.Key(l.key), l.token)
 	if err == nil {
 		l.db.n.releases.Add(1)

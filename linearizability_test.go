@@ -147,6 +147,10 @@ func linStep(st, in, out any) (bool, any) {
 		if !holds {
 			return o.kind == outLeaseLost, s
 		}
+		if s.attempts > 1 { // a Recovered lease: the claim stays, abandoned
+			s.leaseExp = i.now
+			return o.kind == outOK, s
+		}
 		return o.kind == outOK, linState{maxToken: s.maxToken}
 	case linRenew:
 		if !holds {

@@ -136,7 +136,7 @@ var modelCtx = context.Background()
 func newModelSM(t *rapid.T) *modelSM {
 	ret := rapid.SampledFrom([]time.Duration{time.Hour, 10 * time.Minute}).Draw(t, "retention")
 	ttl := rapid.SampledFrom([]time.Duration{time.Minute, 5 * time.Minute}).Draw(t, "leaseTTL")
-	width := rapid.SampledFrom([]time.Duration{0, time.Second, ret / 3, ret, 2 * ret}).Draw(t, "epochWidth")
+	width := rapid.SampledFrom([]time.Duration{0, ret / receipts.MaxEpochsPerRetention, ret / 3, ret, 2 * ret}).Draw(t, "epochWidth")
 	// The replay cache: default, off, or one set of four entries (five
 	// keys: evicting whenever all are finished).
 	cache := rapid.SampledFrom([]int64{0, -1, 512}).Draw(t, "replayCache")
@@ -430,22 +430,40 @@ func (m *modelSM) checkEffects(t *rapid.T) {
 	require.Equal(t, len(m.effects), n, "committed effects present")
 }
 
-func (m *modelSM) Release(t *rapid.T) {
+// Release: a first attempt's record is deleted; after a takeover the claim
+// stays, abandoned (the earlier attempt's outcome is still unknown), and
+// the next claim takes it over at once, Recovered.
+func (m *modelSM) Release(t *rapid.T) { m.release(t, false) }
+
+// Forget deletes the record whatever the attempt.
+func (m *modelSM) Forget(t *rapid.T) { m.release(t, true) }
+
+func (m *modelSM) release(t *rapid.T, forget bool) {
 	h := m.drawHandle(t)
+	op, do := "release", h.l.Release
+	if forget {
+		op, do = "forget", h.l.Forget
+	}
 	if h.gen != m.gen {
-		require.ErrorIs(t, h.l.Release(modelCtx), receipts.ErrClosed)
+		require.ErrorIs(t, do(modelCtx), receipts.ErrClosed)
 		return
 	}
 	now := m.tick()
-	err := h.l.Release(modelCtx)
-	if m.holds(h, now) == nil {
-		require.ErrorIs(t, err, receipts.ErrLeaseLost, "release with a stale lease")
+	err := do(modelCtx)
+	cur := m.holds(h, now)
+	if cur == nil {
+		require.ErrorIs(t, err, receipts.ErrLeaseLost, "%s with a stale lease", op)
 		modelSeen["lease-lost"]++
 		return
 	}
-	require.NoError(t, err, "release")
-	modelSeen["release"]++
-	delete(m.recs, h.k)
+	require.NoError(t, err, op)
+	if !forget && cur.attempts > 1 {
+		modelSeen["release-recovered"]++
+		cur.updated, cur.leaseExp = now, now
+	} else {
+		modelSeen[op]++
+		delete(m.recs, h.k)
+	}
 	m.synced()
 }
 
@@ -730,6 +748,7 @@ func modelActions(m *modelSM) map[string]func(*rapid.T) {
 		"Fail":               m.Fail,
 		"CommitWith":         m.CommitWith,
 		"Release":            m.Release,
+		"Forget":             m.Forget,
 		"Renew":              m.Renew,
 		"Lookup":             m.Lookup,
 		"Scan":               m.Scan,
@@ -772,7 +791,7 @@ func TestModelReleasedKeyStaysGone(t *testing.T) {
 	clock.Store(modelBase)
 	fs := vfs.NewMem()
 	opts := &receipts.Options{
-		Retention: time.Hour, LeaseTTL: time.Minute, EpochWidth: time.Second, GCInterval: -1,
+		Retention: time.Hour, LeaseTTL: time.Minute, EpochWidth: 4 * time.Second, GCInterval: -1,
 		Now:    func() time.Time { return time.Unix(0, clock.Load()) },
 		Pebble: &pebble.Options{FS: fs},
 	}

@@ -3,6 +3,7 @@ package receipts
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/hot"
@@ -72,12 +73,15 @@ func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Optio
 // openDB opens the engine with o's shared settings and starts background GC.
 // REQUIRES: o defaulted and validated.
 func openDB(o Options, h *hot.Line, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
+	closing := make(chan struct{})
 	eng, err := openEngine(driver.Config{
 		Retention:  o.Retention,
 		LeaseTTL:   o.LeaseTTL,
 		EpochWidth: o.EpochWidth,
 		Now:        o.Now,
 		Logger:     o.Logger,
+		CheckWidth: func(width time.Duration) error { return validateWidth(width, o.Retention) },
+		Closing:    closing,
 	})
 	if err != nil {
 		return nil, err
@@ -88,7 +92,7 @@ func openDB(o Options, h *hot.Line, openEngine func(driver.Config) (driver.Engin
 		secret:  eng.Secret(),
 		ttl:     o.LeaseTTL,
 		hot:     h,
-		closing: make(chan struct{}),
+		closing: closing,
 		drained: make(chan struct{}),
 	}
 	db.peb, _ = eng.(*pebbleengine.Engine)
@@ -104,9 +108,10 @@ func openDB(o Options, h *hot.Line, openEngine func(driver.Config) (driver.Engin
 }
 
 // Close waits for in-flight calls to finish (their commits land or fail
-// cleanly), stops background work and closes the engine. Callers waiting for
-// another holder's receipt get ErrClosed. Afterwards every method returns
-// ErrClosed. A second Close returns nil.
+// cleanly), stops background work and closes the engine. Once it has begun
+// no new lease is handed out: callers waiting for another holder's receipt,
+// or for the key, get ErrClosed. Afterwards every method returns ErrClosed.
+// A second Close returns nil.
 func (db *DB) Close() error {
 	old := db.hot.Gate.Or(gateClosed)
 	if old&gateClosed != 0 {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/internal/machine"
 	"github.com/receiptstore/receipts/internal/pebbleengine"
 )
 
@@ -22,30 +23,60 @@ const (
 	DefaultReplayCacheSize = 8 << 20
 )
 
+// Bounds on the duration options. Open refuses anything outside them with
+// ErrInvalidOptions and changes nothing on disk: past them the store's time
+// arithmetic would overflow (every record expired the moment it is written)
+// or a lookup would probe an unbounded number of epochs.
+const (
+	// MaxRetention is the longest Options.Retention: 100 years. It bounds
+	// EpochWidth and GCInterval too.
+	MaxRetention = 100 * 365 * 24 * time.Hour
+	// MaxEpochsPerRetention bounds how many epochs a lookup probes: the
+	// epoch width must be at least Retention/MaxEpochsPerRetention
+	// (rounded up), whether given now or stored when the store was created.
+	MaxEpochsPerRetention = 1024
+	// MinGCInterval is the shortest positive Options.GCInterval.
+	MinGCInterval = time.Millisecond
+)
+
+// MaxRetention is machine's bound: both fail to compile unless equal.
+var (
+	_ [int64(MaxRetention) - machine.MaxRetention]struct{}
+	_ [machine.MaxRetention - int64(MaxRetention)]struct{}
+)
+
 // Options configure a DB. A nil *Options means all defaults. Open copies the
 // options; it never changes the caller's struct. Pebble, CompactOnGC and
 // ReplayCacheSize configure the Pebble engine (Open); OpenEngine, for other
 // engines, rejects them unless zero.
 type Options struct {
 	// Retention is how long a receipt, or an abandoned claim, stays visible
-	// after its last write. Default 24h.
+	// after its last write. Default 24h; at most MaxRetention (100 years).
 	Retention time.Duration
 	// LeaseTTL is how long a claim's lease lasts without renewal. Default
-	// 30s; must be less than Retention.
+	// 30s; must be positive and less than Retention.
 	LeaseTTL time.Duration
 	// GCInterval is how often background GC runs. Zero means the default
-	// (the epoch width, at most one hour); negative disables background GC
-	// (call DB.GC yourself).
+	// (the epoch width, between one second and one hour); negative disables
+	// background GC (call DB.GC yourself); a positive value must be between
+	// MinGCInterval (1ms) and MaxRetention.
 	GCInterval time.Duration
 	// EpochWidth is the width of the time partitions records are kept in.
 	// It is used only when the store is created (default Retention/4) and
-	// persisted; later opens use the stored width.
+	// persisted; later opens use the stored width. It must be at most
+	// MaxRetention and at least Retention/MaxEpochsPerRetention (rounded
+	// up), so that a lookup probes at most 1025 epochs; a store whose
+	// stored width is too narrow for a longer Retention given at a later
+	// Open is refused (ErrInvalidOptions) and left as it is.
 	EpochWidth time.Duration
 	// CompactOnGC makes GC ask Pebble to compact the dropped range at once,
 	// returning the disk space immediately rather than when Pebble's
 	// delete-only compactions get to it.
 	CompactOnGC bool
-	// Now is the clock. Default time.Now. Tests inject a fake one. While a
+	// Now is the clock. Default time.Now. Tests inject a fake one. Times
+	// before 1970 are read as 1970, and times after about 2162 (MaxInt64 ns
+	// less MaxRetention) as that limit: the store's clock saturates rather
+	// than overflow. While a
 	// store is open its time never goes backwards: a clock that jumps back
 	// is treated as standing still until it catches up. Across a restart it
 	// resumes no earlier than the last Close or deletion, and after a crash
@@ -99,16 +130,29 @@ func (o *Options) ensureDefaults() {
 	}
 }
 
+// validate checks the options with the defaults filled in.
 func (o *Options) validate() error {
 	switch {
-	case o.Retention < 0:
-		return fmt.Errorf("%w: negative Retention %s", ErrInvalidOptions, o.Retention)
-	case o.LeaseTTL < 0:
-		return fmt.Errorf("%w: negative LeaseTTL %s", ErrInvalidOptions, o.LeaseTTL)
-	case o.EpochWidth < 0:
-		return fmt.Errorf("%w: negative EpochWidth %s", ErrInvalidOptions, o.EpochWidth)
+	case o.Retention <= 0 || o.Retention > MaxRetention:
+		return fmt.Errorf("%w: Retention %s must be positive and at most %s", ErrInvalidOptions, o.Retention, MaxRetention)
+	case o.LeaseTTL <= 0:
+		return fmt.Errorf("%w: LeaseTTL %s must be positive", ErrInvalidOptions, o.LeaseTTL)
 	case o.LeaseTTL >= o.Retention:
 		return fmt.Errorf("%w: LeaseTTL %s must be less than Retention %s", ErrInvalidOptions, o.LeaseTTL, o.Retention)
+	case o.GCInterval > 0 && (o.GCInterval < MinGCInterval || o.GCInterval > MaxRetention):
+		return fmt.Errorf("%w: GCInterval %s must be negative, zero, or between %s and %s", ErrInvalidOptions, o.GCInterval, MinGCInterval, MaxRetention)
+	}
+	return validateWidth(o.EpochWidth, o.Retention)
+}
+
+// validateWidth checks an epoch width (given, or stored at creation)
+// against the retention in force.
+func validateWidth(width, retention time.Duration) error {
+	switch {
+	case width <= 0 || width > MaxRetention:
+		return fmt.Errorf("%w: EpochWidth %s must be positive and at most %s", ErrInvalidOptions, width, MaxRetention)
+	case (retention-1)/width+1 > MaxEpochsPerRetention:
+		return fmt.Errorf("%w: EpochWidth %s is narrower than Retention/%d (Retention %s)", ErrInvalidOptions, width, MaxEpochsPerRetention, retention)
 	}
 	return nil
 }

@@ -30,6 +30,9 @@ var (
 
 	// ErrUnknownFormat: the store was written in a format this version does not know.
 	ErrUnknownFormat = errors.New("receipts: unknown store format")
+
+	// ErrClosed: Claim was called, or decided, once Config.Closing was closed.
+	ErrClosed = errors.New("receipts: closed")
 )
 
 // State of a record.
@@ -138,6 +141,17 @@ type Config struct {
 	// database's for PostgreSQL); tests inject one.
 	Now    func() time.Time
 	Logger *slog.Logger // never nil
+	// CheckWidth checks a stored epoch width against the settings in force
+	// (never nil). An engine opening an existing store calls it before
+	// writing anything and, if it fails, returns its error (wrapped) and
+	// changes nothing.
+	CheckWidth func(width time.Duration) error
+	// Closing is closed when the DB's Close begins. From then on Claim hands
+	// out no new lease and answers nothing under the key lock: it returns
+	// ErrClosed where it decides (for Pebble, once it holds the key lock),
+	// so a claim admitted before Close but waiting past its start writes
+	// nothing. Fenced writes of leases already handed out go on.
+	Closing <-chan struct{}
 }
 
 // Engine is what a storage engine supplies. Every method is safe for concurrent use, honours ctx,

@@ -8,6 +8,8 @@ package machine
 
 import (
 	"bytes"
+	"math"
+	"time"
 
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/mutate"
@@ -28,6 +30,27 @@ const (
 	InProgress
 )
 
+// MaxRetention is the longest retention, in ns (receipts.MaxRetention):
+// 100 years.
+const MaxRetention = int64(100 * 365 * 24 * time.Hour)
+
+// MaxClock is the latest time, in Unix ns, the store's clock reaches: a
+// later clock stands still here (about the year 2162), so that a last
+// write plus Retention never overflows.
+const MaxClock = math.MaxInt64 - MaxRetention
+
+// ClockNanos is t in Unix ns, saturated to [0, MaxClock]: a time before
+// 1970 is read as 1970.
+func ClockNanos(t time.Time) int64 {
+	switch {
+	case t.Unix() < 0:
+		return 0
+	case t.Unix() >= MaxClock/int64(time.Second):
+		return MaxClock
+	}
+	return min(t.UnixNano(), MaxClock)
+}
+
 // Visible reports whether r is still within retention at now: a record is
 // visible until its last write plus retention, and never after.
 func Visible(r *encoding.Record, now, retention int64) bool {
@@ -35,8 +58,11 @@ func Visible(r *encoding.Record, now, retention int64) bool {
 }
 
 // Expired reports whether a record last written at updatedAt is past
-// retention at now.
-func Expired(updatedAt, now, retention int64) bool { return now >= updatedAt+retention }
+// retention at now. The sum saturates: a record written so late that
+// updatedAt+retention overflows never expires (retention is positive).
+func Expired(updatedAt, now, retention int64) bool {
+	return updatedAt <= math.MaxInt64-retention && now >= updatedAt+retention
+}
 
 // LeaseLive reports whether r's lease is live at now.
 func LeaseLive(r *encoding.Record, now int64) bool {
@@ -127,8 +153,31 @@ func Finish(cur *encoding.Record, token uint64, state encoding.State, result []b
 	return &n, true
 }
 
-// Release checks that token holds cur; the caller then deletes the record.
-func Release(cur *encoding.Record, token uint64) (ok bool) { return holds(cur, token) }
+// Release gives up token's lease on cur, its holder saying that its own
+// attempt had no effect. That settles the key only if there was no earlier
+// attempt: on a first attempt (Attempts == 1) next is nil, and the caller
+// deletes the record, so the next claim starts afresh. After a takeover
+// (Attempts > 1: Claim adds an attempt exactly when it takes over an
+// abandoned claim, whose outcome is unknown) the earlier attempt's outcome
+// is still unknown, so the claim is kept, abandoned: next is cur with the
+// lease ended at now, attempts and fingerprint kept, and the next claim
+// takes it over at once, Recovered, with one more attempt. ok is false if
+// the lease is lost. Only Forget, or a finished outcome, clears that.
+func Release(cur *encoding.Record, token uint64, now int64) (next *encoding.Record, ok bool) {
+	if !holds(cur, token) {
+		return nil, false
+	}
+	if cur.Attempts <= 1 {
+		return nil, true
+	}
+	return Abandon(cur, token, now)
+}
+
+// Forget checks that token holds cur; the caller then deletes the record.
+// Its holder has reconciled: no attempt's effect happened, this one's or an
+// earlier one's, and the next claim starts afresh (Attempts 1, not
+// Recovered).
+func Forget(cur *encoding.Record, token uint64) (ok bool) { return holds(cur, token) }
 
 // Abandon ends token's lease at once, keeping the claim: the outcome is
 // unknown, and the next claim takes over with Recovered set.

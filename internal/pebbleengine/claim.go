@@ -21,13 +21,10 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	k := req.Key
 	var lk [keys.MaxLockKeyLen]byte
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
-	if res, ok := e.fromCache(k, lockKey, req.Fingerprint, e.now()); ok {
+	if res, ok := e.fromCache(ctx, k, lockKey, req.Fingerprint, e.now()); ok {
 		return res, nil
 	}
-	wo := synced
-	if req.NoSync {
-		wo = unsynced
-	}
+	wo := writeOpts{noSync: req.NoSync, claim: true}
 	var mres machine.ClaimResult
 	var seen encoding.Record // the visible record, when nothing is written
 	next, now, err := e.rmw(ctx, k, lockKey, nil, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {

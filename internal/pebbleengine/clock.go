@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/machine"
 )
 
 // tokenBlock is how many fencing tokens are reserved by one synced write of
@@ -20,7 +21,7 @@ func (e *Engine) Now(context.Context) (time.Time, error) { return e.time(e.now()
 // now returns the store's time: Config.Now, but never earlier than any time
 // the store has already used.
 func (e *Engine) now() int64 {
-	t := e.cfg.Now().UnixNano()
+	t := machine.ClockNanos(e.cfg.Now())
 	for {
 		hw := e.hot.Clock.Load()
 		if t <= hw {

@@ -33,7 +33,7 @@ func (e *Engine) GC(ctx context.Context) (driver.GCStats, error) {
 	// Epochs below newFloor are dead.
 	newFloor := uint64(max(now-e.retention, 0) / e.width)
 	end := keys.EpochStart(newFloor)
-	dropped, first, err := e.countEpochs(keys.RecordsStart, end)
+	dropped, first, err := e.countEpochs(ctx, keys.RecordsStart, end)
 	if err != nil {
 		return st, err
 	}
@@ -80,14 +80,19 @@ func (e *Engine) GC(ctx context.Context) (driver.GCStats, error) {
 }
 
 // countEpochs counts the epochs that hold records in [lo, hi), one seek per
-// epoch, and returns the first of them.
-func (e *Engine) countEpochs(lo, hi []byte) (n int, first uint64, err error) {
-	it, err := e.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+// epoch, and returns the first of them. It checks ctx every 64 epochs.
+func (e *Engine) countEpochs(ctx context.Context, lo, hi []byte) (n int, first uint64, err error) {
+	it, err := e.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return 0, 0, fmt.Errorf("receipts: gc: %w", err)
 	}
 	defer it.Close()
 	for valid := it.First(); valid; {
+		if n%64 == 63 {
+			if err := ctx.Err(); err != nil {
+				return n, first, err
+			}
+		}
 		ep, ok := keys.Epoch(it.Key())
 		if !ok {
 			return n, first, fmt.Errorf("%w: malformed record key %q", driver.ErrCorrupt, it.Key())

@@ -81,20 +81,23 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 	return e.record(k, next), nil
 }
 
-// Release gives the key up, no effect having happened: the record is
-// deleted, or, if recovered (the lease took over an unknown outcome), kept
-// as an abandoned claim, so that the next claim is Recovered too.
-func (e *Engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
-	if recovered {
-		return e.Abandon(ctx, k, token)
-	}
-	return e.Forget(ctx, k, token)
+// Release gives the key up, this attempt's effect not having happened
+// (machine.Release): a first attempt's record is deleted; after a takeover
+// (recovered: the record's Attempts > 1, which machine.Release reads from
+// the record itself) the claim is kept, abandoned, so that the next claim
+// is Recovered too.
+func (e *Engine) Release(ctx context.Context, k driver.Key, token uint64, _ bool) error {
+	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+		next, ok := machine.Release(cur, token, now)
+		return next, ok && next == nil, ok, nil
+	})
+	return err
 }
 
-// Forget deletes the record.
+// Forget deletes the record, whatever the attempt.
 func (e *Engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
 	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, _ int64) (*encoding.Record, bool, bool, error) {
-		ok := machine.Release(cur, token)
+		ok := machine.Forget(cur, token)
 		return nil, ok, ok, nil
 	})
 	return err

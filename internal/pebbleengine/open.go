@@ -12,6 +12,7 @@ import (
 	"github.com/receiptstore/receipts/internal/hot"
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/locktable"
+	"github.com/receiptstore/receipts/internal/machine"
 	"github.com/receiptstore/receipts/internal/rcache"
 )
 
@@ -71,7 +72,7 @@ func Open(dir string, cfg Config) (*Engine, error) {
 func (e *Engine) load() error {
 	t := e.cfg.Now()
 	e.loc = t.Location()
-	now := t.UnixNano()
+	now := machine.ClockNanos(t)
 	if err := e.loadMeta(now); err != nil {
 		return err
 	}
@@ -133,6 +134,12 @@ func (e *Engine) loadMeta(now int64) error {
 		return err
 	case meta.Format != encoding.StoreFormat:
 		return fmt.Errorf("%w: store format %d, this version reads format %d", driver.ErrUnknownFormat, meta.Format, encoding.StoreFormat)
+	default:
+		if e.cfg.CheckWidth != nil {
+			if err := e.cfg.CheckWidth(time.Duration(meta.EpochWidth)); err != nil {
+				return fmt.Errorf("stored epoch width: %w", err) // nothing written: the store was not new
+			}
+		}
 	}
 	e.width, e.secret = meta.EpochWidth, meta.Secret
 	return nil

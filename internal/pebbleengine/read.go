@@ -21,7 +21,7 @@ func (e *Engine) Lookup(ctx context.Context, k driver.Key) (driver.Record, bool,
 	var lk [keys.MaxLockKeyLen]byte
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
 	now := e.now()
-	if res, ok := e.fromCache(k, lockKey, nil, now); ok {
+	if res, ok := e.fromCache(ctx, k, lockKey, nil, now); ok {
 		return res.Record, true, res.Now, nil
 	}
 	var rec driver.Record
@@ -57,18 +57,28 @@ func (e *Engine) oldestLiveEpoch(hi uint64) uint64 {
 // keyBufs holds record-key buffers for readInto.
 var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 128); return &b }}
 
+// probeCheck is how many epochs a lookup probes between checks of its
+// context.
+const probeCheck = 64
+
 // readInto reads the visible record of k at now into rec, building keys in
 // buf (stored aliases it), and returns the key it is stored under. found is
 // false if there is no visible record; stored may still name an expired one
 // (to delete with the next write). Read errors are returned as errors, never
-// as "absent"; undecodable bytes as ErrCorrupt.
+// as "absent"; undecodable bytes as ErrCorrupt. It checks ctx every
+// probeCheck epochs.
 //
 // REQUIRES: k's lock held, for anything that writes based on the result.
-func (e *Engine) readInto(k driver.Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
+func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
 	hi := e.epochOf(now)
 	lo := e.oldestLiveEpoch(hi)
 	key := keys.AppendRecord(buf[:0], hi, k.Scope, k.ID)
 	for ep := hi; ; ep-- {
+		if (hi-ep)%probeCheck == probeCheck-1 {
+			if err := ctx.Err(); err != nil {
+				return false, nil, err
+			}
+		}
 		keys.SetEpoch(key, ep)
 		v, closer, err := e.pdb.Get(key)
 		if err == nil {
@@ -94,8 +104,9 @@ func (e *Engine) readInto(k driver.Key, now int64, rec *encoding.Record, buf []b
 // under the cached epoch, with the cached checksum. The outcome is then
 // Replay (with a record of the caller's own) or Mismatch. ok is false
 // otherwise, for the uncached way to decide. Only synced records are
-// cached, so what this answers is durable and needs no key lock.
-func (e *Engine) fromCache(k driver.Key, lockKey, fp []byte, now int64) (res driver.ClaimResult, ok bool) {
+// cached, so what this answers is durable and needs no key lock. A
+// cancelled ctx makes it give up (ok false; the uncached way reports it).
+func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte, now int64) (res driver.ClaimResult, ok bool) {
 	ent := e.cache.Get(lockKey)
 	if ent == nil || (machine.Expired(ent.UpdatedAt, now, e.retention) && mutate.Name != mutate.StaleCache) {
 		return res, false
@@ -109,6 +120,9 @@ func (e *Engine) fromCache(k driver.Key, lockKey, fp []byte, now int64) (res dri
 		*bp = key[:0]
 	}
 	for ep := hi; ; ep-- {
+		if (hi-ep)%probeCheck == probeCheck-1 && ctx.Err() != nil {
+			return res, false
+		}
 		if ep == ent.Epoch {
 			key = ent.Key
 		} else {

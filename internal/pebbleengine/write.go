@@ -15,6 +15,7 @@ import (
 type writeOpts struct {
 	noSync bool // not synced: renewals, and DoBatch's claim
 	notify bool // wake the key's waiters once the write is in
+	claim  bool // a claim: refused (driver.ErrClosed) once Config.Closing is closed
 }
 
 var (
@@ -30,7 +31,8 @@ type decideFunc func(cur *encoding.Record, now int64) (next *encoding.Record, de
 
 // rmw is the one read-modify-write path of a key:
 //
-//  1. take k's lock (lockKey, keys.AppendLockKey of k);
+//  1. take k's lock (lockKey, keys.AppendLockKey of k); a claim gives up
+//     here once the DB's Close has begun;
 //  2. read the visible record at the store's time (readInto: the newest
 //     live epoch holding k, from the current one back);
 //  3. let decide choose what to write;
@@ -53,11 +55,17 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		return nil, 0, err
 	}
 	defer ent.Unlock()
+	if wo.claim && e.closing() {
+		// Checked under the key lock: a claim admitted before Close began
+		// but waiting for the lock past that writes nothing, and hands out
+		// no lease whose Commit would fail and leave a synced claim.
+		return nil, 0, driver.ErrClosed
+	}
 	now := e.now()
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
-	found, stored, err := e.readInto(k, now, &rec, *bp)
+	found, stored, err := e.readInto(ctx, k, now, &rec, *bp)
 	if stored != nil { // readInto may have grown the buffer
 		*bp = stored[:0]
 	}
@@ -102,6 +110,16 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		ent.Notify()
 	}
 	return next, now, nil
+}
+
+// closing reports that the DB's Close has begun.
+func (e *Engine) closing() bool {
+	select {
+	case <-e.cfg.Closing:
+		return true
+	default:
+		return false
+	}
 }
 
 // put adds the write of next (last written at now) to b, moving the record
