@@ -19,9 +19,8 @@ type writeOpts struct {
 }
 
 var (
-	synced   = writeOpts{}
-	notified = writeOpts{notify: true}
-	unsynced = writeOpts{noSync: true}
+	notified = writeOpts{notify: true} // finishes, releases, abandons
+	unsynced = writeOpts{noSync: true} // renewals
 )
 
 // decideFunc decides a write from the visible record cur (nil if none) at
