@@ -152,4 +152,3 @@ func TestFormat1StoreOpens(t *testing.T) {
 	requireSettings(t, db, week, time.Minute)
 	require.NoError(t, db.Close())
 }
-
