@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -62,4 +65,32 @@ func TestOfflineUsesStoredRetention(t *testing.T) {
 	require.Equal(t, "2m0s", s.LeaseTTL)
 	require.Equal(t, int64(6), s.Expired)
 	require.ElementsMatch(t, all, lsIDs(t, "--dir", dir, "--override-retention", "168h"))
+}
+
+// TestOfflineFormat1Store: a store written by a version that recorded no
+// retention is read with the default (or --retention), and gc refuses to
+// guess: it needs --retention, which it then records.
+func TestOfflineFormat1Store(t *testing.T) {
+	then := time.Now().Add(-48 * time.Hour)
+	dir := newFixtureOpts(t, &receipts.Options{Retention: 72 * time.Hour, GCInterval: -1, Now: func() time.Time { return then }})
+	db, err := receipts.Open(dir, &receipts.Options{Retention: 72 * time.Hour, GCInterval: -1})
+	require.NoError(t, err)
+	v, closer, err := db.Pebble().Get(keys.Meta)
+	require.NoError(t, err)
+	m, err := encoding.DecodeMeta(v)
+	require.NoError(t, err)
+	closer.Close()
+	b, err := encoding.EncodeMeta(&encoding.Meta{Format: 1, EpochWidth: m.EpochWidth, Secret: m.Secret, CreatedAt: m.CreatedAt})
+	require.NoError(t, err)
+	require.NoError(t, db.Pebble().Set(keys.Meta, b, pebble.Sync))
+	require.NoError(t, db.Close())
+
+	require.Empty(t, lsIDs(t, "--dir", dir)) // the default 24h
+	require.Len(t, lsIDs(t, "--dir", dir, "--retention", "72h"), 6)
+	r := cli(t, "--dir", dir, "gc").requireCode(t, exitUsage)
+	require.Contains(t, r.stderr, "records no retention")
+	r = cli(t, "--dir", dir, "gc", "--retention", "72h").requireCode(t, exitOK)
+	require.Contains(t, r.out, "dropped 0 epochs")
+	require.Len(t, lsIDs(t, "--dir", dir), 6) // 72h is recorded now
+	cli(t, "--dir", dir, "verify").requireCode(t, exitOK)
 }
