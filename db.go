@@ -94,11 +94,22 @@ const _ = uint8(64 - unsafe.Sizeof(hotFields{}))
 // means defaults. It fails with ErrInvalidOptions for options that cannot
 // work, ErrUnknownFormat for a store of a newer format, ErrLocked if another
 // process holds dir, and ErrCorrupt if the store's meta data is damaged.
+//
+// The store records the Retention and LeaseTTL it runs with, so that
+// offline tools (receiptctl) see what the service sees. A zero Retention or
+// LeaseTTL means the store's recorded value (DefaultRetention and
+// DefaultLeaseTTL for a new store, or one written by a version that
+// recorded none); a non-zero one that differs is used and recorded (synced)
+// in its place, unless the store is opened read-only (Options.Pebble.ReadOnly),
+// which uses it without recording it. DB.Options reports the values in force.
+// With a zero Retention, a LeaseTTL of DefaultRetention or more is refused:
+// set Retention too.
 func Open(dir string, opts *Options) (*DB, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
+	useStored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0}
 	o.ensureDefaults()
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -139,7 +150,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	}
 	db.tokenFn = db.newToken
 	db.hot = new(hotFields)
-	if err := db.load(); err != nil {
+	if err := db.load(useStored); err != nil {
 		_ = pdb.Close()
 		return nil, err
 	}
@@ -154,33 +165,19 @@ func Open(dir string, opts *Options) (*DB, error) {
 	return db, nil
 }
 
+// storedSettings says which options were left zero at Open: those take
+// the store's recorded values.
+type storedSettings struct{ retention, leaseTTL bool }
+
 // load reads or creates the meta record and restores the token counter, the
 // GC floor, the oldest epoch and the clock's high-water mark.
-func (db *DB) load() error {
+func (db *DB) load(useStored storedSettings) error {
 	t := db.opts.Now()
 	db.loc = t.Location()
 	now := clockNanos(t)
-	meta, err := db.getMeta()
-	switch {
-	case errors.Is(err, pebble.ErrNotFound):
-		meta = &encoding.Meta{Format: encoding.StoreFormat, EpochWidth: int64(db.opts.EpochWidth), Secret: make([]byte, 32), CreatedAt: now}
-		_, _ = rand.Read(meta.Secret)
-		b, err := encoding.EncodeMeta(meta)
-		if err != nil {
-			return err
-		}
-		if err := db.pdb.Set(keys.Meta, b, pebble.Sync); err != nil {
-			return fmt.Errorf("receipts: write meta: %w", err)
-		}
-	case err != nil:
+	if err := db.loadMeta(now, useStored); err != nil {
 		return err
-	case meta.Format != encoding.StoreFormat:
-		return fmt.Errorf("%w: store format %d, this version reads format %d", ErrUnknownFormat, meta.Format, encoding.StoreFormat)
 	}
-	if err := validateWidth(time.Duration(meta.EpochWidth), db.opts.Retention); err != nil {
-		return fmt.Errorf("stored epoch width: %w", err) // nothing written: the store was not new
-	}
-	db.width, db.secret = meta.EpochWidth, meta.Secret
 
 	ceil, err := db.getCounter(keys.TokenCeiling)
 	if err != nil {
@@ -233,6 +230,57 @@ func (db *DB) load() error {
 	}
 	db.minEpoch.Store(max(minEpoch, floor))
 	db.hot.clock.Store(hwm)
+	return nil
+}
+
+// loadMeta reads the meta record, creating it for a new store: the epoch
+// width, the ProviderKey secret, and the Retention and LeaseTTL in force
+// (the recorded ones for the options left zero). The meta is rewritten,
+// synced, when the options in force differ from what it records, or when it
+// is of the previous format (which records neither); not on a read-only
+// store.
+func (db *DB) loadMeta(now int64, useStored storedSettings) error {
+	meta, err := db.getMeta()
+	write, create := false, false
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		meta = &encoding.Meta{EpochWidth: int64(db.opts.EpochWidth), Secret: make([]byte, 32), CreatedAt: now}
+		_, _ = rand.Read(meta.Secret)
+		write, create = true, true
+	case err != nil:
+		return err
+	case meta.Format < encoding.MinStoreFormat || meta.Format > encoding.StoreFormat:
+		return fmt.Errorf("%w: store format %d, this version reads formats %d to %d", ErrUnknownFormat, meta.Format, encoding.MinStoreFormat, encoding.StoreFormat)
+	}
+	if meta.Retention > 0 && useStored.retention {
+		db.opts.Retention = time.Duration(meta.Retention)
+	}
+	if meta.LeaseTTL > 0 && useStored.leaseTTL {
+		db.opts.LeaseTTL = time.Duration(meta.LeaseTTL)
+	}
+	if err := db.opts.validate(); err != nil {
+		return fmt.Errorf("%w (Retention %s and LeaseTTL %s recorded in the store)", err, time.Duration(meta.Retention), time.Duration(meta.LeaseTTL))
+	}
+	if err := validateWidth(time.Duration(meta.EpochWidth), db.opts.Retention); err != nil {
+		return fmt.Errorf("stored epoch width: %w", err) // nothing written yet
+	}
+	db.width, db.secret = meta.EpochWidth, meta.Secret
+	db.retention, db.ttl = int64(db.opts.Retention), int64(db.opts.LeaseTTL)
+	if meta.Format != encoding.StoreFormat || meta.Retention != db.retention || meta.LeaseTTL != db.ttl {
+		write = true
+	}
+	if !write || (db.readOnly && !create) { // a read-only open of no store fails to write
+		return nil
+	}
+	next := *meta
+	next.Format, next.Retention, next.LeaseTTL = encoding.StoreFormat, db.retention, db.ttl
+	b, err := encoding.EncodeMeta(&next)
+	if err != nil {
+		return err
+	}
+	if err := db.pdb.Set(keys.Meta, b, pebble.Sync); err != nil {
+		return fmt.Errorf("receipts: write meta: %w", err)
+	}
 	return nil
 }
 

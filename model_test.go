@@ -530,6 +530,7 @@ func (m *modelSM) scan(t *rapid.T, f receipts.Filter) {
 		want[k] = r
 	}
 	seen := map[receipts.Key]bool{}
+	m.synced() // Scan syncs the WAL before it reports anything
 	for rc, err := range m.db.Scan(modelCtx, f) {
 		require.NoError(t, err, "scan %+v", f)
 		r, ok := want[rc.Key]
@@ -548,6 +549,7 @@ func (m *modelSM) scan(t *rapid.T, f receipts.Filter) {
 func (m *modelSM) Stats(t *rapid.T) {
 	now := m.tick()
 	st := m.db.Stats()
+	m.synced() // so does Stats
 	var pending, abandoned, succeeded, failed int64
 	for _, k := range modelKeys {
 		r := m.visible(k, now)
