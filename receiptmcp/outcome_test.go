@@ -85,6 +85,7 @@ func (s *slowServer) connect(wait time.Duration) *mcp.ClientSession {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		s.release() // a test that failed early must not leave the tool blocked
 		_ = cs.Close()
 		_ = ss.Wait()
 	})
