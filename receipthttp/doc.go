@@ -24,7 +24,8 @@
 //   - Same key, different payload (method, path or body by default; see
 //     Config.Fingerprint): 422.
 //   - Same key while the first request is still running: 409 with
-//     Retry-After, or, with Config.Wait, the duplicate waits (bounded) for
+//     Retry-After (the store's estimate of when the response will be there,
+//     receipts.InProgressError.RetryAfter, rounded up to whole seconds), or, with Config.Wait, the duplicate waits (bounded) for
 //     the first response and gets it replayed.
 //   - No key on a guarded method when Config.Required: 400. A key that is
 //     empty, over 255 bytes, not printable ASCII, or sent twice: 400.
@@ -55,7 +56,7 @@
 //
 // A handler whose effect lives in the same engine (receipts.DB.Pebble) can
 // stage it with Attempt.AddEffect: it commits in one synced batch with the
-// receipt (Lease.CommitWith), so the effect and its receipt are durable
+// receipt (Lease.RunBatch), so the effect and its receipt are durable
 // together or not at all.
 //
 // # Disconnects

@@ -71,7 +71,8 @@
 //   - The same key while the first call runs: the duplicate waits up to
 //     Config.Wait and replays the result; after that it gets CodeInProgress
 //     (-31409), data.type "idempotency_key_in_progress", with
-//     data.retryAfterMs.
+//     data.retryAfterMs (the store's estimate of when the result will be
+//     there, receipts.InProgressError.RetryAfter).
 //   - Once the tool may have started, it runs under a context that the
 //     client's cancellation does not cut, and its result is recorded even
 //     if the client went away. Handlers must bound their own work.
