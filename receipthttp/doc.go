@@ -65,7 +65,11 @@
 // client's disconnect does not cancel (context.WithoutCancel of the
 // request's), so an effect that has started is always recorded. The context
 // is cancelled if the claim's lease is lost to a takeover. The lease is
-// renewed in the background while the handler runs.
+// renewed in the background while the handler runs, and receipts.DB.Close
+// waits for the handler and for its response to be recorded, so a graceful
+// shutdown mid-request keeps the receipt (receipts.Lease.Run). If the
+// response cannot be recorded, the claim is abandoned and the client gets
+// 503 ProblemNotRecorded; its retry runs as a recovered attempt at once.
 //
 // # Streaming and hijacking
 //
