@@ -85,7 +85,8 @@ func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
 
 // KeepAlive renews the lease in the background, every third of LeaseTTL,
 // until stop is called (stop waits for the renewer to end). Use it with
-// Claim when the effect may take longer than the lease; Do does it for you.
+// Claim when the effect may take longer than the lease; Do and Lease.Run do
+// it for you (and, unlike KeepAlive, go on renewing while Close waits).
 // If the lease is lost (another caller took the key over) or the store is
 // closed, KeepAlive calls cancel with that error, so the effect's context
 // ends, and stops. Other renewal errors are logged and retried.
