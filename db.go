@@ -67,6 +67,8 @@ type DB struct {
 
 	n counters
 
+	est durationEstimate // claim-to-outcome time of attempts, for InProgressError.RetryAfter
+
 	tokenFn func() (uint64, error) // db.newToken, bound once (a method value allocates)
 }
 

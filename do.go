@@ -23,10 +23,13 @@ import (
 //   - Permanent(err): a definitive failure, stored as a Failed receipt.
 //   - any other error, or a panic: the outcome is unknown; the claim is
 //     abandoned at once and the next attempt gets Lease.Recovered() == true.
-//     Do returns an error wrapping fn's error (a panic is re-raised).
+//     Do returns an error wrapping ErrOutcomeUnknown and fn's error (a panic
+//     is re-raised). So does a result larger than MaxResultSize, or one
+//     whose commit fails: the effect may have happened.
 //
-// A Failed receipt, the first time or replayed, comes back with an error
-// wrapping ErrFailed. Once fn has returned, the outcome is recorded on a
+// Do is Claim with WaitForResult followed by Lease.Run, in one call that
+// Close waits for. A Failed receipt, the first time or replayed, comes back
+// with an error wrapping ErrFailed. Once fn has returned, the outcome is recorded on a
 // context detached from ctx, so a caller that goes away right after the
 // effect never loses its receipt. If the lease is lost while fn runs (another
 // caller took the key over), fn's context is cancelled with ErrLeaseLost as
@@ -72,88 +75,18 @@ func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
 		}
 		return r, nil
 	}
-	return db.run(ctx, l, batch, fn)
-}
-
-// run executes fn under l and records its outcome.
-func (db *DB) run(ctx context.Context, l *Lease, batch bool,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
-) (*Receipt, error) {
-	detached := context.WithoutCancel(ctx)
-	fctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := db.renewInBackground(l, cancel)
-
 	var b *pebble.Batch
 	if batch {
 		b = db.pdb.NewBatch()
 		defer b.Close()
 	}
-	finished := false
-	defer func() {
-		if !finished { // fn panicked (or called runtime.Goexit)
-			stop()
-			if err := l.abandon(detached); err != nil {
-				db.opts.Logger.Error("receipts: abandon after panic", "key", l.key, "err", err)
-			}
-		}
-	}()
-	result, ferr := fn(fctx, l, b)
-	finished = true
-	stop()
-
-	if ferr == nil {
-		r, err := l.finish(detached, Succeeded, result, b, nil)
-		if err != nil {
-			return nil, db.afterFinishError(detached, l, err)
-		}
-		return r, nil
-	}
-	kind, _ := outcomeOf(ferr)
-	switch kind {
-	case kindNotPerformed:
-		if err := l.release(detached); err != nil {
-			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", l.key, ferr, err)
-		}
-		return nil, fmt.Errorf("receipts: %s not performed: %w", l.key, ferr)
-	case kindPermanent:
-		if result == nil {
-			result = []byte(ferr.Error())
-		}
-		r, err := l.finish(detached, Failed, result, nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("receipts: %s failed (%w), and recording it failed: %w", l.key, ferr, db.afterFinishError(detached, l, err))
-		}
-		return r, fmt.Errorf("receipts: %s: %w: %w", l.key, ErrFailed, ferr)
-	}
-	if err := l.abandon(detached); err != nil && !errors.Is(err, ErrLeaseLost) {
-		return nil, fmt.Errorf("receipts: %s: outcome unknown (%w), and abandoning the claim failed: %w", l.key, ferr, err)
-	}
-	return nil, fmt.Errorf("receipts: %s: outcome unknown: %w", l.key, ferr)
-}
-
-// afterFinishError handles a commit that did not happen: unless the lease is
-// already lost, the claim is abandoned, since the effect may have happened.
-func (db *DB) afterFinishError(ctx context.Context, l *Lease, err error) error {
-	if errors.Is(err, ErrLeaseLost) {
-		return err
-	}
-	if aerr := l.abandon(ctx); aerr != nil && !errors.Is(aerr, ErrLeaseLost) {
-		return fmt.Errorf("%w (abandoning the claim also failed: %w)", err, aerr)
-	}
-	return err
-}
-
-// renewInBackground renews l every third of the lease TTL until stop is
-// called. If the lease is lost, it cancels fn's context with ErrLeaseLost.
-// Unlike KeepAlive it goes on while Close waits for Do to finish.
-func (db *DB) renewInBackground(l *Lease, cancel context.CancelCauseFunc) (stop func()) {
-	return l.keepAlive(cancel, l.renew)
+	return l.run(ctx, b, fn)
 }
 
 // KeepAlive renews the lease in the background, every third of LeaseTTL,
 // until stop is called (stop waits for the renewer to end). Use it with
-// Claim when the effect may take longer than the lease; Do does it for you.
+// Claim when the effect may take longer than the lease; Do and Lease.Run do
+// it for you (and, unlike KeepAlive, go on renewing while Close waits).
 // If the lease is lost (another caller took the key over) or the store is
 // closed, KeepAlive calls cancel with that error, so the effect's context
 // ends, and stops. Other renewal errors are logged and retried.

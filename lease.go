@@ -52,6 +52,7 @@ type Lease struct {
 	token     uint64
 	attempt   uint32
 	recovered bool
+	claimedAt int64 // store time of the claim, for the attempt-duration estimate
 }
 
 // Key returns the operation's key.
@@ -193,7 +194,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			if res.Recovered {
 				db.n.takeovers.Add(1)
 			}
-			return &Lease{db: db, key: k, lockKey: keys.AppendLockKey(nil, k.Scope, k.ID), token: res.Next.Token, attempt: res.Next.Attempts, recovered: res.Recovered}, nil, nil
+			return &Lease{db: db, key: k, lockKey: keys.AppendLockKey(nil, k.Scope, k.ID), token: res.Next.Token, attempt: res.Next.Attempts, recovered: res.Recovered, claimedAt: now}, nil, nil
 
 		case machine.Replay:
 			e.Unlock()
@@ -211,13 +212,14 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 			waited = true
 		}
 		retry := time.Duration(res.RetryAfter)
+		hint := db.retryAfter(cur, now, res.RetryAfter)
 		wait := min(retry, waitRecheck)
 		if !deadline.IsZero() {
 			wait = min(wait, time.Until(deadline))
 		}
 		if !cfg.wait || (!deadline.IsZero() && wait <= 0) {
 			e.Unlock()
-			return nil, nil, &InProgressError{Key: k, RetryAfter: retry}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: hint}
 		}
 		w := e.Watch()
 		e.Unlock()
@@ -228,7 +230,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig) (*Le
 		case <-ctx.Done():
 			t.Stop()
 			w.Done()
-			return nil, nil, &InProgressError{Key: k, RetryAfter: retry, cause: ctx.Err()}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: ctx.Err()}
 		case <-db.closing:
 			t.Stop()
 			w.Done()
@@ -300,8 +302,9 @@ func (l *Lease) update(ctx context.Context, b *pebble.Batch, noSync, notify bool
 	if next != nil && !noSync {
 		db.cache.PutEncoded(l.lockKey, key, epoch, next, enc) // synced (finished records only)
 	}
-	if notify {
+	if notify { // the attempt is settled
 		e.Notify()
+		db.est.observe(now - l.claimedAt)
 	}
 	return next, nil
 }

@@ -1,0 +1,224 @@
+package receipts
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/encoding"
+)
+
+// Run executes fn under l and records its outcome the way Do does: it is
+// the one place where "run the work under a lease, renew it, record what
+// happened" is written, and Do, DoBatch and the HTTP and MCP front ends
+// all go through it.
+//
+// While fn runs, the lease is renewed in the background (every third of
+// LeaseTTL); if it is lost (another caller took the key over), fn's context
+// is cancelled with ErrLeaseLost as its cause. Once fn has returned, its
+// outcome is recorded on a context detached from ctx, so a caller that goes
+// away right after the effect never loses its receipt. fn's error decides
+// what is recorded, exactly as for Do:
+//   - nil: the result is committed as a Succeeded receipt, returned with a
+//     nil error.
+//   - NotPerformed(err): the claim is released; Run returns an error
+//     wrapping err.
+//   - Permanent(err): a Failed receipt is stored (its result is what fn
+//     returned, or err's text) and returned with an error wrapping ErrFailed
+//     and err.
+//   - any other error, or a panic: the claim is abandoned at once and the
+//     next attempt gets Recovered() == true. Run returns an error wrapping
+//     ErrOutcomeUnknown and fn's error (a panic is re-raised).
+//
+// A result larger than MaxResultSize cannot be recorded, and neither can a
+// result whose commit fails: the effect may have happened, so the claim is
+// abandoned and Run returns an error wrapping ErrOutcomeUnknown (not
+// ErrResultTooLarge: the caller's input was not at fault).
+//
+// Close waits for a Run in progress, including the recording of its
+// outcome, and renewal goes on meanwhile. A lease that is not in Run does
+// not hold Close up: Run (or Commit, Fail, Release, Abandon) called once
+// Close has begun returns ErrClosed without calling fn, and the claim stays
+// Pending until its lease runs out. Call Run right after Claim.
+func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, l *Lease) ([]byte, error)) (*Receipt, error) {
+	if err := l.db.enter(); err != nil {
+		return nil, err
+	}
+	defer l.db.exit()
+	return l.run(ctx, nil, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
+		return fn(ctx, l)
+	})
+}
+
+// RunBatch is Run for effects that live in this same engine: fn writes its
+// effect into b (the application's own keys), and a Succeeded receipt
+// commits with b in one synced batch. For any other outcome b is discarded.
+func (l *Lease) RunBatch(ctx context.Context, fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error)) (*Receipt, error) {
+	if err := l.db.enter(); err != nil {
+		return nil, err
+	}
+	defer l.db.exit()
+	b := l.db.pdb.NewBatch()
+	defer b.Close()
+	return l.run(ctx, b, fn)
+}
+
+// run is Run without the in-flight gate, which the caller holds. b, if not
+// nil, is handed to fn and committed with a Succeeded receipt.
+func (l *Lease) run(ctx context.Context, b *pebble.Batch,
+	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+) (*Receipt, error) {
+	db := l.db
+	detached := context.WithoutCancel(ctx)
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// Renewals bypass the gate: they go on while Close waits for this Run.
+	stop := l.keepAlive(cancel, l.renew)
+
+	finished := false
+	defer func() {
+		if !finished { // fn panicked (or called runtime.Goexit)
+			stop()
+			_ = l.abandonUnknown(detached)
+		}
+	}()
+	result, ferr := fn(fctx, l, b)
+	finished = true
+	stop()
+
+	kind, _ := outcomeOf(ferr)
+	switch {
+	case ferr == nil || kind == kindPermanent:
+		state := Succeeded
+		if ferr != nil {
+			state, b = Failed, nil // a Failed receipt is written without the effect
+			if result == nil {
+				result = []byte(ferr.Error())
+			}
+		}
+		if len(result) > MaxResultSize {
+			return nil, l.outcomeUnknown(fmt.Sprintf("a result of %d bytes exceeds MaxResultSize (%d) and cannot be recorded; the claim is abandoned",
+				len(result), MaxResultSize), ferr, l.abandonUnknown(detached))
+		}
+		r, err := l.finish(detached, state, result, b, nil)
+		if err != nil {
+			return nil, l.outcomeUnknown("recording it failed", ferr, db.afterFinishError(detached, l, err))
+		}
+		if ferr != nil {
+			return r, fmt.Errorf("receipts: %s: %w: %w", l.key, ErrFailed, ferr)
+		}
+		return r, nil
+
+	case kind == kindNotPerformed:
+		if err := l.release(detached); err != nil {
+			l.settleFailed("release", err)
+			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", l.key, ferr, err)
+		}
+		return nil, fmt.Errorf("receipts: %s not performed: %w", l.key, ferr)
+	}
+	return nil, l.outcomeUnknown("", ferr, l.abandonUnknown(detached))
+}
+
+// outcomeUnknown is the error Run returns when the effect may have happened
+// but no outcome is recorded: it wraps ErrOutcomeUnknown, names the key,
+// says why, and wraps every non-nil cause.
+func (l *Lease) outcomeUnknown(why string, causes ...error) error {
+	format, args := "%w: %s", []any{ErrOutcomeUnknown, l.key}
+	if why != "" {
+		format, args = format+": %s", append(args, why)
+	}
+	for _, c := range causes {
+		if c != nil {
+			format, args = format+": %w", append(args, c)
+		}
+	}
+	return fmt.Errorf(format, args...)
+}
+
+// abandonUnknown abandons l after an outcome that cannot be recorded and
+// returns what to add to the error: nil if the claim is abandoned, an error
+// wrapping ErrLeaseLost if another caller took the key over (its holder
+// reconciles), or the failure to abandon (logged).
+func (l *Lease) abandonUnknown(ctx context.Context) error {
+	err := l.abandon(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrLeaseLost):
+		return err
+	}
+	l.settleFailed("abandon", err)
+	return fmt.Errorf("abandoning the claim failed: %w", err)
+}
+
+// settleFailed logs a claim that could not be settled: it stays Pending
+// until its lease runs out.
+func (l *Lease) settleFailed(what string, err error) {
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		l.db.opts.Logger.Warn("receipts: "+what+" failed; the claim stays pending until its lease runs out", "key", l.key, "err", err)
+	}
+}
+
+// afterFinishError handles a commit that did not happen: unless the lease is
+// already lost, the claim is abandoned, since the effect may have happened.
+func (db *DB) afterFinishError(ctx context.Context, l *Lease, err error) error {
+	if errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	if aerr := l.abandonUnknown(ctx); aerr != nil {
+		return fmt.Errorf("%w (%w)", err, aerr)
+	}
+	return err
+}
+
+// minRetryAfter is the smallest RetryAfter an InProgressError reports
+// (unless the holder's lease ends sooner).
+const minRetryAfter = time.Millisecond
+
+// durationEstimate is a moving average of how long an attempt takes, from
+// its claim to its settled outcome (commit, fail, release or abandon), in
+// store nanoseconds. It is updated with one compare-and-swap per outcome and
+// read with one load; zero means nothing was measured yet.
+type durationEstimate struct{ avg atomic.Int64 }
+
+// observe folds one attempt's duration d into the average (weight 1/8).
+func (e *durationEstimate) observe(d int64) {
+	d = max(d, 0)
+	for {
+		old := e.avg.Load()
+		next := d
+		if old > 0 {
+			next = old + (d-old)/8
+		}
+		if e.avg.CompareAndSwap(old, max(next, 1)) {
+			return
+		}
+	}
+}
+
+// retryAfter estimates, at now, when the answer for the key whose live
+// record is cur will be there: the typical attempt duration minus how long
+// this attempt has run (from the record's times: since CreatedAt for a first
+// attempt, and at least since the last takeover or renewal, LeaseExpiresAt -
+// LeaseTTL, for a later one). An attempt already past the typical duration
+// gets one more typical duration. The estimate is at least minRetryAfter and
+// never past the lease's end, leaseLeft from now; with nothing measured yet
+// it is leaseLeft.
+func (db *DB) retryAfter(cur *encoding.Record, now, leaseLeft int64) time.Duration {
+	est := db.est.avg.Load()
+	if est == 0 {
+		return time.Duration(leaseLeft)
+	}
+	start := cur.CreatedAt
+	if cur.Attempts != 1 {
+		start = cur.LeaseExpiresAt - db.ttl
+	}
+	left := est - max(now-start, 0)
+	if left <= 0 {
+		left = est
+	}
+	return time.Duration(max(min(left, leaseLeft), min(int64(minRetryAfter), leaseLeft)))
+}
