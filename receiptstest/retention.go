@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ var retentionTests = []test{
 	{"ClockBackwards/AfterGC", testClockBackAfterGC},
 	{"ClockBackwards/AcrossARestart", testClockBackRestart},
 	{"ReopenWithAnotherRetention", testReopenOtherRetention},
+	{"GCConcurrentWithClaims", testGCConcurrentWithClaims},
 }
 
 // A receipt is visible until exactly UpdatedAt+Retention (1ns before: yes;
@@ -386,4 +388,99 @@ func testReopenOtherRetention(t *testing.T, s Store) {
 	require.True(t, l2.Recovered(), "the crashed holder's lease should have run out after LeaseTTL")
 	_, err := l.Commit(bg, nil)
 	require.ErrorIs(t, err, receipts.ErrLeaseLost)
+}
+
+// GC running all the time while claims and commits go on (and the clock
+// moves) never takes a receipt away before its expiry; in the end it
+// collects everything.
+func testGCConcurrentWithClaims(t *testing.T, s Store) {
+	e := newEnv(t, s, nil)
+	db := e.db
+	const workers, perWorker = 4, 100
+	var (
+		mu      sync.Mutex
+		done    []*receipts.Receipt
+		stop    = make(chan struct{})
+		gcDone  = make(chan struct{})
+		dropped int
+	)
+	go func() {
+		defer close(gcDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st, err := db.GC(bg)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			dropped += st.EpochsDropped
+			mu.Unlock()
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWorker {
+				k := key(fmt.Sprint("w", w), fmt.Sprint(i))
+				claimedBy := e.clock.Now()
+				l, _, err := db.Claim(bg, k, []byte("fp"))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				e.clock.Advance(20 * time.Second)
+				r, err := l.Commit(bg, []byte("x"))
+				if errors.Is(err, receipts.ErrLeaseLost) && !e.clock.Now().Before(claimedBy.Add(retention)) {
+					continue // the claim expired before the commit: right
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := db.Lookup(bg, k); err != nil && e.clock.Now().Before(r.ExpiresAt) {
+					t.Errorf("%s: %v before its expiry %s", k, err, r.ExpiresAt)
+				}
+				mu.Lock()
+				done = append(done, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-gcDone
+	require.False(t, t.Failed())
+	require.Positive(t, dropped)
+	last := done[0].ExpiresAt
+	for _, r := range done {
+		if r.ExpiresAt.After(last) {
+			last = r.ExpiresAt
+		}
+	}
+	for {
+		now := e.clock.Now()
+		for _, r := range done {
+			_, err := db.Lookup(bg, r.Key)
+			if now.Before(r.ExpiresAt) {
+				require.NoError(t, err, "%s at %s, expires %s", r.Key, now, r.ExpiresAt)
+			} else {
+				require.ErrorIs(t, err, receipts.ErrNotFound)
+			}
+		}
+		if now.After(last.Add(retention)) {
+			break
+		}
+		e.clock.Advance(10 * time.Minute)
+		e.gc()
+	}
+	e.gc()
+	e.wantCounts(counts{})
+	require.Zero(t, db.Stats().Expired, "GC collected everything")
 }
