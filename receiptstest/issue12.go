@@ -6,6 +6,10 @@ package receiptstest
 // starts with t.Skip("pending issue 12 item N"): remove that line once the
 // fix is merged.
 //
+//   - Item 3, options that cannot work are refused: a duration option whose
+//     arithmetic would overflow (a Retention near math.MaxInt64) is either
+//     refused with ErrInvalidOptions or works (today every record is
+//     expired the moment it is written).          Issue12/Item3/...
 //   - Item 4, WaitAtMost(d) with d <= 0 looks once and answers (today it
 //     waits without any bound).                      Issue12/Item4/...
 //   - Item 5, Close hands out no new lease: a waiter woken while Close runs
@@ -28,6 +32,8 @@ package receiptstest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -37,12 +43,48 @@ import (
 )
 
 var issue12Tests = []test{
+	{"Item3/HugeDurationsRefusedOrWorking", testHugeDurations},
 	{"Item4/WaitAtMostNonPositiveLooksOnce", testWaitAtMostNonPositive},
 	{"Item5/CloseHandsOutNoNewLease", testCloseHandsOutNoLease},
 	{"Item6/ReleaseOfRecoveredLeaseKeepsRecovered", testReleaseRecoveredKeepsRecovered},
 	{"Item6/NotPerformedOnRecoveredLeaseKeepsRecovered", testNotPerformedRecoveredKeepsRecovered},
 	{"Item7/OversizedResultIsOutcomeUnknown", testOversizedResultOutcomeUnknown},
 	{"Item10/RetryAfterEstimatesTheAnswer", testRetryAfterEstimate},
+}
+
+// A Retention or LeaseTTL whose arithmetic would overflow is refused with
+// ErrInvalidOptions, or it works: a receipt is replayed, not expired the
+// moment it is written, and a lease stays live.
+func testHugeDurations(t *testing.T, s Store) {
+	t.Skip("pending issue 12 item 3")
+	for _, o := range []struct{ retention, ttl time.Duration }{
+		{math.MaxInt64, 0},
+		{math.MaxInt64, math.MaxInt64 - 1},
+		{250 * 365 * 24 * time.Hour, 0}, // past about 236 years
+	} {
+		t.Run(fmt.Sprintf("retention=%d,ttl=%d", o.retention, o.ttl), func(t *testing.T) {
+			clock := NewClock(time.Time{})
+			db, err := s.Open(t, receipts.Options{Retention: o.retention, LeaseTTL: o.ttl, GCInterval: -1, Now: clock.Now})
+			if err != nil {
+				require.ErrorIs(t, err, receipts.ErrInvalidOptions)
+				return
+			}
+			defer db.Close()
+			k := key("a", "k")
+			l, _, err := db.Claim(bg, k, []byte("fp"))
+			require.NoError(t, err)
+			_, _, err = db.Claim(bg, k, []byte("fp"))
+			require.ErrorIs(t, err, receipts.ErrInProgress, "the lease is live")
+			r, err := l.Commit(bg, []byte("done"))
+			require.NoError(t, err)
+			require.True(t, r.ExpiresAt.After(r.UpdatedAt), "ExpiresAt %s, UpdatedAt %s", r.ExpiresAt, r.UpdatedAt)
+			clock.Advance(24 * time.Hour)
+			_, got, err := db.Claim(bg, k, []byte("fp"))
+			require.NoError(t, err)
+			require.NotNil(t, got, "the receipt expired at once")
+			require.Equal(t, []byte("done"), got.Result)
+		})
+	}
 }
 
 // WaitAtMost(d) with d <= 0 looks once and answers: in progress at once
