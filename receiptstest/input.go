@@ -44,6 +44,7 @@ func testBadKeys(t *testing.T, s Store) {
 		t.Run(tc.name, func(t *testing.T) {
 			l, r, err := e.db.Claim(bg, tc.k, tc.fp)
 			require.ErrorIs(t, err, tc.want)
+			require.ErrorIs(t, err, receipts.ErrInvalidKey, "an invalid fingerprint matches ErrInvalidKey too")
 			require.ErrorIs(t, err, receipts.ErrInvalidArgument)
 			require.Nil(t, l)
 			require.Nil(t, r)

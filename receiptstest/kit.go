@@ -255,6 +255,10 @@ func (e *env) wantCounts(c counts) {
 	require.Equal(e.t, c, counts{st.Pending, st.Abandoned, st.Succeeded, st.Failed}, "records counted by Stats")
 }
 
+// expired is how many records are past retention but not collected yet
+// (Stats.Expired; see wantCounts).
+func (e *env) expired() int64 { return e.db.Stats().Expired }
+
 // sameReceipt requires got to be the receipt want: every field, times
 // compared as instants.
 func sameReceipt(t testing.TB, want, got *receipts.Receipt) {
