@@ -19,9 +19,12 @@
 // topic or one behaviour can be selected with go test -run. Each test opens
 // its own store with Retention 1h, LeaseTTL 30s, background GC off, and
 // Options.Now set to a Clock of its own: time moves only when the test
-// moves it, so leases run out and receipts expire without sleeping. (A few
-// tests of background renewal use a 30ms lease on the wall clock.)
-// The Concurrency topic is meant to run under -race.
+// moves it, so leases run out and receipts expire without sleeping. The
+// engine must take every time it decides by (leases, expiry, GC) from
+// Options.Now. (A few tests of background renewal use a 30ms lease on the
+// wall clock, and tests with waiters give them a few milliseconds to start
+// waiting; no result depends on that.) The Concurrency topic is meant to
+// run under -race.
 //
 // Tests of the Pebble-only methods (Lease.CommitWith, DB.DoBatch,
 // DB.Pebble) skip on an engine whose DB.Pebble returns nil. Tests of
