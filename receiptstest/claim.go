@@ -64,6 +64,14 @@ func testClaimCommitReplay(t *testing.T, s Store) {
 	require.NoError(t, err)
 	sameReceipt(t, got, r)
 
+	// A receipt is the caller's own: changing it changes no later replay.
+	r.Result[0], r.Fingerprint[0] = 'X', 'X'
+	got.Result[1] = 'X'
+	sameReceipt(t, e.replay(k, fp), e.lookup(k))
+	require.Equal(t, []byte("item 1"), e.replay(k, fp).Result)
+	require.Equal(t, []byte(fp), e.lookup(k).Fingerprint)
+	got = e.lookup(k)
+
 	// The committed lease is spent, and the receipt is unchanged.
 	_, err = l.Commit(bg, []byte("again"))
 	require.ErrorIs(t, err, receipts.ErrLeaseLost)

@@ -15,7 +15,8 @@
 //
 // Run runs each contract test as a subtest named Topic/Behaviour (Claim,
 // Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tokens, Restart,
-// BadInput, Close, Scan, Concurrency, Isolation, Pebble, Issue12), so one
+// BadInput, Close, Scan, Stats, Concurrency, Isolation, Pebble,
+// Issue12), so one
 // topic or one behaviour can be selected with go test -run. Each test opens
 // its own store with Retention 1h, LeaseTTL 30s, background GC off, and
 // Options.Now set to a Clock of its own: time moves only when the test

@@ -58,6 +58,7 @@ func topics() []struct {
 		{"BadInput", badInputTests},
 		{"Close", closeTests},
 		{"Scan", scanTests},
+		{"Stats", statsTests},
 		{"Concurrency", concurrencyTests},
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
