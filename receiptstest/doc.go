@@ -13,11 +13,10 @@
 //		receiptstest.Run(t, myStore{})
 //	}
 //
-// Run runs each contract test as a subtest named Topic/Behaviour (Claim,
-// Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tokens, Restart,
-// BadInput, Close, Scan, Stats, Concurrency, Isolation, Pebble,
-// Issue12), so one
-// topic or one behaviour can be selected with go test -run. Each test opens
+// Run runs each contract test as a subtest named Topic/Behaviour (topics:
+// Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tokens, Restart,
+// BadInput, Close, Scan, Stats, Concurrency, Isolation, Pebble, Issue12), so
+// one topic or one behaviour can be selected with go test -run. Each test opens
 // its own store with Retention 1h, LeaseTTL 30s, background GC off, and
 // Options.Now set to a Clock of its own: time moves only when the test
 // moves it, so leases run out and receipts expire without sleeping. The
