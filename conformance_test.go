@@ -8,7 +8,9 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/stretchr/testify/require"
 )
 
 // TestConformance runs the contract kit (package receiptstest) on the
@@ -78,4 +80,22 @@ func (s *pebbleStore) open(t testing.TB, p place, opts receipts.Options) (*recei
 	s.mu.Unlock()
 	t.Cleanup(func() { _ = db.Close() })
 	return db, nil
+}
+
+// Corrupt writes garbage over k's record key (found through the layout in
+// internal/keys), synced.
+func (s *pebbleStore) Corrupt(t testing.TB, db *receipts.DB, k receipts.Key) {
+	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	require.NoError(t, err)
+	var rk []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		_, scope, id, err := keys.ParseRecord(it.Key())
+		require.NoError(t, err)
+		if scope == k.Scope && id == k.ID {
+			rk = append([]byte{}, it.Key()...)
+		}
+	}
+	require.NoError(t, it.Close())
+	require.NotNil(t, rk, "no record of %s", k)
+	require.NoError(t, db.Pebble().Set(rk, []byte("\x8f\x13garbage\xff\x00\x01 that is not a record"), pebble.Sync))
 }

@@ -15,21 +15,23 @@
 //
 // Run runs each contract test as a subtest named Topic/Behaviour (topics:
 // Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tokens, Restart,
-// BadInput, Close, Scan, Stats, Concurrency, Isolation, Pebble, Issue12), so
-// one topic or one behaviour can be selected with go test -run. Each test opens
-// its own store with Retention 1h, LeaseTTL 30s, background GC off, and
-// Options.Now set to a Clock of its own: time moves only when the test
-// moves it, so leases run out and receipts expire without sleeping. The
-// engine must take every time it decides by (leases, expiry, GC) from
-// Options.Now. (A few tests of background renewal use a 30ms lease on the
-// wall clock, and tests with waiters give them a few milliseconds to start
-// waiting; no result depends on that.) The Concurrency topic is meant to
-// run under -race.
+// BadInput, Close, Scan, Stats, Corrupt, Concurrency, Isolation, Pebble,
+// Issue12), so one topic or one behaviour can be selected with go test
+// -run. Each test opens its own store with Retention 1h, LeaseTTL 30s,
+// background GC off, and Options.Now set to a Clock of its own: time moves
+// only when the test moves it, so leases run out and receipts expire without
+// sleeping. The engine must take every time it decides by (leases, expiry,
+// GC) from Options.Now. (A few tests of background renewal use a 30ms lease
+// on the wall clock, and tests with waiters give them a few milliseconds to
+// start waiting; no result depends on that.) The Concurrency topic is meant
+// to run under -race.
 //
-// Tests of the Pebble-only methods (Lease.CommitWith, DB.DoBatch,
-// DB.Pebble) skip on an engine whose DB.Pebble returns nil. Tests of
-// behaviours that issue 12 is changing start with t.Skip("pending issue 12
-// item N") until the fix is merged (see issue12.go).
+// The Corrupt topic runs only if the Store also implements Corrupter (it
+// damages a stored record). Tests of the Pebble-only methods
+// (Lease.CommitWith, DB.DoBatch, DB.Pebble) skip on an engine whose
+// DB.Pebble returns nil. Tests of behaviours that issue 12 is changing start
+// with t.Skip("pending issue 12 item N") until the fix is merged (see
+// issue12.go).
 //
 // Environment: RECEIPTSTEST_ISOLATION_CHECKS sets how many random checks the
 // scope-isolation property runs (default 300).

@@ -59,6 +59,7 @@ func topics() []struct {
 		{"Close", closeTests},
 		{"Scan", scanTests},
 		{"Stats", statsTests},
+		{"Corrupt", corruptTests},
 		{"Concurrency", concurrencyTests},
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
