@@ -13,7 +13,9 @@ package receiptstest
 //   - Item 4, WaitAtMost(d) with d <= 0 looks once and answers (today it
 //     waits without any bound).                      Issue12/Item4/...
 //   - Item 5, Close hands out no new lease: a waiter woken while Close runs
-//     gets ErrClosed, not a lease.                   Issue12/Item5/...
+//     gets ErrClosed, not a lease. CloseHandsOutNoNewLease orders the
+//     events and passes today; CloseRaceHandsOutNoNewLease races them and
+//     catches today's bug most runs.                 Issue12/Item5/...
 //   - Item 6, an unknown outcome is never forgotten: releasing a Recovered
 //     lease (Release, or NotPerformed from Do's fn) keeps the next attempt
 //     Recovered (today the record is deleted and the next attempt is
@@ -35,6 +37,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,6 +49,7 @@ var issue12Tests = []test{
 	{"Item3/HugeDurationsRefusedOrWorking", testHugeDurations},
 	{"Item4/WaitAtMostNonPositiveLooksOnce", testWaitAtMostNonPositive},
 	{"Item5/CloseHandsOutNoNewLease", testCloseHandsOutNoLease},
+	{"Item5/CloseRaceHandsOutNoNewLease", testCloseRaceHandsOutNoLease},
 	{"Item6/ReleaseOfRecoveredLeaseKeepsRecovered", testReleaseRecoveredKeepsRecovered},
 	{"Item6/NotPerformedOnRecoveredLeaseKeepsRecovered", testNotPerformedRecoveredKeepsRecovered},
 	{"Item7/OversizedResultIsOutcomeUnknown", testOversizedResultOutcomeUnknown},
@@ -117,10 +121,9 @@ func testWaitAtMostNonPositive(t *testing.T, s Store) {
 // in-flight Do), a waiter woken by that Do releasing its key gets
 // ErrClosed, not a lease, and the key is free after a restart.
 //
-// This orders the events deterministically. It does not reproduce the race
-// the issue describes (a waiter that is between two waits when Close
-// begins claims without looking at Close); that needs a hook inside the
-// engine, so the fix needs a test of its own next to the code.
+// This orders the events deterministically, and passes today. The race the
+// issue describes (a waiter that is between two waits when Close begins
+// claims without looking at Close) is testCloseRaceHandsOutNoLease.
 func testCloseHandsOutNoLease(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
 	k := key("a", "k")
@@ -265,4 +268,78 @@ func testRetryAfterEstimate(t *testing.T, s Store) {
 	require.LessOrEqual(t, ip.RetryAfter, time.Millisecond)
 	_, err := l.Commit(bg, []byte("done"))
 	require.NoError(t, err)
+}
+
+// While Close is beginning, holders release keys that waiters wait for. A
+// waiter that decides its claim after Close began must get ErrClosed. The
+// kit cannot see inside Close, so it uses the store's clock as a witness:
+// once new calls are refused (Close has begun) it moves the clock a second
+// ahead; a claim record written at that later time, found after a restart,
+// was handed out during Close. A claim decided before the jump carries an
+// earlier time.
+//
+// It is probabilistic: on the code it was written against it caught the
+// race in about 4 runs of 5 (30 trials each). A fix that refuses a claim
+// once Close has begun, checked under the key lock after the claim's time
+// is read, passes it every time.
+func testCloseRaceHandsOutNoLease(t *testing.T, s Store) {
+	t.Skip("pending issue 12 item 5")
+	const trials, keys = 30, 32
+	caught := 0
+	for trial := range trials {
+		e := newEnv(t, s, nil)
+		inflight := key("a", "inflight")
+		started, finish := make(chan struct{}), make(chan struct{})
+		doDone := make(chan error, 1)
+		go func() {
+			_, err := e.db.Do(bg, inflight, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+				close(started)
+				<-finish
+				return []byte("x"), nil
+			})
+			doDone <- err
+		}()
+		recv(t, started, "fn to start")
+		var holders []*receipts.Lease
+		for i := range keys {
+			holders = append(holders, e.claim(key("b", fmt.Sprint(i)), "fp"))
+		}
+		var wg sync.WaitGroup
+		for i := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _, _ = e.db.Claim(bg, key("b", fmt.Sprint(i)), []byte("fp"), receipts.WaitForResult())
+			}()
+		}
+		letWaitersWait()
+		go func() {
+			for _, h := range holders {
+				_ = h.Release(bg)
+			}
+		}()
+		closed := make(chan error, 1)
+		time.Sleep(time.Duration(trial%8) * 20 * time.Microsecond) // vary the overlap
+		go func() { closed <- e.db.Close() }()
+		for { // until Close has begun
+			_, err := e.db.Lookup(bg, key("a", "probe"))
+			if errors.Is(err, receipts.ErrClosed) {
+				break
+			}
+		}
+		jump := e.clock.Advance(time.Second)
+		close(finish)
+		require.NoError(t, recv(t, doDone, "Do"))
+		require.NoError(t, recv(t, closed, "Close"))
+		wg.Wait()
+		e.reopen()
+		for r, err := range e.db.Scan(bg, receipts.Filter{Scope: "b"}) {
+			require.NoError(t, err)
+			if !r.UpdatedAt.Before(jump) {
+				caught++
+				t.Logf("trial %d: %s claimed at %s, after Close began", trial, r.Key, r.UpdatedAt)
+			}
+		}
+	}
+	require.Zero(t, caught, "leases handed out during Close")
 }
