@@ -51,10 +51,14 @@ var (
 // engines, rejects them unless zero.
 type Options struct {
 	// Retention is how long a receipt, or an abandoned claim, stays visible
-	// after its last write. Default 24h; at most MaxRetention (100 years).
+	// after its last write; at most MaxRetention (100 years). The store
+	// records it: zero means the value recorded in an existing store (so
+	// offline tools see what the service sees), or 24h for a new one; a
+	// different value is used and recorded.
 	Retention time.Duration
-	// LeaseTTL is how long a claim's lease lasts without renewal. Default
-	// 30s; must be positive and less than Retention.
+	// LeaseTTL is how long a claim's lease lasts without renewal; it must
+	// be positive and less than Retention. Recorded like Retention: zero
+	// means the recorded value, or 30s for a new store.
 	LeaseTTL time.Duration
 	// GCInterval is how often background GC runs. Zero means the default
 	// (the epoch width, between one second and one hour); negative disables

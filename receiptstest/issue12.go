@@ -60,7 +60,6 @@ var issue12Tests = []test{
 // ErrInvalidOptions, or it works: a receipt is replayed, not expired the
 // moment it is written, and a lease stays live.
 func testHugeDurations(t *testing.T, s Store) {
-	t.Skip("pending issue 12 item 3")
 	for _, o := range []struct{ retention, ttl time.Duration }{
 		{math.MaxInt64, 0},
 		{math.MaxInt64, math.MaxInt64 - 1},
@@ -95,7 +94,6 @@ func testHugeDurations(t *testing.T, s Store) {
 // (not the context's error), a lease for a free key, the receipt for a
 // finished one.
 func testWaitAtMostNonPositive(t *testing.T, s Store) {
-	t.Skip("pending issue 12 item 4")
 	e := newEnv(t, s, nil)
 	k := key("a", "held")
 	l := e.claim(k, "fp")
@@ -169,7 +167,6 @@ func testCloseHandsOutNoLease(t *testing.T, s Store) {
 // the earlier attempt's outcome is still unknown. Across a restart too,
 // and until something definitive is recorded.
 func testReleaseRecoveredKeepsRecovered(t *testing.T, s Store) {
-	t.Skip("pending issue 12 item 6")
 	e := newEnv(t, s, nil)
 	k := key("a", "k")
 	first := e.claim(k, "fp")
@@ -205,7 +202,6 @@ func testReleaseRecoveredKeepsRecovered(t *testing.T, s Store) {
 // The same through Do: NotPerformed from a Recovered attempt's fn keeps the
 // next attempt Recovered.
 func testNotPerformedRecoveredKeepsRecovered(t *testing.T, s Store) {
-	t.Skip("pending issue 12 item 6")
 	e := newEnv(t, s, nil)
 	k := key("a", "k")
 	_, err := e.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
@@ -228,7 +224,6 @@ func testNotPerformedRecoveredKeepsRecovered(t *testing.T, s Store) {
 // outcome-unknown error that names the key and is not bad input; the claim
 // is abandoned.
 func testOversizedResultOutcomeUnknown(t *testing.T, s Store) {
-	t.Skip("pending issue 12 item 7")
 	e := newEnv(t, s, nil)
 	k := key("tenant-7", "op-oversized")
 	r, err := e.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
@@ -248,7 +243,6 @@ func testOversizedResultOutcomeUnknown(t *testing.T, s Store) {
 // take about 100ms, a retry of one just started is told well under the
 // lease (today it is told the lease's remaining time, 30s).
 func testRetryAfterEstimate(t *testing.T, s Store) {
-	t.Skip("pending issue 12 item 10")
 	e := newEnv(t, s, nil)
 	for i := range 20 {
 		_, err := e.db.Do(bg, key("a", "warm-"+string(rune('a'+i))), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
