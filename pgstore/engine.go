@@ -303,7 +303,7 @@ func retryable(err error) bool {
 // noPartition: a row's epoch has no partition yet (maintenance has not created it).
 func noPartition(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23514" && pe.TableName == "" && containsNoPartition(pe.Message)
+	return errors.As(err, &pe) && pe.Code == "23514" && containsNoPartition(pe.Message)
 }
 
 func containsNoPartition(msg string) bool { return regexpNoPartition.MatchString(msg) }
