@@ -30,7 +30,7 @@ type claimRow struct {
 // commit after its snapshot (no row back), when a takeable row was locked by a writer (busy),
 // on serialization failures, on a missing partition, and when its reply was lost.
 const (
-	maxBusy      = 40 // busy retries (backoff 1 ms doubling to 16 ms: about half a second)
+	maxBusy      = 12 // busy retries (backoff 1 ms doubling to 16 ms: about 150 ms in all)
 	maxLostReply = 8
 	maxOther     = 20
 )
