@@ -47,12 +47,15 @@ type Cluster struct {
 // FindBinDir returns the directory holding initdb and pg_ctl: $PG_BINDIR if set, the newest
 // /usr/lib/postgresql/*/bin, `pg_config --bindir`, or the PATH.
 func FindBinDir() (string, error) {
-	if d := os.Getenv("PG_BINDIR"); d != "" {
-		return d, nil
-	}
 	has := func(d string) bool {
 		_, err := os.Stat(filepath.Join(d, "initdb"))
 		return err == nil
+	}
+	if d := os.Getenv("PG_BINDIR"); d != "" {
+		if has(d) {
+			return d, nil
+		}
+		return "", fmt.Errorf("%w (PG_BINDIR=%s has no initdb)", ErrNoServer, d)
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
