@@ -194,7 +194,13 @@ var errAbsent = errors.New("pgstore: absent")
 func (e *engine) Lookup(ctx context.Context, k driver.Key) (driver.Record, bool, time.Time, error) {
 	var rec driver.Record
 	var now time.Time
-	err := scanRecord(e.pool.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), e.nowArg()), &rec, &now)
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = scanRecord(e.pool.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), e.nowArg()), &rec, &now)
+		if attempt >= maxLostReply || !lostReply(ctx, err) || sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
+			break
+		}
+	}
 	e.saw(now)
 	switch {
 	case errors.Is(err, errAbsent):

@@ -1,12 +1,14 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/receiptstore/receipts/driver"
 )
@@ -20,13 +22,20 @@ func (e *engine) fencedArgs(k driver.Key, token uint64, extra ...any) []any {
 
 // write runs a fenced UPDATE that returns the record, retrying serialization failures (a
 // concurrent writer moved the row to another partition: the retry then finds the row by its
-// token, or finds it gone). No row: driver.ErrLeaseLost.
-func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.Key, args []any) (driver.Record, string, error) {
+// token, or finds it gone) and, outside a transaction, broken connections. No row:
+// driver.ErrLeaseLost, unless an earlier attempt lost its reply and verify (if set) finds that
+// it had been applied.
+func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.Key, args []any, verify func(driver.Record) bool) (driver.Record, string, error) {
+	_, inTx := q.(pgx.Tx)
+	lost := false
 	for attempt := 0; ; attempt++ {
 		var rec driver.Record
 		var now time.Time
 		var xid string
 		err := scanRecord(q.QueryRow(ctx, sql, args...), &rec, &now, &xid)
+		if err == nil && !inTx && e.testLoseReply != nil {
+			err = e.testLoseReply()
+		}
 		if err == nil {
 			rec.Key = k
 			e.fill(&rec)
@@ -34,25 +43,42 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 			return rec, xid, nil
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
+			if lost && verify != nil {
+				if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
+					return cur, "", nil
+				}
+			}
 			return driver.Record{}, "", fmt.Errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
 		}
-		_, inTx := q.(pgx.Tx)
-		if !inTx && attempt < maxOther && retryable(err) {
+		switch {
+		case inTx || attempt >= maxOther:
+		case retryable(err):
 			continue
-		}
-		if !inTx && attempt < maxOther && noPartition(err) {
+		case noPartition(err):
 			if err := e.ensureCurrent(ctx); err != nil {
 				return driver.Record{}, "", err
 			}
 			continue
+		case lostReply(ctx, err):
+			lost = lost || !pgconn.SafeToRetry(err)
+			if sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) == nil {
+				continue
+			}
 		}
 		return driver.Record{}, "", fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 }
 
+// finished reports whether rec is the outcome a lost Finish of token would have written.
+func finished(token uint64, state driver.State, result []byte) func(driver.Record) bool {
+	return func(r driver.Record) bool {
+		return r.Token == token && r.State == state && bytes.Equal(r.Result, result)
+	}
+}
+
 // Renew implements driver.Engine.
 func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
-	rec, _, err := e.write(ctx, e.pool, "renew", e.q.renew, k, e.fencedArgs(k, token, ttl.Microseconds()))
+	rec, _, err := e.write(ctx, e.pool, "renew", e.q.renew, k, e.fencedArgs(k, token, ttl.Microseconds()), nil)
 	return rec, err
 }
 
@@ -64,7 +90,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	if result == nil {
 		result = []byte{}
 	}
-	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result))
+	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), finished(token, state, result))
 	if err == nil {
 		e.wake(k)
 	}
@@ -73,7 +99,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 
 // Abandon implements driver.Engine.
 func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
-	_, _, err := e.write(ctx, e.pool, "abandon", e.q.abandon, k, e.fencedArgs(k, token))
+	_, _, err := e.write(ctx, e.pool, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil)
 	if err == nil {
 		e.wake(k)
 	}
@@ -85,7 +111,7 @@ func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error 
 // unknown, so the next claim must be Recovered too).
 func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
 	if recovered {
-		_, _, err := e.write(ctx, e.pool, "release", e.q.abandon, k, e.fencedArgs(k, token))
+		_, _, err := e.write(ctx, e.pool, "release", e.q.abandon, k, e.fencedArgs(k, token), nil)
 		if err == nil {
 			e.wake(k)
 		}
@@ -100,18 +126,33 @@ func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
 }
 
 func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint64) error {
+	lost := false
 	for attempt := 0; ; attempt++ {
 		var now time.Time
 		err := e.pool.QueryRow(ctx, e.q.del, e.fencedArgs(k, token)...).Scan(&now)
+		if err == nil && e.testLoseReply != nil {
+			err = e.testLoseReply()
+		}
 		switch {
 		case err == nil:
 			e.saw(now)
 			e.wake(k)
 			return nil
 		case errors.Is(err, pgx.ErrNoRows):
+			if lost { // an earlier attempt may have deleted it
+				if _, found, _, lerr := e.Lookup(ctx, k); lerr == nil && !found {
+					e.wake(k)
+					return nil
+				}
+			}
 			return fmt.Errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
 		case attempt < maxOther && retryable(err):
 			continue
+		case attempt < maxOther && lostReply(ctx, err):
+			lost = lost || !pgconn.SafeToRetry(err)
+			if sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
+				return fmt.Errorf("pgstore: %s: %w", op, err)
+			}
 		default:
 			return fmt.Errorf("pgstore: %s: %w", op, err)
 		}
@@ -131,7 +172,7 @@ func (e *engine) finishTx(ctx context.Context, tx pgx.Tx, k driver.Key, token ui
 	if result == nil {
 		result = []byte{}
 	}
-	rec, xid, err := e.write(ctx, tx, "commit", e.q.finish, k, e.fencedArgs(k, token, int16(state), result))
+	rec, xid, err := e.write(ctx, tx, "commit", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), nil)
 	if err == nil {
 		e.notifier.afterCommit(xid, keyHash(k))
 	}
@@ -237,11 +278,18 @@ func (e *engine) doTxOnce(ctx context.Context, req driver.ClaimRequest, nonce []
 	if result == nil {
 		result = []byte{}
 	}
-	fin, _, err = e.write(ctx, tx, "dotx", e.q.finish, req.Key, e.fencedArgs(req.Key, cr.Record.Token, int16(state), result))
+	fin, _, err = e.write(ctx, tx, "dotx", e.q.finish, req.Key, e.fencedArgs(req.Key, cr.Record.Token, int16(state), result), nil)
 	if err != nil {
 		return cr, driver.Record{}, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
+		tx = nil
+		if lostReply(ctx, err) { // did the commit land? the record says
+			if cur, found, _, lerr := e.Lookup(ctx, req.Key); lerr == nil && found && finished(cr.Record.Token, state, result)(cur) {
+				e.wake(req.Key)
+				return cr, cur, false, nil
+			}
+		}
 		return cr, driver.Record{}, false, fmt.Errorf("pgstore: dotx: commit: %w", err)
 	}
 	tx = nil
