@@ -226,7 +226,7 @@ func (e *engine) nowArg() any {
 // saw records a database timestamp, to keep the skew estimate fresh.
 func (e *engine) saw(db time.Time) {
 	if e.o.Now == nil && !db.IsZero() {
-		e.skew.Store(int64(db.Sub(time.Now())))
+		e.skew.Store(int64(time.Until(db)))
 	}
 }
 

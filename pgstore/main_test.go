@@ -58,12 +58,14 @@ type node struct {
 
 // testDB is one fresh schema on the test server.
 type testDB struct {
-	t      *testing.T
+	t      testing.TB
 	dsn    string
 	schema string
 }
 
-func newTestDB(t *testing.T) *testDB {
+func newTestDB(t *testing.T) *testDB { return newBenchDB(t) }
+
+func newBenchDB(t testing.TB) *testDB {
 	t.Helper()
 	dsn, schema := pgtest.Schema(t)
 	return &testDB{t: t, dsn: dsn, schema: schema}
