@@ -10,7 +10,8 @@
 // nothing. On a machine without PostgreSQL the tests skip, with one line saying why; with
 // CI=true they fail instead.
 //
-// The cluster code (Start, Stop, Restart) was adapted from bench/internal/pgtemp. PostgreSQL
+// The cluster code (Start, StartWith, Stop, Restart) was adapted from bench/internal/pgtemp,
+// which can become a user of it (StartWith(ctx, Config{Durable: true}) is pgtemp.Start). PostgreSQL
 // refuses to run as root: when the process is root, the cluster's directory is given to the
 // "postgres" system user (which Debian's postgresql package creates) and initdb, pg_ctl and
 // the server run as that user through runuser(1).
@@ -42,6 +43,14 @@ type Cluster struct {
 	BinDir string
 	Port   int
 	runAs  string // "" = as this process
+	cfg    Config
+}
+
+// Config tunes a cluster.
+type Config struct {
+	// Durable keeps fsync on (benchmarks: numbers worth quoting need it). Off by default for
+	// tests, which crash the server process, never the machine.
+	Durable bool
 }
 
 // FindBinDir returns the directory holding initdb and pg_ctl: $PG_BINDIR if set, the newest
@@ -80,12 +89,16 @@ func version(binDir string) float64 {
 	return v
 }
 
-// Start creates and starts a cluster. Call Stop when done, also on error paths.
+// Start creates and starts a test cluster (StartWith with the zero Config). Call Stop when
+// done, also on error paths.
 //
 // The cluster runs with fsync = off: tests crash the server process (Restart), never the
 // machine, and a process crash loses nothing the kernel already has. Everything else keeps
 // PostgreSQL's defaults (synchronous_commit = on, full_page_writes = on).
-func Start(ctx context.Context) (*Cluster, error) {
+func Start(ctx context.Context) (*Cluster, error) { return StartWith(ctx, Config{}) }
+
+// StartWith creates and starts a cluster configured by cfg.
+func StartWith(ctx context.Context, cfg Config) (*Cluster, error) {
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -94,7 +107,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir, BinDir: bin}
+	c := &Cluster{Dir: dir, BinDir: bin, cfg: cfg}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -128,7 +141,11 @@ func Start(ctx context.Context) (*Cluster, error) {
 func (c *Cluster) data() string { return filepath.Join(c.Dir, "data") }
 
 func (c *Cluster) opts() string {
-	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200 -c fsync=off", c.Port, c.Dir)
+	fsync := "off"
+	if c.cfg.Durable {
+		fsync = "on"
+	}
+	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200 -c fsync=%s", c.Port, c.Dir, fsync)
 }
 
 func (c *Cluster) start(ctx context.Context) error {
