@@ -2,8 +2,10 @@ package pgstore
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/receiptstore/receipts/driver"
 )
@@ -91,4 +93,52 @@ func benchReplay(b *testing.B, lookup bool) {
 			}
 		}
 	})
+}
+
+// BenchmarkWakeAcrossNodes: node A finishes a key that a waiter on node B watches; the time
+// until B's channel fires, over LISTEN/NOTIFY (reported as p50 and p99 in ms). back-to-back:
+// each Finish follows the previous wake-up at once, so it waits for the next coalesced flush;
+// isolated: a quiet period before each Finish, whose wake-up goes out at once.
+func BenchmarkWakeAcrossNodes(b *testing.B) {
+	b.Run("back-to-back", func(b *testing.B) { benchWake(b, 0) })
+	b.Run("isolated", func(b *testing.B) { benchWake(b, 20*time.Millisecond) })
+}
+
+func benchWake(b *testing.B, quiet time.Duration) {
+	d := newBenchDB(b)
+	a := d.open(engineOptions{})
+	w := d.open(engineOptions{ListenConn: d.listenConn(), PollInterval: time.Hour})
+	for !w.listenUp.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := key(fmt.Sprint("wake", benchSeq.Add(1)))
+		c, err := a.Claim(bg, req(k, "fp"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ch, done := w.Watch(k)
+		if quiet > 0 {
+			b.StopTimer()
+			time.Sleep(quiet)
+			b.StartTimer()
+		}
+		start := time.Now()
+		if _, err := a.Finish(bg, k, c.Record.Token, driver.Succeeded, nil); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			b.Fatal("no wake-up")
+		}
+		lat = append(lat, time.Since(start))
+		done()
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
 }

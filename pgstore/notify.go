@@ -15,8 +15,8 @@ import (
 // Wake-ups (PGSTORE §6). Hints only: a woken waiter re-reads.
 //
 //   - In process: a write that returns wakes the key's local watchers at once.
-//   - Across nodes: the write queues the key's hash; the notifier sends what has queued every
-//     NotifyInterval in one transaction of its own (pg_notify, several hashes per payload),
+//   - Across nodes: the write queues the key's hash; the notifier sends what has queued at
+//     most once per NotifyInterval in one transaction of its own (pg_notify, several hashes per payload),
 //     never inside a claim or commit transaction (a notifying commit takes a cluster-wide lock
 //     across its flush). Payloads hold key hashes only: anyone in the database may LISTEN.
 //   - finishTx commits in the caller's transaction, which the engine does not see commit: it
@@ -154,20 +154,26 @@ func (n *notifier) afterCommit(xid string, h [16]byte) {
 	signal(n.kick)
 }
 
-// run flushes at most once per NotifyInterval, only when something is queued.
+// run flushes at most once per NotifyInterval, only when something is queued: a wake-up
+// after a quiet interval goes out at once, the ones that follow within the interval wait
+// for the next flush and share it.
 func (n *notifier) run() {
 	defer n.e.wg.Done()
 	ctx := n.e.ctx
 	interval := max(n.e.o.NotifyInterval, time.Millisecond)
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-n.kick:
 		}
-		if sleep(ctx, interval) != nil {
-			return
+		if wait := time.Until(last.Add(interval)); wait > 0 {
+			if sleep(ctx, wait) != nil {
+				return
+			}
 		}
+		last = time.Now()
 		n.checkTxs(ctx)
 		n.flush(ctx)
 	}

@@ -68,6 +68,7 @@ takeover AS (                   -- new token; a reset (expired record) starts af
          lease_expires_at = t.now + $5::bigint` + us + `
     FROM lk, t
    WHERE r.scope = $1 AND r.id = $2 AND r.epoch = lk.epoch
+     AND (lk.reset OR (r.state = 1 AND r.fp = $3 AND r.lease_expires_at <= t.now))
   RETURNING r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at
 ),
 fresh AS (                      -- absent key; DO NOTHING takes no lock (a conflict: no row, re-send)
