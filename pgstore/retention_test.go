@@ -1,6 +1,8 @@
 package pgstore
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,4 +241,27 @@ func TestGCFinalizesInterruptedDetach(t *testing.T) {
 		t.Fatal("detached leftover not dropped")
 	}
 	t.Logf("GC: %+v", st)
+}
+
+// Claims on two nodes that all find their partition missing create it once between them.
+func TestMissingPartitionConcurrentClaims(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	o := engineOptions{Now: clk.Now, Retention: 4 * time.Hour, EpochWidth: time.Hour}
+	a, b := d.open(o), d.open(o)
+	clk.Advance(10 * time.Hour)
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func(e *engine) {
+			defer wg.Done()
+			if _, err := e.Claim(bg, req(key(fmt.Sprint("mp", i)), "fp")); err != nil {
+				t.Error(err)
+			}
+		}([]*engine{a.engine, b.engine}[i%2])
+	}
+	wg.Wait()
+	if !a.partitionEpochs(t)[a.epochOf(clk.Now())] {
+		t.Fatal("partition missing")
+	}
 }

@@ -28,12 +28,44 @@ func schemaLock(schema string) int32 {
 // meta (a later open with another value updates it, as on Pebble) and loads the epoch width
 // and the secret.
 func (e *engine) migrate(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		// Concurrent first opens: the loser waits on the lock, but the catalog snapshot it
+		// took before the wait may not show the winner's tables; a new transaction does.
+		if err = e.migrateOnce(ctx); err == nil || !migrateRaced(err) {
+			break
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	if err != nil {
+		if errors.Is(err, receipts.ErrUnknownFormat) || errors.Is(err, receipts.ErrCorrupt) {
+			return err
+		}
+		return fmt.Errorf("pgstore: open schema %s: %w", e.o.Schema, err)
+	}
+	return nil
+}
+
+// migrateRaced: duplicate or undefined object, as seen by a transaction that started before
+// another session's creation committed.
+func migrateRaced(err error) bool {
+	switch pgCode(err) {
+	case "42P07", "23505", "42P06", "42P01", "42710":
+		return true
+	}
+	return false
+}
+
+func (e *engine) migrateOnce(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, $2::int4)", lockClass, schemaLock(e.o.Schema)); err != nil {
 			return err
 		}
 		var exists bool
-		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", e.q.schema+".meta").Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'meta')`, e.o.Schema).Scan(&exists); err != nil {
 			return err
 		}
 		if !exists {
@@ -66,13 +98,6 @@ VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, clock_timestamp()))`,
 		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1 WHERE retention_us <> $1`, e.retentionUS())
 		return err
 	})
-	if err != nil {
-		if errors.Is(err, receipts.ErrUnknownFormat) || errors.Is(err, receipts.ErrCorrupt) {
-			return err
-		}
-		return fmt.Errorf("pgstore: open schema %s: %w", e.o.Schema, err)
-	}
-	return nil
 }
 
 func partName(epoch int64) string { return "records_e" + strconv.FormatInt(epoch, 10) }
@@ -83,12 +108,35 @@ func partName(epoch int64) string { return "records_e" + strconv.FormatInt(epoch
 // the parent, which does not block claims and commits (CREATE TABLE .. PARTITION OF would take
 // ACCESS EXCLUSIVE); an empty table needs no validation scan.
 func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = e.ensurePartitionOnce(ctx, epoch); err == nil || !raced(err) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore: create partition %s: %w", partName(epoch), err)
+	}
+	return nil
+}
+
+// raced: another session created the table first.
+func raced(err error) bool { c := pgCode(err); return c == "42P07" || c == "23505" }
+
+func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
 	name := partName(epoch)
 	qn := e.q.schema + "." + pgx.Identifier{name}.Sanitize()
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		var attached bool
-		check := `SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass($1) AND NOT inhdetachpending)`
-		if err := tx.QueryRow(ctx, check, qn).Scan(&attached); err != nil || attached {
+	// The catalog is read with SQL (a fresh snapshot per statement), not to_regclass: the
+	// relation cache is not refreshed by waiting on an advisory lock, so it could still miss a
+	// table another session created meanwhile.
+	const state = `SELECT coalesce(bool_or(i.inhrelid IS NOT NULL AND NOT i.inhdetachpending), false), count(c.oid) > 0
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+ WHERE n.nspname = $1 AND c.relname = $2`
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var attached, exists bool
+		if err := tx.QueryRow(ctx, state, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
 			return err
 		}
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
@@ -97,11 +145,7 @@ func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, $2::int4)", lockClass, schemaLock(e.o.Schema)); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, check, qn).Scan(&attached); err != nil || attached {
-			return err
-		}
-		var exists bool
-		if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", qn).Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, state, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
 			return err
 		}
 		if exists {
@@ -120,10 +164,6 @@ func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("pgstore: create partition %s: %w", name, err)
-	}
-	return nil
 }
 
 // partition is one table of the records family as GC sees it.

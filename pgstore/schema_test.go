@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,5 +69,36 @@ func TestBadOptions(t *testing.T) {
 	}
 	if _, err := newEngine(bg, nil, engineOptions{}); !errors.Is(err, receipts.ErrInvalidOptions) {
 		t.Errorf("nil pool: %v", err)
+	}
+}
+
+// Nodes opening a fresh schema at the same moment create it once and share it.
+func TestSchemaConcurrentFirstOpen(t *testing.T) {
+	d := newTestDB(t)
+	pool, err := pgxpool.New(bg, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const n = 6
+	engines := make([]*engine, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			engines[i], errs[i] = newEngine(bg, pool, engineOptions{Schema: d.schema})
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("open %d: %v", i, errs[i])
+		}
+		defer engines[i].Close()
+		if !bytes.Equal(engines[i].Secret(), engines[0].Secret()) {
+			t.Fatal("two secrets")
+		}
 	}
 }
