@@ -265,3 +265,39 @@ func TestMissingPartitionConcurrentClaims(t *testing.T) {
 		t.Fatal("partition missing")
 	}
 }
+
+// Every write moves the record to the partition of its last write, so GC dropping the
+// partition of its claim keeps a renewed claim alive, and its holder can still finish.
+func TestRenewMovesRecordPastGC(t *testing.T) {
+	clk := newClock()
+	e := newTestDB(t).open(engineOptions{Now: clk.Now, Retention: 4 * time.Hour, EpochWidth: time.Hour})
+	k := key("move")
+	first := e.epochOf(clk.Now())
+	c := mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+	for i := 0; i < 7; i++ { // renew every 30 min for 3.5 h
+		clk.Advance(30 * time.Minute)
+		rec, err := e.Renew(bg, k, c.Record.Token, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rec.LeaseExpiresAt.Equal(clk.Now().Add(time.Hour)) {
+			t.Fatalf("lease %v", rec.LeaseExpiresAt)
+		}
+	}
+	clk.Advance(90 * time.Minute) // 5 h after the claim: its first partition is dead
+	st, err := e.GC(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.partitionEpochs(t)[first]; ok || st.EpochsDropped == 0 {
+		t.Fatalf("first partition kept: %+v", st)
+	}
+	rec, found, _, err := e.Lookup(bg, k)
+	if err != nil || !found || rec.Token != c.Record.Token {
+		t.Fatalf("renewed claim after GC: %+v %v %v", rec, found, err)
+	}
+	if _, err := e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, e.engine, req(k, "fp"), driver.Replay)
+}
