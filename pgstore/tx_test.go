@@ -178,3 +178,46 @@ func TestDoTx(t *testing.T) {
 	}
 	mustClaim(t, b.engine, req(k2, "fp"), driver.Claimed)
 }
+
+// A claim blocked behind a doTx on the same key honours its context.
+func TestClaimBlockedByDoTxHonoursContext(t *testing.T) {
+	d := newTestDB(t)
+	a, b := d.open(engineOptions{}), d.open(engineOptions{})
+	k := key("blocked")
+	inFn, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _, err := a.doTx(bg, req(k, "fp"), func(context.Context, pgx.Tx, driver.ClaimResult) (driver.State, []byte, error) {
+			close(inFn)
+			<-release
+			return driver.Succeeded, []byte("r"), nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}()
+	<-inFn
+	ctx, cancel := context.WithTimeout(bg, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := b.Claim(ctx, req(k, "fp"))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("blocked claim: %v", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("blocked claim returned after %v", el)
+	}
+	close(release)
+	for i := 0; ; i++ {
+		res, err := b.Claim(bg, req(k, "fp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome == driver.Replay {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("outcome %v", res.Outcome)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
