@@ -1,11 +1,14 @@
 package pgstore
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts/driver"
 )
@@ -141,4 +144,23 @@ func benchWake(b *testing.B, quiet time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+}
+
+// BenchmarkDoTx: claim, (empty) effect and receipt in one transaction, one commit flush;
+// compare with BenchmarkClaimFinish (two commits).
+func BenchmarkDoTx(b *testing.B) {
+	e := benchEngine(b)
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := key(fmt.Sprint("t", benchSeq.Add(1)))
+			_, _, err := e.doTx(bg, req(k, "fp"), func(context.Context, pgx.Tx, driver.ClaimResult) (driver.State, []byte, error) {
+				return driver.Succeeded, []byte("0123456789abcdef0123456789abcdef"), nil
+			})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
