@@ -42,6 +42,9 @@ func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	var lastBusy claimRow
 	busy, lost, other := 0, 0, 0
 	for {
+		if e.closing() { // no new lease once Close has begun
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+		}
 		row, err := e.claimOnce(ctx, e.pool, req, nonce)
 		if err == nil && e.testLoseReply != nil {
 			err = e.testLoseReply()
@@ -95,12 +98,15 @@ func (e *engine) ensureCurrent(ctx context.Context) error {
 }
 
 // claimOnce sends the claim batch once. No row back is pgx.ErrNoRows (re-send).
-func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte) (claimRow, error) {
+func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, extra ...string) (claimRow, error) {
 	h := keyHash(req.Key)
 	b := &pgx.Batch{}
 	b.Queue(e.q.lock, lockClass, lockID(h))
 	b.Queue(e.q.claim, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
 		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), e.nowArg())
+	for _, s := range extra { // statements after the claim, in the same batch (DoTx's savepoint)
+		b.Queue(s)
+	}
 	br := q.SendBatch(ctx, b)
 	var row claimRow
 	_, err := br.Exec()
@@ -113,6 +119,11 @@ func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimReque
 		r.State = driver.State(state)
 		if lease != nil {
 			r.LeaseExpiresAt = *lease
+		}
+	}
+	for range extra {
+		if err == nil {
+			_, err = br.Exec()
 		}
 	}
 	if cerr := br.Close(); err == nil {

@@ -34,7 +34,7 @@ const (
 	defaultPollInterval    = time.Second
 	defaultPartitionsAhead = 2
 	defaultMaintLease      = time.Minute
-	minEpochWidth          = time.Millisecond
+	minEpochWidth          = time.Microsecond // the unit widths are stored in
 )
 
 // engineOptions configure the engine. Zero values mean the defaults.
@@ -43,6 +43,8 @@ type engineOptions struct {
 	Schema string
 	// Retention: a record is visible until its last write plus Retention. Default 24h.
 	Retention time.Duration
+	// LeaseTTL is the default lease length (Config); claims carry their own.
+	LeaseTTL time.Duration
 	// EpochWidth is the width of the time partitions (default Retention/4, at least 1 ms). It
 	// is used only when the schema is created; later opens use the stored width.
 	EpochWidth time.Duration
@@ -67,6 +69,12 @@ type engineOptions struct {
 	MaintLease time.Duration
 	// Logger receives background errors (notifier, listener). Default: discarded.
 	Logger *slog.Logger
+	// CheckWidth, if set, checks the stored epoch width of an existing schema before
+	// anything is written (driver.Config.CheckWidth); its error is returned wrapped.
+	CheckWidth func(width time.Duration) error
+	// Closing, if set, is closed when the DB's Close begins: from then on Claim hands out
+	// no lease (driver.ErrClosed).
+	Closing <-chan struct{}
 }
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
@@ -88,7 +96,7 @@ func (o *engineOptions) fill() error {
 		o.EpochWidth = max(o.Retention/4, minEpochWidth)
 	}
 	if o.EpochWidth < minEpochWidth {
-		return fmt.Errorf("%w: EpochWidth %s below %s", receipts.ErrInvalidOptions, o.EpochWidth, minEpochWidth)
+		return fmt.Errorf("%w: EpochWidth %s below %s (the unit it is stored in)", receipts.ErrInvalidOptions, o.EpochWidth, minEpochWidth)
 	}
 	if o.NotifyInterval == 0 {
 		o.NotifyInterval = defaultNotifyInterval
@@ -102,10 +110,23 @@ func (o *engineOptions) fill() error {
 	if o.MaintLease <= 0 {
 		o.MaintLease = defaultMaintLease
 	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = receipts.DefaultLeaseTTL
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
+}
+
+// closing reports whether the DB's Close has begun (Config.Closing is closed).
+func (e *engine) closing() bool {
+	select {
+	case <-e.o.Closing:
+		return true
+	default:
+		return false
+	}
 }
 
 // engine is the PostgreSQL implementation of driver.Engine.
@@ -176,6 +197,20 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 
 // Name implements driver.Engine.
 func (e *engine) Name() string { return "postgres" }
+
+// Config implements driver.Engine: the settings in force, with the epoch width the schema
+// was created with.
+func (e *engine) Config() driver.Config {
+	return driver.Config{
+		Retention:  e.o.Retention,
+		LeaseTTL:   e.o.LeaseTTL,
+		EpochWidth: time.Duration(e.width) * time.Microsecond,
+		Now:        e.o.Now,
+		Logger:     e.o.Logger,
+		CheckWidth: e.o.CheckWidth,
+		Closing:    e.o.Closing,
+	}
+}
 
 // Secret implements driver.Engine.
 func (e *engine) Secret() []byte { return e.secret }

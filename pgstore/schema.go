@@ -43,6 +43,7 @@ func (e *engine) migrate(ctx context.Context) error {
 		if errors.Is(err, receipts.ErrUnknownFormat) || errors.Is(err, receipts.ErrCorrupt) {
 			return err
 		}
+
 		return fmt.Errorf("pgstore: open schema %s: %w", e.o.Schema, err)
 	}
 	return nil
@@ -94,6 +95,11 @@ VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, clock_timestamp()))`,
 		}
 		if e.width <= 0 {
 			return fmt.Errorf("%w: schema %s: epoch width %d µs", receipts.ErrCorrupt, e.o.Schema, e.width)
+		}
+		if exists && e.o.CheckWidth != nil {
+			if err := e.o.CheckWidth(time.Duration(e.width) * time.Microsecond); err != nil {
+				return fmt.Errorf("stored epoch width: %w", err)
+			}
 		}
 		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1 WHERE retention_us <> $1`, e.retentionUS())
 		return err

@@ -58,7 +58,7 @@ func TestBadOptions(t *testing.T) {
 		{Schema: "Bad-Name"},
 		{Schema: "x; DROP TABLE y"},
 		{Retention: -time.Second},
-		{EpochWidth: time.Microsecond},
+		{EpochWidth: 500 * time.Nanosecond}, // widths are stored in µs
 	} {
 		ctx, cancel := context.WithTimeout(bg, 10*time.Second)
 		_, err := newEngine(ctx, pool, o)
