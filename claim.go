@@ -130,6 +130,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 	var w watch
 	defer w.stop()
 	conflict := false
+	var hint time.Duration // the last RetryAfter estimate
 	for {
 		var res driver.ClaimResult
 		var err error
@@ -139,6 +140,10 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 			res, err = decide(ctx, req)
 		}
 		if err != nil {
+			if cerr := ctx.Err(); conflict && cerr != nil && errors.Is(err, cerr) {
+				// The context ended while this call waited for a holder.
+				return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: cerr}
+			}
 			return nil, nil, err
 		}
 		if res.Outcome != driver.InProgress {
@@ -150,12 +155,13 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 			conflict = true
 		}
 		retry := max(res.Record.LeaseExpiresAt.Sub(res.Now), 0)
+		hint = db.retryAfter(&res.Record, res.Now)
 		wait := min(retry, waitRecheck)
 		if !deadline.IsZero() {
 			wait = min(wait, time.Until(deadline))
 		}
 		if !cfg.wait || (!deadline.IsZero() && wait <= 0) {
-			return nil, nil, &InProgressError{Key: k, RetryAfter: retry}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: hint}
 		}
 		if w.c == nil { // registered after this read: read once more before waiting
 			w.start(db.eng, req.Key)
@@ -165,7 +171,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 			if errors.Is(err, ErrClosed) {
 				return nil, nil, err
 			}
-			return nil, nil, &InProgressError{Key: k, RetryAfter: retry, cause: err}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: err}
 		}
 	}
 }
@@ -179,7 +185,7 @@ func (db *DB) claimed(ctx context.Context, k Key, res *driver.ClaimResult) (*Lea
 		if recovered {
 			db.n.takeovers.Add(1)
 		}
-		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered}, nil, nil
+		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, claimedAt: db.clock()}, nil, nil
 	case driver.Replay:
 		r, err := db.replay(ctx, newReceipt(&res.Record))
 		return nil, r, err

@@ -45,6 +45,8 @@ type DB struct {
 	bg        sync.WaitGroup // background goroutines (GC loop)
 
 	lastGC atomic.Pointer[GCStats]
+
+	est durationEstimate // claim-to-outcome time of attempts, for InProgressError.RetryAfter
 }
 
 // counters are the counters since Open that are not on the hot line.

@@ -105,7 +105,7 @@ func TestDoOutcomes(t *testing.T) {
 		_, err := s.db.Do(bg, k, fp, func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
 			return make([]byte, receipts.MaxResultSize+1), nil
 		})
-		require.ErrorIs(t, err, receipts.ErrResultTooLarge)
+		require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
 		got, err := s.db.Lookup(bg, k)
 		require.NoError(t, err)
 		require.True(t, got.Abandoned(s.clock.Now()), "the effect may have happened: reconcile")

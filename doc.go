@@ -52,7 +52,7 @@
 // The store runs on Pebble. All its keys start with the reserved prefix
 // "\x00rcpt"; the application may keep its own data in the same engine
 // (DB.Pebble) under any other keys, and commit them atomically with a
-// receipt (Lease.CommitWith, DB.DoBatch). Records are partitioned by the
+// receipt (Lease.CommitWith, Lease.RunBatch, DB.DoBatch). Records are partitioned by the
 // epoch of their last write (Retention/4 wide by default), so dropping a
 // whole expired epoch is one range deletion.
 //

@@ -53,6 +53,17 @@ var (
 	// (negative durations, LeaseTTL >= Retention, ...).
 	ErrInvalidOptions = &sentinel{msg: "receipts: invalid options", parents: []error{ErrInvalidArgument}}
 
+	// ErrOutcomeUnknown is wrapped by every error Do, DoBatch, Lease.Run and
+	// Lease.RunBatch return when the effect may have happened but no outcome
+	// is recorded: fn returned an error not marked NotPerformed or Permanent,
+	// its result is larger than MaxResultSize, or recording it failed. The
+	// claim is abandoned (unless another caller already took the key over),
+	// so the next attempt gets Lease.Recovered() == true and reconciles. It
+	// is not a bad-input error: it never matches ErrInvalidArgument (a
+	// service answers it like a 5xx, not a 400). A direct Lease.Commit of an
+	// oversized result changes nothing and returns ErrResultTooLarge.
+	ErrOutcomeUnknown = errors.New("receipts: outcome unknown")
+
 	// ErrClosed is returned by every method called after Close. It is
 	// driver.ErrClosed, which engines return.
 	ErrClosed = driver.ErrClosed
@@ -103,9 +114,15 @@ func (e *sentinel) Is(target error) bool {
 // the context's error).
 type InProgressError struct {
 	Key Key
-	// RetryAfter is how long until the holder's lease runs out, by the
-	// store's clock: a caller retrying after it either finds the receipt or
-	// takes the key over.
+	// RetryAfter estimates, by the store's clock, when the answer will be
+	// there: the store's moving average of how long an attempt takes from
+	// claim to recorded outcome (updated on every Commit, Fail, Release and
+	// Abandon), minus how long the holder's attempt has already run, going
+	// by the record's times (an attempt already past the average gets one
+	// more average). It is at least 1ms and never later than the end of the
+	// holder's lease, which it equals until an outcome has been measured. A
+	// caller retrying after it most likely finds the receipt; if not, it gets
+	// a fresh estimate (and once the lease has run out, the key).
 	RetryAfter time.Duration
 	cause      error
 }

@@ -10,9 +10,15 @@ import (
 // Limits on input. Anything larger is rejected with an error wrapping
 // ErrInvalidArgument, and nothing is written.
 const (
-	MaxKeyPartLen     = keys.MaxPartLen // bytes in Key.Scope and in Key.ID (each non-empty)
-	MaxFingerprintLen = 1024            // bytes in a fingerprint (non-empty)
-	MaxResultSize     = 1 << 20         // bytes in a result
+	MaxKeyPartLen     = 255     // bytes in Key.Scope and in Key.ID (each non-empty)
+	MaxFingerprintLen = 1024    // bytes in a fingerprint (non-empty)
+	MaxResultSize     = 1 << 20 // bytes in a result
+)
+
+// MaxKeyPartLen is the key layout's limit: both fail to compile unless equal.
+var (
+	_ [MaxKeyPartLen - keys.MaxPartLen]struct{}
+	_ [keys.MaxPartLen - MaxKeyPartLen]struct{}
 )
 
 // Key identifies an operation: Scope is the authenticated caller (account,

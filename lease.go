@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
@@ -24,6 +25,7 @@ type Lease struct {
 	token     uint64
 	attempt   uint32
 	recovered bool
+	claimedAt time.Time // DB.clock at the claim, for the attempt-duration estimate
 }
 
 // Key returns the operation's key.
@@ -138,11 +140,12 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	if err != nil {
 		return nil, err
 	}
-	return l.db.finished(&rec), nil
+	return l.db.finished(l, &rec), nil
 }
 
-// finished counts a finished record and returns its receipt.
-func (db *DB) finished(rec *driver.Record) *Receipt {
+// finished counts l's finished record and returns its receipt.
+func (db *DB) finished(l *Lease, rec *driver.Record) *Receipt {
+	db.settled(l)
 	if rec.State == driver.Succeeded {
 		db.hot.Commits.Add(1)
 	} else {
@@ -167,7 +170,7 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 	if err != nil || rec == nil {
 		return nil, err
 	}
-	return l.db.finished(rec), nil
+	return l.db.finished(l, rec), nil
 }
 
 // Release gives the key up: this attempt's effect did not happen. On a
@@ -192,6 +195,7 @@ func (l *Lease) release(ctx context.Context) error {
 	}
 	err := l.db.eng.Release(ctx, driver.Key(l.key), l.token, l.recovered)
 	if err == nil {
+		l.db.settled(l)
 		l.db.n.releases.Add(1)
 	}
 	return err
@@ -213,6 +217,7 @@ func (l *Lease) Forget(ctx context.Context) error {
 	}
 	err := l.db.eng.Forget(ctx, driver.Key(l.key), l.token)
 	if err == nil {
+		l.db.settled(l)
 		l.db.n.releases.Add(1)
 	}
 	return err
@@ -238,6 +243,7 @@ func (l *Lease) abandon(ctx context.Context) error {
 	}
 	err := l.db.eng.Abandon(ctx, driver.Key(l.key), l.token)
 	if err == nil {
+		l.db.settled(l)
 		l.db.n.abandons.Add(1)
 	}
 	return err

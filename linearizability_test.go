@@ -123,7 +123,7 @@ func linStep(st, in, out any) (bool, any) {
 		case s.state != receipts.Pending:
 			return o.kind == outReceipt && o.state == s.state && o.result == s.result && o.token == s.token && o.attempt == s.attempts && o.fp == s.fp, s
 		case i.now < s.leaseExp:
-			return o.kind == outInProgress && o.retry == time.Duration(s.leaseExp-i.now), s
+			return o.kind == outInProgress && o.retry > 0 && o.retry <= time.Duration(s.leaseExp-i.now), s // RetryAfter is an estimate, bounded by the lease
 		}
 		if o.kind != outLease || o.attempt != s.attempts+1 || !o.recovered || o.token <= s.maxToken {
 			return false, s

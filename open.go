@@ -3,7 +3,6 @@ package receipts
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/hot"
@@ -15,11 +14,22 @@ import (
 // options that cannot work, ErrUnknownFormat for a store of a newer format,
 // ErrLocked if another process holds dir, and ErrCorrupt if the store's meta
 // data is damaged.
+//
+// The store records the Retention and LeaseTTL it runs with, so that
+// offline tools (receiptctl) see what the service sees. A zero Retention or
+// LeaseTTL means the store's recorded value (DefaultRetention and
+// DefaultLeaseTTL for a new store, or one written by a version that
+// recorded none); a non-zero one that differs is used and recorded (synced)
+// in its place, unless the store is opened read-only (Options.Pebble.ReadOnly),
+// which uses it without recording it. DB.Options reports the values in force.
+// With a zero Retention, a LeaseTTL of DefaultRetention or more is refused:
+// set Retention too.
 func Open(dir string, opts *Options) (*DB, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
+	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0}
 	o.ensureDefaults()
 	if o.ReplayCacheSize == 0 {
 		o.ReplayCacheSize = DefaultReplayCacheSize
@@ -28,7 +38,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, err
 	}
 	h := new(hot.Line)
-	return openDB(o, h, func(cfg driver.Config) (driver.Engine, error) {
+	return openDB(o, stored, h, func(cfg driver.Config) (driver.Engine, error) {
 		return pebbleengine.Open(dir, pebbleengine.Config{
 			Config:          cfg,
 			Pebble:          o.Pebble,
@@ -61,31 +71,44 @@ func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Optio
 	case o.ReplayCacheSize != 0:
 		return nil, fmt.Errorf("%w: Options.ReplayCacheSize is for the Pebble engine only", ErrInvalidOptions)
 	}
+	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0}
 	now := o.Now
 	o.ensureDefaults()
 	o.Now = now // nil: the engine's clock
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	return openDB(o, new(hot.Line), open)
+	return openDB(o, stored, new(hot.Line), open)
 }
+
+// storedSettings says which options were left zero at Open: those take
+// the store's recorded values.
+type storedSettings struct{ retention, leaseTTL bool }
 
 // openDB opens the engine with o's shared settings and starts background GC.
 // REQUIRES: o defaulted and validated.
-func openDB(o Options, h *hot.Line, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
+func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
 	closing := make(chan struct{})
 	eng, err := openEngine(driver.Config{
-		Retention:  o.Retention,
-		LeaseTTL:   o.LeaseTTL,
-		EpochWidth: o.EpochWidth,
-		Now:        o.Now,
-		Logger:     o.Logger,
-		CheckWidth: func(width time.Duration) error { return validateWidth(width, o.Retention) },
-		Closing:    closing,
+		Retention:       o.Retention,
+		LeaseTTL:        o.LeaseTTL,
+		StoredRetention: stored.retention,
+		StoredLeaseTTL:  stored.leaseTTL,
+		EpochWidth:      o.EpochWidth,
+		Now:             o.Now,
+		Logger:          o.Logger,
+		Check: func(c driver.Config) error {
+			in := o
+			in.Retention, in.LeaseTTL, in.EpochWidth = c.Retention, c.LeaseTTL, c.EpochWidth
+			return in.validate()
+		},
+		Closing: closing,
 	})
 	if err != nil {
 		return nil, err
 	}
+	inForce := eng.Config()
+	o.Retention, o.LeaseTTL, o.EpochWidth = inForce.Retention, inForce.LeaseTTL, inForce.EpochWidth
 	db := &DB{
 		opts:    o,
 		eng:     eng,
@@ -96,7 +119,6 @@ func openDB(o Options, h *hot.Line, openEngine func(driver.Config) (driver.Engin
 		drained: make(chan struct{}),
 	}
 	db.peb, _ = eng.(*pebbleengine.Engine)
-	db.opts.EpochWidth = eng.Config().EpochWidth
 	db.lastGC.Store(&GCStats{})
 	ctx, cancel := context.WithCancel(context.Background())
 	db.bgCancel = cancel

@@ -4,136 +4,166 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/driver"
 )
 
-// Do performs the operation k at most once and returns its receipt. It
-// claims k (waiting, bounded by ctx, for an in-flight holder of the same key
-// and returning that holder's receipt, or taking over if the holder releases
-// or its lease runs out), runs fn while renewing the lease in the
-// background, and commits fn's result. Replays of a finished operation never
-// call fn.
+// Run executes fn under l and records its outcome the way Do does: it is
+// the one place where "run the work under a lease, renew it, record what
+// happened" is written, and Do, DoBatch and the HTTP and MCP front ends
+// all go through it.
 //
-// fn's error decides what is recorded:
-//   - nil: the result is committed as a Succeeded receipt.
-//   - NotPerformed(err): nothing happened; the claim is released and Do
-//     returns an error wrapping err.
-//   - Permanent(err): a definitive failure, stored as a Failed receipt.
-//   - any other error, or a panic: the outcome is unknown; the claim is
-//     abandoned at once and the next attempt gets Lease.Recovered() == true.
-//     Do returns an error wrapping fn's error (a panic is re-raised).
+// While fn runs, the lease is renewed in the background (every third of
+// LeaseTTL); if it is lost (another caller took the key over), fn's context
+// is cancelled with ErrLeaseLost as its cause. Once fn has returned, its
+// outcome is recorded on a context detached from ctx, so a caller that goes
+// away right after the effect never loses its receipt. fn's error decides
+// what is recorded, exactly as for Do:
+//   - nil: the result is committed as a Succeeded receipt, returned with a
+//     nil error.
+//   - NotPerformed(err): the claim is released; Run returns an error
+//     wrapping err.
+//   - Permanent(err): a Failed receipt is stored (its result is what fn
+//     returned, or err's text) and returned with an error wrapping ErrFailed
+//     and err.
+//   - any other error, or a panic: the claim is abandoned at once and the
+//     next attempt gets Recovered() == true. Run returns an error wrapping
+//     ErrOutcomeUnknown and fn's error (a panic is re-raised).
 //
-// A Failed receipt, the first time or replayed, comes back with an error
-// wrapping ErrFailed. Once fn has returned, the outcome is recorded on a
-// context detached from ctx, so a caller that goes away right after the
-// effect never loses its receipt. If the lease is lost while fn runs (another
-// caller took the key over), fn's context is cancelled with ErrLeaseLost as
-// its cause, and Do returns an error wrapping ErrLeaseLost.
-func (db *DB) Do(ctx context.Context, k Key, fingerprint []byte,
-	fn func(ctx context.Context, l *Lease) ([]byte, error),
-) (*Receipt, error) {
-	if err := db.enter(); err != nil {
+// A result larger than MaxResultSize cannot be recorded, and neither can a
+// result whose commit fails: the effect may have happened, so the claim is
+// abandoned and Run returns an error wrapping ErrOutcomeUnknown (not
+// ErrResultTooLarge: the caller's input was not at fault).
+//
+// Close waits for a Run in progress, including the recording of its
+// outcome, and renewal goes on meanwhile. A lease that is not in Run does
+// not hold Close up: Run (or Commit, Fail, Release, Abandon) called once
+// Close has begun returns ErrClosed without calling fn, and the claim stays
+// Pending until its lease runs out. Call Run right after Claim.
+func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, l *Lease) ([]byte, error)) (*Receipt, error) {
+	if err := l.db.enter(); err != nil {
 		return nil, err
 	}
-	defer db.exit()
-	return db.do(ctx, k, fingerprint, false, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
+	defer l.db.exit()
+	return l.run(ctx, nil, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
 		return fn(ctx, l)
 	})
 }
 
-// DoBatch is Do for effects that live in this same engine: fn writes its
-// effect into b (the application's own keys), and the effect commits with
-// the receipt in one synced batch. A crash loses an unsynced claim together
-// with the effect it guarded, so the claim is not synced: one fsync per
-// operation. If fn returns an error, b is discarded (a Failed receipt is
-// written without it). On another engine than Pebble it returns
-// ErrUnsupported.
-func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
-) (*Receipt, error) {
-	if err := db.enter(); err != nil {
+// RunBatch is Run for effects that live in this same engine: fn writes its
+// effect into b (the application's own keys), and a Succeeded receipt
+// commits with b in one synced batch. For any other outcome b is discarded.
+// On another engine than Pebble it returns ErrUnsupported.
+func (l *Lease) RunBatch(ctx context.Context, fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error)) (*Receipt, error) {
+	if err := l.db.enter(); err != nil {
 		return nil, err
 	}
-	defer db.exit()
-	if db.peb == nil {
-		return nil, fmt.Errorf("%w: DoBatch on the %s engine", ErrUnsupported, db.eng.Name())
+	defer l.db.exit()
+	if l.db.peb == nil {
+		return nil, fmt.Errorf("%w: RunBatch on the %s engine", ErrUnsupported, l.db.eng.Name())
 	}
-	return db.do(ctx, k, fingerprint, true, fn)
+	b := l.db.peb.NewBatch()
+	defer b.Close()
+	return l.run(ctx, b, fn)
 }
 
-func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
+// run is Run without the in-flight gate, which the caller holds. b, if not
+// nil, is handed to fn and committed with a Succeeded receipt.
+func (l *Lease) run(ctx context.Context, b *pebble.Batch,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
-	l, r, err := db.claim(ctx, k, fp, claimConfig{wait: true, noSync: batch}, nil)
-	if err != nil {
-		return nil, err
-	}
-	if r != nil {
-		if r.State == Failed {
-			return r, fmt.Errorf("receipts: %s: %w", k, ErrFailed)
-		}
-		return r, nil
-	}
-	return db.run(ctx, l, batch, fn)
-}
-
-// run executes fn under l and records its outcome.
-func (db *DB) run(ctx context.Context, l *Lease, batch bool,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
-) (*Receipt, error) {
+	db := l.db
 	detached := context.WithoutCancel(ctx)
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := db.renewInBackground(l, cancel)
+	// Renewals bypass the gate: they go on while Close waits for this Run.
+	stop := l.keepAlive(cancel, l.renew)
 
-	var b *pebble.Batch
-	if batch {
-		b = db.peb.NewBatch()
-		defer b.Close()
-	}
 	finished := false
 	defer func() {
 		if !finished { // fn panicked (or called runtime.Goexit)
 			stop()
-			if err := l.abandon(detached); err != nil {
-				db.opts.Logger.Error("receipts: abandon after panic", "key", l.key, "err", err)
-			}
+			_ = l.abandonUnknown(detached)
 		}
 	}()
 	result, ferr := fn(fctx, l, b)
 	finished = true
 	stop()
 
-	if ferr == nil {
-		r, err := l.settle(detached, Succeeded, result, b, nil)
+	kind, _ := outcomeOf(ferr)
+	switch {
+	case ferr == nil || kind == kindPermanent:
+		state := Succeeded
+		if ferr != nil {
+			state, b = Failed, nil // a Failed receipt is written without the effect
+			if result == nil {
+				result = []byte(ferr.Error())
+			}
+		}
+		if len(result) > MaxResultSize {
+			return nil, l.outcomeUnknown(fmt.Sprintf("a result of %d bytes exceeds MaxResultSize (%d) and cannot be recorded; the claim is abandoned",
+				len(result), MaxResultSize), ferr, l.abandonUnknown(detached))
+		}
+		r, err := l.settle(detached, state, result, b, nil)
 		if err != nil {
-			return nil, db.afterFinishError(detached, l, err)
+			return nil, l.outcomeUnknown("recording it failed", ferr, db.afterFinishError(detached, l, err))
+		}
+		if ferr != nil {
+			return r, fmt.Errorf("receipts: %s: %w: %w", l.key, ErrFailed, ferr)
 		}
 		return r, nil
-	}
-	kind, _ := outcomeOf(ferr)
-	switch kind {
-	case kindNotPerformed:
+
+	case kind == kindNotPerformed:
 		if err := l.release(detached); err != nil {
+			l.settleFailed("release", err)
 			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", l.key, ferr, err)
 		}
 		return nil, fmt.Errorf("receipts: %s not performed: %w", l.key, ferr)
-	case kindPermanent:
-		if result == nil {
-			result = []byte(ferr.Error())
-		}
-		r, err := l.settle(detached, Failed, result, nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("receipts: %s failed (%w), and recording it failed: %w", l.key, ferr, db.afterFinishError(detached, l, err))
-		}
-		return r, fmt.Errorf("receipts: %s: %w: %w", l.key, ErrFailed, ferr)
 	}
-	if err := l.abandon(detached); err != nil && !errors.Is(err, ErrLeaseLost) {
-		return nil, fmt.Errorf("receipts: %s: outcome unknown (%w), and abandoning the claim failed: %w", l.key, ferr, err)
+	return nil, l.outcomeUnknown("", ferr, l.abandonUnknown(detached))
+}
+
+// outcomeUnknown is the error Run returns when the effect may have happened
+// but no outcome is recorded: it wraps ErrOutcomeUnknown, names the key,
+// says why, and wraps every non-nil cause.
+func (l *Lease) outcomeUnknown(why string, causes ...error) error {
+	format, args := "%w: %s", []any{ErrOutcomeUnknown, l.key}
+	if why != "" {
+		format, args = format+": %s", append(args, why)
 	}
-	return nil, fmt.Errorf("receipts: %s: outcome unknown: %w", l.key, ferr)
+	for _, c := range causes {
+		if c != nil {
+			format, args = format+": %w", append(args, c)
+		}
+	}
+	return fmt.Errorf(format, args...)
+}
+
+// abandonUnknown abandons l after an outcome that cannot be recorded and
+// returns what to add to the error: nil if the claim is abandoned, an error
+// wrapping ErrLeaseLost if another caller took the key over (its holder
+// reconciles), or the failure to abandon (logged).
+func (l *Lease) abandonUnknown(ctx context.Context) error {
+	err := l.abandon(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrLeaseLost):
+		return err
+	}
+	l.settleFailed("abandon", err)
+	return fmt.Errorf("abandoning the claim failed: %w", err)
+}
+
+// settleFailed logs a claim that could not be settled: it stays Pending
+// until its lease runs out.
+func (l *Lease) settleFailed(what string, err error) {
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		l.db.opts.Logger.Warn("receipts: "+what+" failed; the claim stays pending until its lease runs out", "key", l.key, "err", err)
+	}
 }
 
 // afterFinishError handles a commit that did not happen: unless the lease is
@@ -142,58 +172,71 @@ func (db *DB) afterFinishError(ctx context.Context, l *Lease, err error) error {
 	if errors.Is(err, ErrLeaseLost) {
 		return err
 	}
-	if aerr := l.abandon(ctx); aerr != nil && !errors.Is(aerr, ErrLeaseLost) {
-		return fmt.Errorf("%w (abandoning the claim also failed: %w)", err, aerr)
+	if aerr := l.abandonUnknown(ctx); aerr != nil {
+		return fmt.Errorf("%w (%w)", err, aerr)
 	}
 	return err
 }
 
-// renewInBackground renews l every third of the lease TTL until stop is
-// called. If the lease is lost, it cancels fn's context with ErrLeaseLost.
-// Unlike KeepAlive it goes on while Close waits for Do to finish.
-func (db *DB) renewInBackground(l *Lease, cancel context.CancelCauseFunc) (stop func()) {
-	return l.keepAlive(cancel, l.renew)
-}
+// minRetryAfter is the smallest RetryAfter an InProgressError reports
+// (unless the holder's lease ends sooner).
+const minRetryAfter = time.Millisecond
 
-// KeepAlive renews the lease in the background, every third of LeaseTTL,
-// until stop is called (stop waits for the renewer to end). Use it with
-// Claim when the effect may take longer than the lease; Do does it for you.
-// If the lease is lost (another caller took the key over) or the store is
-// closed, KeepAlive calls cancel with that error, so the effect's context
-// ends, and stops. Other renewal errors are logged and retried.
-func (l *Lease) KeepAlive(cancel context.CancelCauseFunc) (stop func()) {
-	return l.keepAlive(cancel, l.Renew)
-}
+// durationEstimate is a moving average of how long an attempt takes, from
+// its claim to its settled outcome (commit, fail, release or abandon), in
+// nanoseconds (DB.clock). It is updated with one compare-and-swap per outcome and
+// read with one load; zero means nothing was measured yet.
+type durationEstimate struct{ avg atomic.Int64 }
 
-func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Context) error) (stop func()) {
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(max(time.Duration(l.db.ttl)/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
-			err := renew(context.Background())
-			switch {
-			case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrClosed):
-				cancel(err)
-				return
-			case err != nil:
-				l.db.opts.Logger.Warn("receipts: renew lease", "key", l.key, "err", err)
-			}
+// observe folds one attempt's duration d into the average (weight 1/8).
+func (e *durationEstimate) observe(d int64) {
+	d = max(d, 0)
+	for {
+		old := e.avg.Load()
+		next := d
+		if old > 0 {
+			next = old + (d-old)/8
 		}
-	}()
-	return func() {
-		select {
-		case <-quit:
-		default:
-			close(quit)
+		if e.avg.CompareAndSwap(old, max(next, 1)) {
+			return
 		}
-		<-done
 	}
 }
+
+// retryAfter estimates, at now, when the answer for the key whose live
+// record is cur will be there: the typical attempt duration minus how long
+// this attempt has run (from the record's times: since CreatedAt for a first
+// attempt, and at least since the last takeover or renewal, LeaseExpiresAt -
+// LeaseTTL, for a later one). An attempt already past the typical duration
+// gets one more typical duration. The estimate is at least minRetryAfter and
+// never past the lease's end; with nothing measured yet it is the lease's
+// remaining time.
+func (db *DB) retryAfter(cur *driver.Record, now time.Time) time.Duration {
+	leaseLeft := max(int64(cur.LeaseExpiresAt.Sub(now)), 0)
+	est := db.est.avg.Load()
+	if est == 0 {
+		return time.Duration(leaseLeft)
+	}
+	start := cur.CreatedAt
+	if cur.Attempts != 1 {
+		start = cur.LeaseExpiresAt.Add(-db.ttl)
+	}
+	left := est - max(int64(now.Sub(start)), 0)
+	if left <= 0 {
+		left = est
+	}
+	return time.Duration(max(min(left, leaseLeft), min(int64(minRetryAfter), leaseLeft)))
+}
+
+// clock is the time attempts are measured by (durationEstimate):
+// Options.Now, or the process's clock when an engine keeps its own.
+func (db *DB) clock() time.Time {
+	if db.opts.Now != nil {
+		return db.opts.Now()
+	}
+	return time.Now()
+}
+
+// settled records that l's attempt is settled (committed, failed,
+// released, abandoned or forgotten) in the attempt-duration estimate.
+func (db *DB) settled(l *Lease) { db.est.observe(int64(db.clock().Sub(l.claimedAt))) }

@@ -35,6 +35,12 @@ func (f *Filter) validate() error {
 // operator's tool: Options.BeforeReplay is not called. A record that does not
 // decode is reported as an error wrapping ErrCorrupt, and the scan goes on if
 // the caller continues.
+//
+// Scan reports only what a crash cannot take away: before it yields
+// anything it syncs the engine's write-ahead log up to its snapshot (one
+// fsync per Scan, not per record), so a commit whose sync is still running
+// makes Scan wait for that sync. Every field it reports is durable,
+// including a lease expiry that Renew wrote without a sync.
 func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 	return func(yield func(*Receipt, error) bool) {
 		if err := db.enter(); err != nil {

@@ -37,7 +37,9 @@ type Stats struct {
 }
 
 // Stats returns the store's figures. After Close it returns only the
-// configuration and the counters.
+// configuration and the counters. Like Scan, it counts only what a crash
+// cannot take away: it syncs the write-ahead log up to its snapshot first
+// (one fsync), so it waits for a commit whose sync is running.
 func (db *DB) Stats() Stats {
 	s := Stats{
 		Retention:  db.opts.Retention,

@@ -133,6 +133,12 @@ type Stats struct {
 type Config struct {
 	Retention time.Duration // > 0
 	LeaseTTL  time.Duration // default lease length, 0 < LeaseTTL < Retention
+	// StoredRetention and StoredLeaseTTL say that the option was left zero:
+	// an existing store's recorded value takes the place of the default.
+	// An engine records the Retention and LeaseTTL in force with the store
+	// (so that offline tools see what the service sees) and reports them in
+	// Config().
+	StoredRetention, StoredLeaseTTL bool
 	// EpochWidth is the width of the time partitions records are kept in, for a store
 	// being created (> 0, default Retention/4); an existing store keeps its own (Engine.Config
 	// reports the one in force).
@@ -141,11 +147,12 @@ type Config struct {
 	// database's for PostgreSQL); tests inject one.
 	Now    func() time.Time
 	Logger *slog.Logger // never nil
-	// CheckWidth checks a stored epoch width against the settings in force
-	// (never nil). An engine opening an existing store calls it before
-	// writing anything and, if it fails, returns its error (wrapped) and
-	// changes nothing.
-	CheckWidth func(width time.Duration) error
+	// Check validates the settings in force (never nil): Retention and
+	// LeaseTTL with the recorded values put in, EpochWidth the store's (the
+	// stored one for an existing store). An engine calls it once it has read
+	// its store, before writing anything, and if it fails returns its error
+	// (wrapped) and changes nothing.
+	Check func(inForce Config) error
 	// Closing is closed when the DB's Close begins. From then on Claim hands
 	// out no new lease and answers nothing under the key lock: it returns
 	// ErrClosed where it decides (for Pebble, once it holds the key lock),

@@ -174,11 +174,12 @@ func checkMeta(t *testing.T, b []byte) {
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	good, err := encoding.EncodeMeta(&encoding.Meta{Format: encoding.StoreFormat, EpochWidth: 1 << 30, Secret: bytes.Repeat([]byte{9}, 32), CreatedAt: 12345})
+	good, err := encoding.EncodeMeta(&encoding.Meta{Format: encoding.StoreFormat, EpochWidth: 1 << 30, Secret: bytes.Repeat([]byte{9}, 32), CreatedAt: 12345, Retention: 1 << 40, LeaseTTL: 1 << 35})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Add(good)
+	f.Add(metaFormat1)
 	f.Add(good[2 : len(good)-4]) // the body alone
 	newer, _ := encoding.EncodeMeta(&encoding.Meta{Format: encoding.StoreFormat + 1})
 	f.Add(newer)

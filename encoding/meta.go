@@ -10,15 +10,29 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// StoreFormat is the store format this version writes and understands.
-const StoreFormat = 1
+// StoreFormat is the store format this version writes.
+//
+// Format 2 adds Retention and LeaseTTL to the meta record; records and keys
+// are laid out as in format 1. A format-1 store is read (its meta has no
+// Retention or LeaseTTL) and rewritten as format 2 by the first writable
+// open; a version that reads only format 1 refuses a format-2 store with its
+// unknown-format error rather than misreading it.
+const StoreFormat = 2
 
-// Meta is the store's meta record, written once when the store is created.
+// MinStoreFormat is the oldest store format this version reads.
+const MinStoreFormat = 1
+
+// Meta is the store's meta record, written when the store is created and
+// again whenever it is opened with another Retention or LeaseTTL.
 type Meta struct {
 	Format     int    `msgpack:"format"`
 	EpochWidth int64  `msgpack:"epoch_width"` // nanoseconds
 	Secret     []byte `msgpack:"secret"`      // keys ProviderKey digests
 	CreatedAt  int64  `msgpack:"created_at"`  // Unix nanoseconds
+	// Retention and LeaseTTL are the options in force (nanoseconds): set
+	// (positive) in format 2, absent (zero) in format 1.
+	Retention int64 `msgpack:"retention,omitempty"`
+	LeaseTTL  int64 `msgpack:"lease_ttl,omitempty"`
 }
 
 const metaMagic = 'R'
@@ -33,10 +47,10 @@ func EncodeMeta(m *Meta) ([]byte, error) {
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
-// DecodeMeta decodes a meta record. The format byte is checked before the
-// body, so a store of a newer format is recognised as such (Meta.Format is
-// set and the error is nil, with other fields zero) even if its body is laid
-// out differently.
+// DecodeMeta decodes a meta record of a format from MinStoreFormat to
+// StoreFormat. The format byte is checked before the body, so a store of
+// another format is recognised as such (Meta.Format is set and the error is
+// nil, with other fields zero) even if its body is laid out differently.
 func DecodeMeta(b []byte) (*Meta, error) {
 	if len(b) < 2+1+trailerLen || b[0] != metaMagic {
 		return nil, corrupt("meta of %d bytes is malformed", len(b))
@@ -45,15 +59,22 @@ func DecodeMeta(b []byte) (*Meta, error) {
 	if crc32.Checksum(b[:n], castagnoli) != binary.BigEndian.Uint32(b[n:]) {
 		return nil, corrupt("meta checksum mismatch")
 	}
-	if int(b[1]) != StoreFormat {
-		return &Meta{Format: int(b[1])}, nil
+	format := int(b[1])
+	if format < MinStoreFormat || format > StoreFormat {
+		return &Meta{Format: format}, nil
 	}
 	m, err := decodeMetaBody(b[2:n])
 	if err != nil {
 		return nil, corrupt("meta body: %v", err)
 	}
-	if m.Format != StoreFormat || m.EpochWidth <= 0 || len(m.Secret) < 16 {
+	if m.Format != format || m.EpochWidth <= 0 || len(m.Secret) < 16 {
 		return nil, corrupt("meta fields out of range (format %d, epoch width %d, secret %d bytes)", m.Format, m.EpochWidth, len(m.Secret))
+	}
+	switch {
+	case format == 1 && (m.Retention != 0 || m.LeaseTTL != 0):
+		return nil, corrupt("format 1 meta with retention or lease TTL")
+	case format >= 2 && (m.Retention <= 0 || m.LeaseTTL <= 0 || m.LeaseTTL >= m.Retention):
+		return nil, corrupt("meta retention %d, lease TTL %d out of range", m.Retention, m.LeaseTTL)
 	}
 	return m, nil
 }
@@ -78,8 +99,8 @@ func DecodeUint64(b []byte) (uint64, error) {
 // decodeMetaBody decodes the msgpack map that EncodeMeta writes. It does not
 // use msgpack.Unmarshal, which allocates whatever length a corrupt header
 // declares (up to 4 GiB for a bin32): every length is checked against the
-// bytes that are there first. A field this format does not know is corrupt
-// (a new field means a new format).
+// bytes that are there first. A field no format this version reads knows is
+// corrupt (a new field means a new format).
 func decodeMetaBody(body []byte) (m *Meta, err error) {
 	rd := bytes.NewReader(body)
 	dec := msgpack.NewDecoder(rd)
@@ -110,6 +131,10 @@ func decodeMetaBody(body []byte) (m *Meta, err error) {
 			m.Secret, err = readMetaBytes(dec, rd, rd.Len())
 		case "created_at":
 			m.CreatedAt, err = dec.DecodeInt64()
+		case "retention":
+			m.Retention, err = dec.DecodeInt64()
+		case "lease_ttl":
+			m.LeaseTTL, err = dec.DecodeInt64()
 		default:
 			err = errors.New("unknown field")
 		}

@@ -2,6 +2,7 @@ package receipthttp
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -46,11 +47,12 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 
 // AddEffect stages a write to the engine's Pebble database (receipts.DB.Pebble)
 // that commits in the same synced batch as the receipt, through
-// Lease.CommitWith: either both the effect and the stored response become
+// Lease.RunBatch: either both the effect and the stored response become
 // durable, or neither does. Effects run in the order they were added, and
 // only when Config.Policy answers Succeed for the response; otherwise they
-// are dropped. An effect that returns an error makes the commit fail and the
-// client gets 500 with nothing recorded.
+// are dropped. An effect that returns an error makes the commit fail: nothing
+// is recorded, the claim is abandoned (the retry is Recovered), and the
+// client gets 503 ProblemNotRecorded.
 //
 // Reads the handler made before staging are not isolated from concurrent
 // requests with other keys; guard shared state as any handler would.
@@ -63,21 +65,17 @@ func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
 	a.fx.mu.Unlock()
 }
 
-// takeEffects returns the staged effects as one function, or nil if none.
-func (a *Attempt) takeEffects() func(b *pebble.Batch) error {
+// applyEffects writes the staged effects into b, in the order they were
+// added.
+func (a *Attempt) applyEffects(b *pebble.Batch) error {
 	a.fx.mu.Lock()
 	list := a.fx.list
 	a.fx.list = nil
 	a.fx.mu.Unlock()
-	if len(list) == 0 {
-		return nil
-	}
-	return func(b *pebble.Batch) error {
-		for _, f := range list {
-			if err := f(b); err != nil {
-				return err
-			}
+	for _, f := range list {
+		if err := f(b); err != nil {
+			return fmt.Errorf("receipthttp: staged effect: %w", err)
 		}
-		return nil
 	}
+	return nil
 }

@@ -24,7 +24,8 @@
 //   - Same key, different payload (method, path or body by default; see
 //     Config.Fingerprint): 422.
 //   - Same key while the first request is still running: 409 with
-//     Retry-After, or, with Config.Wait, the duplicate waits (bounded) for
+//     Retry-After (the store's estimate of when the response will be there,
+//     receipts.InProgressError.RetryAfter, rounded up to whole seconds), or, with Config.Wait, the duplicate waits (bounded) for
 //     the first response and gets it replayed.
 //   - No key on a guarded method when Config.Required: 400. A key that is
 //     empty, over 255 bytes, not printable ASCII, or sent twice: 400.
@@ -55,7 +56,7 @@
 //
 // A handler whose effect lives in the same engine (receipts.DB.Pebble) can
 // stage it with Attempt.AddEffect: it commits in one synced batch with the
-// receipt (Lease.CommitWith), so the effect and its receipt are durable
+// receipt (Lease.RunBatch), so the effect and its receipt are durable
 // together or not at all.
 //
 // # Disconnects
@@ -64,7 +65,11 @@
 // client's disconnect does not cancel (context.WithoutCancel of the
 // request's), so an effect that has started is always recorded. The context
 // is cancelled if the claim's lease is lost to a takeover. The lease is
-// renewed in the background while the handler runs.
+// renewed in the background while the handler runs, and receipts.DB.Close
+// waits for the handler and for its response to be recorded, so a graceful
+// shutdown mid-request keeps the receipt (receipts.Lease.Run). If the
+// response cannot be recorded, the claim is abandoned and the client gets
+// 503 ProblemNotRecorded; its retry runs as a recovered attempt at once.
 //
 // # Streaming and hijacking
 //

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 )
 
@@ -24,7 +25,8 @@ import (
 // check at startup.
 //
 // While a handler runs, its claim's lease is renewed in the background
-// (Lease.KeepAlive, every LeaseTTL/3).
+// (every LeaseTTL/3), and db.Close waits for it and for its response to be
+// recorded (receipts.Lease.Run).
 func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if db == nil {
 		return nil, errors.New("receipthttp: New needs a *receipts.DB")
@@ -209,38 +211,36 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 	}
 }
 
-// execute runs the handler under lease and settles the claim according to
-// Config.Policy before the client sees the response.
+// execute runs the handler under lease (receipts.Lease.RunBatch, which
+// renews the lease, keeps Close waiting and records the outcome) and settles
+// the claim according to Config.Policy before the client sees the response.
 func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipts.Lease) {
 	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey(), fx: new(effects)}
 	// From here on the effect may start: the client leaving must not cut the
 	// handler short or keep the outcome from being recorded.
-	detached := context.WithoutCancel(r.Context())
-	ctx, cancel := context.WithCancelCause(context.WithValue(detached, attemptKey{}, a))
-	defer cancel(nil)
-
+	ctx := context.WithValue(context.WithoutCancel(r.Context()), attemptKey{}, a)
 	rw := newRecorder(w, h.cfg.MaxResponseBytes)
-	stopRenew := lease.KeepAlive(cancel)
-	finished := false
-	defer func() {
-		if !finished { // the handler panicked (or called runtime.Goexit)
-			stopRenew()
-			h.abandon(detached, lease)
+	var (
+		ran      bool    // the handler returned
+		outcome  Outcome // what Config.Policy said, for a stored response
+		tooLarge int     // the stored response's size, if over MaxResultSize
+	)
+	_, err := lease.RunBatch(ctx, func(ctx context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+		h.next.ServeHTTP(rw, r.WithContext(ctx))
+		ran = true
+		if rw.mode != buffering {
+			// Streamed, too large or hijacked: the client already has the
+			// response (or the connection); nothing can be stored.
+			return nil, errNotBuffered
 		}
-	}()
-	h.next.ServeHTTP(rw, r.WithContext(ctx))
-	finished = true
-	stopRenew()
-
-	if rw.mode != buffering {
-		// Streamed, too large or hijacked: the client already has the
-		// response (or the connection); nothing can be stored.
-		h.abandon(detached, lease)
-		return
-	}
-	status := rw.finalStatus()
-	outcome := h.cfg.Policy(status)
-	if outcome == Succeed || outcome == Fail {
+		status := rw.finalStatus()
+		switch outcome = h.cfg.Policy(status); outcome {
+		case Release:
+			return nil, receipts.NotPerformed(fmt.Errorf("receipthttp: status %d released by Config.Policy", status))
+		case Succeed, Fail:
+		default:
+			return nil, fmt.Errorf("receipthttp: status %d abandoned by Config.Policy", status)
+		}
 		hdr := rw.Header()
 		if _, ok := hdr["Content-Type"]; !ok && rw.body.Len() > 0 {
 			// Fix the type net/http would sniff, so a replay carries the same.
@@ -248,53 +248,42 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 		}
 		result := encodeResponse(nil, status, hdr, h.cfg.StoredHeaders, rw.body.Bytes())
 		if len(result) > receipts.MaxResultSize {
+			tooLarge = len(result) // RunBatch abandons the claim
+		}
+		if outcome == Fail {
+			return result, receipts.Permanent(fmt.Errorf("receipthttp: status %d stored as failed by Config.Policy", status))
+		}
+		if err := a.applyEffects(b); err != nil {
+			return nil, err // not recorded: abandoned
+		}
+		return result, nil
+	})
+	switch {
+	case !ran: // Close began before the handler could start
+		h.problem(w, r, claimProblem(h.cfg.Header, a.Key, err))
+	case (outcome == Succeed || outcome == Fail) && errors.Is(err, receipts.ErrOutcomeUnknown):
+		if tooLarge > 0 {
 			h.cfg.Logger.WarnContext(ctx, "receipthttp: response too large to store; claim abandoned",
-				"scope", a.Key.Scope, "key", a.Key.ID, "bytes", len(result))
-			h.abandon(detached, lease)
+				"scope", a.Key.Scope, "key", a.Key.ID, "bytes", tooLarge)
 			rw.emit(r)
 			return
 		}
-		var err error
-		switch effects := a.takeEffects(); {
-		case outcome == Fail:
-			_, err = lease.Fail(detached, result)
-		case effects != nil:
-			_, err = lease.CommitWith(detached, result, effects)
-		default:
-			_, err = lease.Commit(detached, result)
-		}
-		if err != nil {
-			h.cfg.Logger.ErrorContext(ctx, "receipthttp: recording the response failed",
-				"scope", a.Key.Scope, "key", a.Key.ID, "outcome", outcome, "err", err)
-			clear(hdr)
-			h.problem(w, r, &Problem{Type: ProblemNotRecorded, Title: "Outcome not recorded",
-				Status: http.StatusServiceUnavailable, RetryAfter: 1,
-				Detail: "the outcome of this request could not be recorded; retry with the same " + h.cfg.Header,
-				Err:    err})
-			return
-		}
+		h.cfg.Logger.ErrorContext(ctx, "receipthttp: recording the response failed; claim abandoned",
+			"scope", a.Key.Scope, "key", a.Key.ID, "outcome", outcome, "err", err)
+		clear(rw.Header())
+		h.problem(w, r, &Problem{Type: ProblemNotRecorded, Title: "Outcome not recorded",
+			Status: http.StatusServiceUnavailable, RetryAfter: 1,
+			Detail: "the outcome of this request could not be recorded; retry with the same " + h.cfg.Header,
+			Err:    err})
+	default:
+		// Stored, released or abandoned as Config.Policy said (a failure to
+		// settle is logged by the store).
 		rw.emit(r)
-		return
 	}
-	if outcome == Release {
-		if err := lease.Release(detached); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
-			h.cfg.Logger.WarnContext(ctx, "receipthttp: releasing the claim failed",
-				"scope", a.Key.Scope, "key", a.Key.ID, "err", err)
-		}
-	} else {
-		h.abandon(detached, lease)
-	}
-	rw.emit(r)
 }
 
-// abandon leaves the claim's outcome unknown: the lease ends at once and
-// the next attempt is a recovered one.
-func (h *handler) abandon(ctx context.Context, lease *receipts.Lease) {
-	if err := lease.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
-		h.cfg.Logger.WarnContext(ctx, "receipthttp: abandoning the claim failed",
-			"scope", lease.Key().Scope, "key", lease.Key().ID, "err", err)
-	}
-}
+// errNotBuffered abandons the claim of a response the client already has.
+var errNotBuffered = errors.New("receipthttp: response streamed, too large or hijacked; not stored")
 
 // problem writes p through the configured responder.
 func (h *handler) problem(w http.ResponseWriter, r *http.Request, p *Problem) {

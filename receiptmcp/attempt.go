@@ -2,6 +2,7 @@ package receiptmcp
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -43,7 +44,7 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 
 // AddEffect stages a write to the engine's own Pebble database
 // (receipts.DB.Pebble) that commits in the same synced batch as the
-// receipt (Lease.CommitWith): the effect and the stored result become
+// receipt (Lease.RunBatch): the effect and the stored result become
 // durable together, or neither does. Effects run in the order they were
 // added, and only when the tool returns a finished result without isError;
 // otherwise they are dropped. If an effect returns an error, nothing is
@@ -54,21 +55,24 @@ func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
 	a.mu.Unlock()
 }
 
-// takeEffects returns the staged effects as one function, or nil if none.
-func (a *Attempt) takeEffects() func(b *pebble.Batch) error {
+// hasEffects reports whether effects are staged.
+func (a *Attempt) hasEffects() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.effects) > 0
+}
+
+// applyEffects writes the staged effects into b, in the order they were
+// added.
+func (a *Attempt) applyEffects(b *pebble.Batch) error {
 	a.mu.Lock()
 	effects := a.effects
 	a.effects = nil
 	a.mu.Unlock()
-	if len(effects) == 0 {
-		return nil
-	}
-	return func(b *pebble.Batch) error {
-		for _, f := range effects {
-			if err := f(b); err != nil {
-				return err
-			}
+	for _, f := range effects {
+		if err := f(b); err != nil {
+			return fmt.Errorf("receiptmcp: staged effect: %w", err)
 		}
-		return nil
 	}
+	return nil
 }

@@ -71,10 +71,13 @@
 //   - The same key while the first call runs: the duplicate waits up to
 //     Config.Wait and replays the result; after that it gets CodeInProgress
 //     (-31409), data.type "idempotency_key_in_progress", with
-//     data.retryAfterMs.
+//     data.retryAfterMs (the store's estimate of when the result will be
+//     there, receipts.InProgressError.RetryAfter).
 //   - Once the tool may have started, it runs under a context that the
 //     client's cancellation does not cut, and its result is recorded even
-//     if the client went away. Handlers must bound their own work.
+//     if the client went away. Handlers must bound their own work:
+//     receipts.DB.Close waits for a tool call in progress and for its result
+//     to be recorded (receipts.Lease.Run), so a graceful shutdown keeps it.
 //
 // Errors carry ErrorData in the JSON-RPC error's data; ParseError reads it
 // on the client.

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
@@ -186,8 +187,9 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 	return &res, nil
 }
 
-// execute runs the handler under lease and settles the claim before the
-// client sees the result:
+// execute runs the handler under lease (receipts.Lease.RunBatch, which
+// renews the lease, keeps Close waiting and records the outcome) and
+// settles the claim before the client sees the result:
 //   - a finished result is committed (isError results as Failed receipts);
 //   - a result that needs input, or a JSON-RPC error, releases the claim;
 //   - any other error, or a panic, abandons it: the outcome is unknown.
@@ -196,68 +198,61 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey()}
 	// From here on the effect may start: the client going away must neither
 	// cut the handler short nor keep its outcome from being recorded.
-	detached := context.WithoutCancel(ctx)
-	hctx, cancel := context.WithCancelCause(context.WithValue(detached, attemptKey{}, a))
-	defer cancel(nil)
-
-	stopRenew := lease.KeepAlive(cancel)
-	finished := false
-	defer func() {
-		if !finished { // the handler panicked (or called runtime.Goexit)
-			stopRenew()
-			m.abandon(detached, lease, tool)
+	hctx := context.WithValue(context.WithoutCancel(ctx), attemptKey{}, a)
+	var (
+		ran     bool // the handler returned
+		res     mcp.Result
+		herr    error
+		tr      *mcp.CallToolResult // a finished result to store
+		effects bool                // tr is a success with staged effects
+	)
+	_, err := lease.RunBatch(hctx, func(ctx context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+		res, herr = next(ctx, methodCallTool, req)
+		ran = true
+		if herr != nil {
+			var je *jsonrpc.Error
+			if errors.As(herr, &je) {
+				return nil, receipts.NotPerformed(herr)
+			}
+			return nil, herr
 		}
-	}()
-	res, herr := next(hctx, methodCallTool, req)
-	finished = true
-	stopRenew()
-
-	if herr != nil {
-		var je *jsonrpc.Error
-		if errors.As(herr, &je) {
-			m.release(detached, lease, tool)
-		} else {
-			m.abandon(detached, lease, tool)
+		r, ok := res.(*mcp.CallToolResult)
+		if !ok || r == nil {
+			return nil, fmt.Errorf("receiptmcp: tool %q returned %T, not a tool result", tool, res)
 		}
-		return nil, herr
-	}
-	tr, ok := res.(*mcp.CallToolResult)
-	if !ok || tr == nil {
-		m.abandon(detached, lease, tool)
-		return res, nil
-	}
-	if tr.NeedsInput() || tr.InputRequests != nil {
-		// Not finished: the client answers the input requests and calls
-		// again, with the same key.
-		m.release(detached, lease, tool)
-		return res, nil
-	}
-	result, err := json.Marshal(tr)
-	if err == nil && len(result) > receipts.MaxResultSize {
-		err = fmt.Errorf("result of %d bytes is too large to store (max %d)", len(result), receipts.MaxResultSize)
-	}
-	if err != nil {
-		m.cfg.Logger.WarnContext(ctx, "receiptmcp: cannot store the result; claim abandoned",
-			"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
-		m.abandon(detached, lease, tool)
-		return res, nil
-	}
-	effects := a.takeEffects()
+		if r.NeedsInput() || r.InputRequests != nil {
+			// Not finished: the client answers the input requests and
+			// calls again, with the same key.
+			return nil, receipts.NotPerformed(errNeedsInput)
+		}
+		result, err := json.Marshal(r)
+		if err == nil && len(result) > receipts.MaxResultSize {
+			err = fmt.Errorf("result of %d bytes is too large to store (max %d)", len(result), receipts.MaxResultSize)
+		}
+		if err != nil {
+			m.cfg.Logger.WarnContext(ctx, "receiptmcp: cannot store the result; claim abandoned",
+				"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
+			return nil, err
+		}
+		tr = r
+		if r.IsError {
+			return result, receipts.Permanent(errToolError)
+		}
+		effects = a.hasEffects()
+		if err := a.applyEffects(b); err != nil {
+			return nil, err // not recorded: abandoned
+		}
+		return result, nil
+	})
 	switch {
-	case tr.IsError:
-		_, err = lease.Fail(detached, result)
-	case effects != nil:
-		_, err = lease.CommitWith(detached, result, effects)
-	default:
-		_, err = lease.Commit(detached, result)
-	}
-	if err != nil {
-		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: recording the result failed",
+	case !ran: // Close began before the handler could start
+		return nil, m.claimError(tool, a.Key, err)
+	case herr != nil:
+		return nil, herr
+	case tr != nil && errors.Is(err, receipts.ErrOutcomeUnknown):
+		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: recording the result failed; claim abandoned",
 			"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
-		if !errors.Is(err, receipts.ErrLeaseLost) {
-			m.abandon(detached, lease, tool)
-		}
-		if effects != nil && !tr.IsError {
+		if effects {
 			// The staged effects did not happen: the client must not take
 			// the result for a success.
 			return nil, newError(CodeNotRecorded,
@@ -270,20 +265,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	return res, nil
 }
 
-func (m *middleware) release(ctx context.Context, lease *receipts.Lease, tool string) {
-	if err := lease.Release(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
-		k := lease.Key()
-		m.cfg.Logger.WarnContext(ctx, "receiptmcp: releasing the claim failed",
-			"scope", k.Scope, "key", k.ID, "tool", tool, "err", err)
-	}
-}
-
-// abandon leaves the claim's outcome unknown: the lease ends at once and
-// the next attempt is a recovered one.
-func (m *middleware) abandon(ctx context.Context, lease *receipts.Lease, tool string) {
-	if err := lease.Abandon(ctx); err != nil && !errors.Is(err, receipts.ErrLeaseLost) {
-		k := lease.Key()
-		m.cfg.Logger.WarnContext(ctx, "receiptmcp: abandoning the claim failed",
-			"scope", k.Scope, "key", k.ID, "tool", tool, "err", err)
-	}
-}
+var (
+	errNeedsInput = errors.New("receiptmcp: the tool needs input")
+	errToolError  = errors.New("receiptmcp: the tool returned isError")
+)

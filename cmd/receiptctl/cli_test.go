@@ -109,9 +109,9 @@ func TestStats(t *testing.T) {
 	require.Regexp(t, `(?m)^succeeded\s+3$`, r.out)
 	require.Regexp(t, `(?m)^pending\s+2\s+\(abandoned 1\)$`, r.out)
 	require.Regexp(t, `(?m)^failed\s+1$`, r.out)
-	require.Regexp(t, `(?m)^retention\s+24h0m0s \(--retention\)$`, r.out)
+	require.Regexp(t, `(?m)^retention\s+24h0m0s \(recorded in the store\)$`, r.out)
 
-	r = cli(t, "stats", "--json", "--dir", dir, "--retention", "48h").requireCode(t, exitOK)
+	r = cli(t, "stats", "--json", "--dir", dir, "--override-retention", "48h").requireCode(t, exitOK)
 	var s receipts.AdminStats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s))
 	require.Equal(t, int64(3), s.Succeeded)
@@ -119,7 +119,7 @@ func TestStats(t *testing.T) {
 	require.Equal(t, int64(1), s.Abandoned)
 	require.Equal(t, int64(1), s.Failed)
 	require.Equal(t, "48h0m0s", s.Retention)
-	require.Empty(t, s.LeaseTTL) // not recorded in the store
+	require.Empty(t, s.LeaseTTL) // receiptctl's own under --override-retention
 	require.Equal(t, 1, s.LiveEpochs)
 	require.NotZero(t, s.DiskBytes)
 }
@@ -151,26 +151,24 @@ func TestGC(t *testing.T) {
 	then := time.Now().Add(-48 * time.Hour).Truncate(6 * time.Hour).Add(time.Hour)
 	dir := newFixtureOpts(t, &receipts.Options{GCInterval: -1, Now: func() time.Time { return then }})
 
-	r := cli(t, "--dir", dir, "gc").requireCode(t, exitUsage)
-	require.Contains(t, r.stderr, "--retention")
-	// Past a 24h retention they are invisible, waiting for GC.
+	// Past the store's 24h retention they are invisible, waiting for GC.
 	require.Empty(t, lsIDs(t, "--dir", dir))
-	require.Len(t, lsIDs(t, "--dir", dir, "--retention", "72h"), 6)
-	r = cli(t, "--dir", dir, "stats", "--json").requireCode(t, exitOK)
+	require.Len(t, lsIDs(t, "--dir", dir, "--override-retention", "72h"), 6)
+	r := cli(t, "--dir", dir, "stats", "--json").requireCode(t, exitOK)
 	var s receipts.AdminStats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s))
 	require.Equal(t, int64(6), s.Expired)
 
-	r = cli(t, "--dir", dir, "gc", "--retention", "72h").requireCode(t, exitOK)
+	r = cli(t, "--dir", dir, "gc", "--override-retention", "72h").requireCode(t, exitOK) // records 72h
 	require.Contains(t, r.out, "dropped 0 epochs")
-	require.Len(t, lsIDs(t, "--dir", dir, "--retention", "72h"), 6)
+	require.Len(t, lsIDs(t, "--dir", dir), 6)
 
-	r = cli(t, "--dir", dir, "gc", "--retention", "24h", "--compact", "--json").requireCode(t, exitOK)
+	r = cli(t, "--dir", dir, "gc", "--override-retention", "24h", "--compact", "--json").requireCode(t, exitOK)
 	var g receipts.AdminGCStats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &g))
 	require.Equal(t, 1, g.EpochsDropped)
 	require.True(t, g.Compacted)
-	require.Empty(t, lsIDs(t, "--dir", dir, "--retention", "72h"))
+	require.Empty(t, lsIDs(t, "--dir", dir, "--override-retention", "72h"))
 	cli(t, "--dir", dir, "verify").requireCode(t, exitOK)
 
 	cli(t, "--dir", dir, "gc", "--retention", "1ns").requireCode(t, exitUsage)

@@ -16,28 +16,22 @@ func (a *app) gcCmd() *cobra.Command {
 records are all past retention is dropped with one range deletion. A running
 service does this itself (Options.GCInterval), so gc works offline only.
 
-The store does not record its retention, so gc requires --retention: give the
-service's Options.Retention. Records older than it are dropped for good.`,
-		Example: `  receiptctl --dir ./data gc --retention 24h
-  receiptctl --dir ./data gc --retention 72h --compact --json`,
+gc uses the retention the store records (the one its service last opened it
+with), never another one silently: --retention, if given, must match it.
+--override-retention drops records older than the given retention instead,
+for good, and records that retention as the store's (the service's next
+open with its own Options.Retention sets it back; a service that leaves
+Options.Retention zero keeps it). A store written by an older version
+records no retention: give the service's with --retention.`,
+		Example: `  receiptctl --dir ./data gc
+  receiptctl --dir ./data gc --retention 168h --compact --json
+  receiptctl --dir ./data gc --override-retention 1h   # drops what is older than 1h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.needDir("gc"); err != nil {
 				return err
 			}
-			if !cmd.Flags().Changed("retention") {
-				return usagef("gc drops records older than the retention, which the store does not record: give the service's Options.Retention with --retention (for example --retention 24h)")
-			}
-			// Open read-only first, so that a directory holding some other
-			// Pebble store is reported rather than given a receipts meta record.
-			probe, err := a.openStore(true)
-			if err != nil {
-				return err
-			}
-			if err := probe.Close(); err != nil {
-				return err
-			}
-			db, err := openStoreOpts(a.dir, a.retention, false, compact, a.stderr)
+			db, _, err := openResolved(a.dir, a.settings, false, compact, true, a.stderr)
 			if err != nil {
 				return err
 			}

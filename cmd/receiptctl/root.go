@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/spf13/cobra"
 )
@@ -37,10 +36,11 @@ type app struct {
 	stdout, stderr io.Writer
 	started        bool // a command's RunE was reached: later errors are not usage errors
 
-	dir       string
-	addr      string
-	json      bool
-	retention time.Duration
+	dir      string
+	addr     string
+	json     bool
+	settings retentionFlags  // --retention, --override-retention
+	src      retentionSource // offline: where the retention in force came from
 }
 
 // run runs receiptctl with args (without the program name) and returns its
@@ -93,6 +93,11 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			a.started = true
+			for _, name := range []string{"retention", "override-retention"} {
+				if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "0s" {
+					return usagef("--%s 0s: want at least 1ms", name)
+				}
+			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -107,8 +112,10 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 	pf.StringVar(&a.dir, "dir", "", "store directory (offline; the directory must not be held by a running process)")
 	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receipts.AdminHandler (live, read-only)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of tables")
-	pf.DurationVar(&a.retention, "retention", receipts.DefaultRetention,
-		"the service's Options.Retention (offline; the store does not record it): older records are expired")
+	pf.DurationVar(&a.settings.retention, "retention", 0,
+		"offline: check that the store records this retention (a store that records another is refused); for a store written by an older version, which records none, the service's Options.Retention (default 24h)")
+	pf.DurationVar(&a.settings.override, "override-retention", 0,
+		"offline, DANGEROUS: use this retention instead of the one the store records (records older than it look expired; gc drops them for good and records it as the store's retention)")
 
 	root.AddCommand(a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.demoCmd(), a.demoChildCmd())
 	return root
@@ -133,11 +140,12 @@ func (a *app) openSource() (source, error) {
 	case a.addr != "":
 		return newClient(a.addr)
 	case a.dir != "":
-		db, err := a.openStore(true)
+		db, src, err := a.openStore()
 		if err != nil {
 			return nil, err
 		}
-		return &offline{db: db}, nil
+		a.src = src
+		return &offline{db: db, src: src}, nil
 	}
 	return nil, usagef("give --dir DIR (a store directory) or --addr URL (a service's receipts.AdminHandler)")
 }
@@ -168,48 +176,33 @@ or make a copy with DB.Checkpoint and open the checkpoint: receiptctl --dir CHEC
 
 func (e *lockedError) Unwrap() error { return e.err }
 
-// openStore opens --dir. Read-only opens never change the store (a
-// directory that holds no store is reported, not created).
-func (a *app) openStore(readOnly bool) (*receipts.DB, error) {
-	return openStoreOpts(a.dir, a.retention, readOnly, false, a.stderr)
+// openStore opens --dir read-only, with the retention the store records
+// (see retentionFlags). Read-only opens never change the store (a directory
+// that holds no store is reported, not created).
+func (a *app) openStore() (*receipts.DB, retentionSource, error) {
+	return openResolved(a.dir, a.settings, true, false, false, a.stderr)
 }
 
-// openStoreOpts opens the store in dir for receiptctl: no background GC,
-// warnings to stderr, CompactOnGC as given.
-func openStoreOpts(dir string, retention time.Duration, readOnly, compact bool, stderr io.Writer) (*receipts.DB, error) {
+// checkStoreDir reports a dir that holds no store, so that receiptctl never
+// creates one where there was none.
+func checkStoreDir(dir string) error {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("no store at %s: the directory does not exist", dir)
+		return fmt.Errorf("no store at %s: the directory does not exist", dir)
 	case err != nil:
-		return nil, err
+		return err
 	case !fi.IsDir():
-		return nil, fmt.Errorf("no store at %s: not a directory", dir)
+		return fmt.Errorf("no store at %s: not a directory", dir)
 	}
 	if !looksLikeStore(dir) {
-		return nil, fmt.Errorf("no store at %s: the directory holds no Pebble store", dir)
+		return fmt.Errorf("no store at %s: the directory holds no Pebble store", dir)
 	}
-	if retention < time.Millisecond {
-		return nil, usagef("--retention %s: want at least 1ms", retention)
-	}
-	opts := &receipts.Options{
-		Retention:   retention,
-		LeaseTTL:    min(receipts.DefaultLeaseTTL, retention/2),
-		GCInterval:  -1,
-		CompactOnGC: compact,
-		Logger:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Pebble:      &pebble.Options{ReadOnly: readOnly},
-	}
-	db, err := receipts.Open(dir, opts)
-	switch {
-	case errors.Is(err, receipts.ErrLocked):
-		return nil, &lockedError{dir: dir, err: err}
-	case err != nil && readOnly && !errors.Is(err, receipts.ErrCorrupt) && !errors.Is(err, receipts.ErrUnknownFormat):
-		return nil, fmt.Errorf("cannot open a store at %s (is it a receipts store?): %w", dir, err)
-	case err != nil:
-		return nil, err
-	}
-	return db, nil
+	return nil
+}
+
+func newLogger(stderr io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // looksLikeStore reports whether dir holds a Pebble store (a manifest), so
@@ -225,7 +218,10 @@ func looksLikeStore(dir string) bool {
 }
 
 // offline reads a store directory.
-type offline struct{ db *receipts.DB }
+type offline struct {
+	db  *receipts.DB
+	src retentionSource // where the retention in force came from
+}
 
 func (o *offline) get(ctx context.Context, k receipts.Key) (receipts.AdminReceipt, error) {
 	r, err := o.db.Lookup(ctx, k)
@@ -258,7 +254,9 @@ func (o *offline) list(ctx context.Context, f receipts.Filter, each func(receipt
 
 func (o *offline) stats(context.Context) (receipts.AdminStats, error) {
 	s := receipts.NewAdminStats(o.db.Stats(), time.Now())
-	s.LeaseTTL = "" // receiptctl's own, not the service's: the store does not record it
+	if o.src != fromStore {
+		s.LeaseTTL = "" // receiptctl's own, not the service's
+	}
 	return s, nil
 }
 

@@ -16,8 +16,8 @@ pending), the expired ones GC has not dropped yet, and corrupt ones (exit
 code 1 if any), and shows the store's configuration, disk use, the last GC
 and, live, the service's counters since it opened the store.
 
-Offline, the retention shown is --retention: the store does not record the
-retention its service runs with.`,
+Offline, the retention and lease TTL shown are the ones the store records
+(its service's), unless --override-retention is given.`,
 		Example: `  receiptctl --dir ./data stats
   receiptctl --addr http://127.0.0.1:8081/admin/receipts stats --json`,
 		Args: cobra.NoArgs,
@@ -52,7 +52,7 @@ func (a *app) printStats(s *receipts.AdminStats) {
 	tw := newTable(a.stdout)
 	retention := s.Retention
 	if a.addr == "" {
-		retention += " (--retention)"
+		retention += " (" + a.src.String() + ")"
 	}
 	fmt.Fprintf(tw, "retention\t%s\n", retention)
 	if s.LeaseTTL != "" {

@@ -21,7 +21,7 @@ type verifyReport struct {
 	OK           bool            `json:"ok"`
 	Records      int             `json:"records"` // record keys checked
 	Epochs       int             `json:"epochs"`  // distinct epochs holding records
-	Expired      int             `json:"expired"` // past --retention, waiting for GC
+	Expired      int             `json:"expired"` // past the store's retention, waiting for GC
 	EpochWidth   string          `json:"epoch_width,omitempty"`
 	GCFloor      uint64          `json:"gc_floor"`
 	TokenCeiling uint64          `json:"token_ceiling"`
@@ -56,7 +56,7 @@ are any. It works offline only (it reads the raw keys).`,
 				return err
 			}
 			rep := &verifyReport{Dir: a.dir, Problems: []verifyProblem{}}
-			db, err := a.openStore(true)
+			db, _, err := a.openStore()
 			switch {
 			case errors.Is(err, receipts.ErrCorrupt), errors.Is(err, receipts.ErrUnknownFormat):
 				// The store refuses to open: that is the finding.
@@ -118,8 +118,8 @@ func (a *app) verify(db *receipts.DB, rep *verifyReport, now time.Time) error {
 		add("meta", nil, "does not decode: %v", err)
 	} else {
 		switch {
-		case m.Format != encoding.StoreFormat:
-			add("meta", nil, "format %d, want %d", m.Format, encoding.StoreFormat)
+		case m.Format < encoding.MinStoreFormat || m.Format > encoding.StoreFormat:
+			add("meta", nil, "format %d, want %d to %d", m.Format, encoding.MinStoreFormat, encoding.StoreFormat)
 		case m.EpochWidth <= 0:
 			add("meta", nil, "epoch width %d", m.EpochWidth)
 		case m.CreatedAt > now.UnixNano()+m.EpochWidth:
@@ -159,7 +159,7 @@ func (a *app) verify(db *receipts.DB, rep *verifyReport, now time.Time) error {
 	if width > 0 {
 		nowEpoch = uint64(now.UnixNano() / width)
 	}
-	retention := a.retention.Nanoseconds()
+	retention := db.Options().Retention.Nanoseconds()
 	seed := maphash.MakeSeed()
 	seen := make(map[uint64]uint64) // hash of scope/id -> epoch it was first seen in
 	lastEpoch, anyEpoch := uint64(0), false

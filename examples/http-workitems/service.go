@@ -83,7 +83,7 @@ func jsonFingerprint(r *http.Request, body []byte) ([]byte, error) {
 
 // create runs once per idempotency key. Its write is staged with AddEffect,
 // so the item and the receipt of this response are committed in one synced
-// batch (Lease.CommitWith): a crash keeps both or neither.
+// batch (Lease.RunBatch): a crash keeps both or neither.
 func (s *service) create(w http.ResponseWriter, r *http.Request) {
 	who, _ := s.caller(r) // the middleware has already authenticated r
 	attempt, _ := receipthttp.AttemptFrom(r.Context())

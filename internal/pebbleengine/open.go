@@ -116,32 +116,56 @@ func (e *Engine) load() error {
 	return nil
 }
 
-// loadMeta reads the meta record, or creates it for a new store.
+// loadMeta reads the meta record, creating it for a new store: the epoch
+// width, the ProviderKey secret, and the Retention and LeaseTTL in force
+// (the recorded ones for the options left zero), checked by Config.Check.
+// The meta is rewritten, synced, when the settings in force differ from
+// what it records, or when it is of the previous format (which records
+// neither); not on a read-only store.
 func (e *Engine) loadMeta(now int64) error {
 	meta, err := e.getMeta()
+	write, create := false, false
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
-		meta = &encoding.Meta{Format: encoding.StoreFormat, EpochWidth: int64(e.cfg.EpochWidth), Secret: make([]byte, 32), CreatedAt: now}
+		meta = &encoding.Meta{EpochWidth: int64(e.cfg.EpochWidth), Secret: make([]byte, 32), CreatedAt: now}
 		_, _ = rand.Read(meta.Secret)
-		b, err := encoding.EncodeMeta(meta)
-		if err != nil {
-			return err
-		}
-		if err := e.pdb.Set(keys.Meta, b, pebble.Sync); err != nil {
-			return fmt.Errorf("receipts: write meta: %w", err)
-		}
+		write, create = true, true
 	case err != nil:
 		return err
-	case meta.Format != encoding.StoreFormat:
-		return fmt.Errorf("%w: store format %d, this version reads format %d", driver.ErrUnknownFormat, meta.Format, encoding.StoreFormat)
-	default:
-		if e.cfg.CheckWidth != nil {
-			if err := e.cfg.CheckWidth(time.Duration(meta.EpochWidth)); err != nil {
-				return fmt.Errorf("stored epoch width: %w", err) // nothing written: the store was not new
-			}
+	case meta.Format < encoding.MinStoreFormat || meta.Format > encoding.StoreFormat:
+		return fmt.Errorf("%w: store format %d, this version reads formats %d to %d", driver.ErrUnknownFormat, meta.Format, encoding.MinStoreFormat, encoding.StoreFormat)
+	}
+	if meta.Retention > 0 && e.cfg.StoredRetention {
+		e.cfg.Retention = time.Duration(meta.Retention)
+	}
+	if meta.LeaseTTL > 0 && e.cfg.StoredLeaseTTL {
+		e.cfg.LeaseTTL = time.Duration(meta.LeaseTTL)
+	}
+	e.cfg.EpochWidth = time.Duration(meta.EpochWidth)
+	if e.cfg.Check != nil {
+		if err := e.cfg.Check(e.cfg); err != nil { // nothing written yet
+			return fmt.Errorf("%w (in force: Retention %s, LeaseTTL %s, stored epoch width %s; recorded: Retention %s, LeaseTTL %s)",
+				err, e.cfg.Retention, e.cfg.LeaseTTL, e.cfg.EpochWidth, time.Duration(meta.Retention), time.Duration(meta.LeaseTTL))
 		}
 	}
 	e.width, e.secret = meta.EpochWidth, meta.Secret
+	e.retention = int64(e.cfg.Retention)
+	ttl := int64(e.cfg.LeaseTTL)
+	if meta.Format != encoding.StoreFormat || meta.Retention != e.retention || meta.LeaseTTL != ttl {
+		write = true
+	}
+	if !write || (e.readOnly && !create) { // a read-only open of no store fails to write
+		return nil
+	}
+	next := *meta
+	next.Format, next.Retention, next.LeaseTTL = encoding.StoreFormat, e.retention, ttl
+	b, err := encoding.EncodeMeta(&next)
+	if err != nil {
+		return err
+	}
+	if err := e.pdb.Set(keys.Meta, b, pebble.Sync); err != nil {
+		return fmt.Errorf("receipts: write meta: %w", err)
+	}
 	return nil
 }
 

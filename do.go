@@ -1,0 +1,132 @@
+package receipts
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Do performs the operation k at most once and returns its receipt. It
+// claims k (waiting, bounded by ctx, for an in-flight holder of the same key
+// and returning that holder's receipt, or taking over if the holder releases
+// or its lease runs out), runs fn while renewing the lease in the
+// background, and commits fn's result. Replays of a finished operation never
+// call fn.
+//
+// fn's error decides what is recorded:
+//   - nil: the result is committed as a Succeeded receipt.
+//   - NotPerformed(err): nothing happened; the claim is released and Do
+//     returns an error wrapping err.
+//   - Permanent(err): a definitive failure, stored as a Failed receipt.
+//   - any other error, or a panic: the outcome is unknown; the claim is
+//     abandoned at once and the next attempt gets Lease.Recovered() == true.
+//     Do returns an error wrapping ErrOutcomeUnknown and fn's error (a panic
+//     is re-raised). So does a result larger than MaxResultSize, or one
+//     whose commit fails: the effect may have happened.
+//
+// Do is Claim with WaitForResult followed by Lease.Run, in one call that
+// Close waits for. A Failed receipt, the first time or replayed, comes back
+// with an error wrapping ErrFailed. Once fn has returned, the outcome is recorded on a
+// context detached from ctx, so a caller that goes away right after the
+// effect never loses its receipt. If the lease is lost while fn runs (another
+// caller took the key over), fn's context is cancelled with ErrLeaseLost as
+// its cause, and Do returns an error wrapping ErrLeaseLost.
+func (db *DB) Do(ctx context.Context, k Key, fingerprint []byte,
+	fn func(ctx context.Context, l *Lease) ([]byte, error),
+) (*Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, err
+	}
+	defer db.exit()
+	return db.do(ctx, k, fingerprint, false, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
+		return fn(ctx, l)
+	})
+}
+
+// DoBatch is Do for effects that live in this same engine: fn writes its
+// effect into b (the application's own keys), and the effect commits with
+// the receipt in one synced batch. A crash loses an unsynced claim together
+// with the effect it guarded, so the claim is not synced: one fsync per
+// operation. If fn returns an error, b is discarded (a Failed receipt is
+// written without it). On another engine than Pebble it returns
+// ErrUnsupported.
+func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
+	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+) (*Receipt, error) {
+	if err := db.enter(); err != nil {
+		return nil, err
+	}
+	defer db.exit()
+	if db.peb == nil {
+		return nil, fmt.Errorf("%w: DoBatch on the %s engine", ErrUnsupported, db.eng.Name())
+	}
+	return db.do(ctx, k, fingerprint, true, fn)
+}
+
+func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
+	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+) (*Receipt, error) {
+	l, r, err := db.claim(ctx, k, fp, claimConfig{wait: true, noSync: batch}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if r != nil {
+		if r.State == Failed {
+			return r, fmt.Errorf("receipts: %s: %w", k, ErrFailed)
+		}
+		return r, nil
+	}
+	var b *pebble.Batch
+	if batch {
+		b = db.peb.NewBatch()
+		defer b.Close()
+	}
+	return l.run(ctx, b, fn)
+}
+
+// KeepAlive renews the lease in the background, every third of LeaseTTL,
+// until stop is called (stop waits for the renewer to end). Use it with
+// Claim when the effect may take longer than the lease; Do and Lease.Run do
+// it for you (and, unlike KeepAlive, go on renewing while Close waits).
+// If the lease is lost (another caller took the key over) or the store is
+// closed, KeepAlive calls cancel with that error, so the effect's context
+// ends, and stops. Other renewal errors are logged and retried.
+func (l *Lease) KeepAlive(cancel context.CancelCauseFunc) (stop func()) {
+	return l.keepAlive(cancel, l.Renew)
+}
+
+func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Context) error) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(time.Duration(l.db.ttl)/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			err := renew(context.Background())
+			switch {
+			case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrClosed):
+				cancel(err)
+				return
+			case err != nil:
+				l.db.opts.Logger.Warn("receipts: renew lease", "key", l.key, "err", err)
+			}
+		}
+	}()
+	return func() {
+		select {
+		case <-quit:
+		default:
+			close(quit)
+		}
+		<-done
+	}
+}
