@@ -6,7 +6,7 @@
 //
 // Schema (format 1, in Options.Schema, default "receipts"):
 //
-//   - meta: one row: format, epoch width, retention in force, the store's secret, and the
+//   - meta: one row: format, epoch width, Retention and LeaseTTL in force, the store's secret, and the
 //     maintenance lease (owner, until).
 //   - token_seq: the sequence every fencing token comes from (CACHE 1: tokens are unique in
 //     the store, increase across sessions and are never reused, also after records are purged).

@@ -69,9 +69,13 @@ type engineOptions struct {
 	MaintLease time.Duration
 	// Logger receives background errors (notifier, listener). Default: discarded.
 	Logger *slog.Logger
-	// CheckWidth, if set, checks the stored epoch width of an existing schema before
-	// anything is written (driver.Config.CheckWidth); its error is returned wrapped.
-	CheckWidth func(width time.Duration) error
+	// StoredRetention and StoredLeaseTTL: the option was left zero, so an existing schema's
+	// recorded value takes the place of the default (driver.Config).
+	StoredRetention, StoredLeaseTTL bool
+	// Check, if set, validates the settings in force (the recorded values put in, the
+	// stored epoch width) once meta is read, before anything is written (driver.Config.Check);
+	// its error is returned wrapped.
+	Check func(inForce driver.Config) error
 	// Closing, if set, is closed when the DB's Close begins: from then on Claim hands out
 	// no lease (driver.ErrClosed).
 	Closing <-chan struct{}
@@ -198,17 +202,20 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 // Name implements driver.Engine.
 func (e *engine) Name() string { return "postgres" }
 
-// Config implements driver.Engine: the settings in force, with the epoch width the schema
-// was created with.
+// Config implements driver.Engine: the settings in force (Retention and LeaseTTL with the
+// recorded values for the options left zero), with the epoch width the schema was created
+// with.
 func (e *engine) Config() driver.Config {
 	return driver.Config{
 		Retention:  e.o.Retention,
 		LeaseTTL:   e.o.LeaseTTL,
-		EpochWidth: time.Duration(e.width) * time.Microsecond,
-		Now:        e.o.Now,
-		Logger:     e.o.Logger,
-		CheckWidth: e.o.CheckWidth,
-		Closing:    e.o.Closing,
+		EpochWidth:      time.Duration(e.width) * time.Microsecond,
+		StoredRetention: e.o.StoredRetention,
+		StoredLeaseTTL:  e.o.StoredLeaseTTL,
+		Now:             e.o.Now,
+		Logger:          e.o.Logger,
+		Check:           e.o.Check,
+		Closing:         e.o.Closing,
 	}
 }
 

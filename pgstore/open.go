@@ -72,15 +72,17 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*receipts.DB,
 // openPG is the engine's constructor for receipts.OpenEngine.
 func openPG(ctx context.Context, pool *pgxpool.Pool, cfg driver.Config, o Options) (*engine, error) {
 	return newEngine(ctx, pool, engineOptions{
-		Schema:       o.Schema,
-		Retention:    cfg.Retention,
-		LeaseTTL:     cfg.LeaseTTL,
-		EpochWidth:   cfg.EpochWidth,
-		Now:          cfg.Now,
-		ListenConn:   o.ListenConn,
-		PollInterval: o.PollInterval,
-		Logger:       cfg.Logger,
-		CheckWidth:   cfg.CheckWidth,
-		Closing:      cfg.Closing,
+		Schema:          o.Schema,
+		Retention:       cfg.Retention,
+		LeaseTTL:        cfg.LeaseTTL,
+		StoredRetention: cfg.StoredRetention,
+		StoredLeaseTTL:  cfg.StoredLeaseTTL,
+		EpochWidth:      cfg.EpochWidth,
+		Now:             cfg.Now,
+		ListenConn:      o.ListenConn,
+		PollInterval:    o.PollInterval,
+		Logger:          cfg.Logger,
+		Check:           cfg.Check,
+		Closing:         cfg.Closing,
 	})
 }

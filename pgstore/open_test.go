@@ -154,3 +154,35 @@ func TestClaimAfterClosingBegan(t *testing.T) {
 		t.Fatalf("commit of a held lease after Closing: %v", err)
 	}
 }
+
+// Retention and LeaseTTL left zero take the values the schema records (as on Pebble), so a
+// node started without them, or receiptctl, sees what the service sees; given ones are
+// recorded. Before meta recorded LeaseTTL, a reopen with zero options ran on the defaults.
+func TestOpenUsesRecordedSettings(t *testing.T) {
+	d := newTestDB(t)
+	first, pool := d.openDB(Options{Options: receipts.Options{Retention: 8 * time.Hour, LeaseTTL: time.Minute}})
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, _ := d.openDB(Options{})
+	if o := db.Options(); o.Retention != 8*time.Hour || o.LeaseTTL != time.Minute || o.EpochWidth != 2*time.Hour {
+		t.Fatalf("reopened with zero options: Retention %s LeaseTTL %s EpochWidth %s", o.Retention, o.LeaseTTL, o.EpochWidth)
+	}
+	if s := db.Stats(); s.Retention != 8*time.Hour || s.LeaseTTL != time.Minute {
+		t.Fatalf("stats: %+v", s)
+	}
+	_ = db.Close()
+	db, _ = d.openDB(Options{Options: receipts.Options{LeaseTTL: 2 * time.Minute}})
+	if o := db.Options(); o.Retention != 8*time.Hour || o.LeaseTTL != 2*time.Minute {
+		t.Fatalf("reopened with LeaseTTL 2m: %s %s", o.Retention, o.LeaseTTL)
+	}
+	var ret, ttl int64
+	if err := pool.QueryRow(bg, `SELECT retention_us, lease_ttl_us FROM `+buildQueries(d.schema).schema+`.meta`).Scan(&ret, &ttl); err != nil ||
+		ret != (8*time.Hour).Microseconds() || ttl != (2*time.Minute).Microseconds() {
+		t.Fatalf("meta: %d %d %v", ret, ttl, err)
+	}
+	// a recorded LeaseTTL that the Retention given now does not allow is refused
+	if _, _, err := d.tryOpenDB(Options{Options: receipts.Options{Retention: time.Minute}}); !errors.Is(err, receipts.ErrInvalidOptions) {
+		t.Fatalf("Retention 1m over a recorded LeaseTTL of 2m: %v", err)
+	}
+}

@@ -172,7 +172,8 @@ func schemaSQL(schema string) []string {
   singleton      boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
   format         int         NOT NULL,
   epoch_width_us bigint      NOT NULL,
-  retention_us   bigint      NOT NULL,
+  retention_us   bigint      NOT NULL,   -- the Retention in force at the last open
+  lease_ttl_us   bigint      NOT NULL,   -- the LeaseTTL in force at the last open
   secret         bytea       NOT NULL,
   created_at     timestamptz NOT NULL,
   maint_owner    text,

@@ -24,9 +24,10 @@ func schemaLock(schema string) int32 {
 }
 
 // migrate creates the schema (format formatVersion) if it has no meta table, or checks the
-// stored format; it refuses a format it does not know. It records this engine's Retention in
-// meta (a later open with another value updates it, as on Pebble) and loads the epoch width
-// and the secret.
+// stored format; it refuses a format it does not know. It loads the epoch width and the secret,
+// takes the recorded Retention and LeaseTTL for the options left zero, checks the settings in
+// force (Check) and records them in meta (a later open with other values updates them, as on
+// Pebble).
 func (e *engine) migrate(ctx context.Context) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
@@ -77,14 +78,16 @@ func (e *engine) migrateOnce(ctx context.Context) error {
 			}
 			secret := make([]byte, 32)
 			_, _ = rand.Read(secret)
-			if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.meta (format, epoch_width_us, retention_us, secret, created_at)
-VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, clock_timestamp()))`,
-				formatVersion, e.o.EpochWidth.Microseconds(), e.retentionUS(), secret, e.nowArg()); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.meta (format, epoch_width_us, retention_us, lease_ttl_us, secret, created_at)
+VALUES ($1, $2, $3, $4, $5, coalesce($6::timestamptz, clock_timestamp()))`,
+				formatVersion, e.o.EpochWidth.Microseconds(), e.retentionUS(), e.o.LeaseTTL.Microseconds(), secret, e.nowArg()); err != nil {
 				return fmt.Errorf("create meta: %w", err)
 			}
 		}
 		var format int
-		if err := tx.QueryRow(ctx, `SELECT format, epoch_width_us, secret FROM `+e.q.schema+`.meta`).Scan(&format, &e.width, &e.secret); err != nil {
+		var retUS, ttlUS int64
+		if err := tx.QueryRow(ctx, `SELECT format, epoch_width_us, retention_us, lease_ttl_us, secret FROM `+e.q.schema+`.meta`).Scan(
+			&format, &e.width, &retUS, &ttlUS, &e.secret); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("%w: schema %s has an empty meta table", receipts.ErrCorrupt, e.o.Schema)
 			}
@@ -96,12 +99,21 @@ VALUES ($1, $2, $3, $4, coalesce($5::timestamptz, clock_timestamp()))`,
 		if e.width <= 0 {
 			return fmt.Errorf("%w: schema %s: epoch width %d µs", receipts.ErrCorrupt, e.o.Schema, e.width)
 		}
-		if exists && e.o.CheckWidth != nil {
-			if err := e.o.CheckWidth(time.Duration(e.width) * time.Microsecond); err != nil {
-				return fmt.Errorf("stored epoch width: %w", err)
+		// the recorded values for the options left zero, then the settings in force checked
+		// before anything is written (a refused open leaves the schema as it is)
+		if e.o.StoredRetention && retUS > 0 {
+			e.o.Retention = time.Duration(retUS) * time.Microsecond
+		}
+		if e.o.StoredLeaseTTL && ttlUS > 0 {
+			e.o.LeaseTTL = time.Duration(ttlUS) * time.Microsecond
+		}
+		if e.o.Check != nil {
+			if err := e.o.Check(e.Config()); err != nil {
+				return fmt.Errorf("settings in force: %w", err)
 			}
 		}
-		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1 WHERE retention_us <> $1`, e.retentionUS())
+		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1, lease_ttl_us = $2
+ WHERE retention_us <> $1 OR lease_ttl_us <> $2`, e.retentionUS(), e.o.LeaseTTL.Microseconds())
 		return err
 	})
 }
