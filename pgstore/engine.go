@@ -207,8 +207,8 @@ func (e *engine) Name() string { return "postgres" }
 // with.
 func (e *engine) Config() driver.Config {
 	return driver.Config{
-		Retention:  e.o.Retention,
-		LeaseTTL:   e.o.LeaseTTL,
+		Retention:       e.o.Retention,
+		LeaseTTL:        e.o.LeaseTTL,
 		EpochWidth:      time.Duration(e.width) * time.Microsecond,
 		StoredRetention: e.o.StoredRetention,
 		StoredLeaseTTL:  e.o.StoredLeaseTTL,
