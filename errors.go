@@ -188,3 +188,12 @@ func outcomeOf(err error) (outcomeKind, bool) {
 	}
 	return 0, false
 }
+
+// IsNotPerformed reports that the error was marked NotPerformed, and
+// IsPermanent that it was marked Permanent: how Do treats it. They let an
+// engine package that applies Do's policy itself (pgstore.DoTx) read the
+// mark with errors.As and an interface, without another exported name.
+func (e *outcomeError) IsNotPerformed() bool { return e.kind == kindNotPerformed }
+
+// IsPermanent: see IsNotPerformed.
+func (e *outcomeError) IsPermanent() bool { return e.kind == kindPermanent }

@@ -1,0 +1,206 @@
+// Package pgtest gives tests a PostgreSQL server: the one named by RECEIPTS_PG_DSN, or else a
+// throwaway cluster started from the installed server binaries, one per test binary.
+//
+// A test package uses it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// and each test asks for a fresh schema (Schema) or a fresh database (Database). The cluster
+// starts on the first such call, so test binaries whose selected tests need no PostgreSQL pay
+// nothing. On a machine without PostgreSQL the tests skip, with one line saying why; with
+// CI=true they fail instead.
+//
+// The cluster code (Start, StartWith, Stop, Restart) was adapted from bench/internal/pgtemp,
+// which can become a user of it (StartWith(ctx, Config{Durable: true}) is pgtemp.Start). PostgreSQL
+// refuses to run as root: when the process is root, the cluster's directory is given to the
+// "postgres" system user (which Debian's postgresql package creates) and initdb, pg_ctl and
+// the server run as that user through runuser(1).
+package pgtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrNoServer means no PostgreSQL server binaries were found.
+var ErrNoServer = errors.New("pgtest: no PostgreSQL server binaries (initdb, pg_ctl) found; install them (Debian: apt-get install postgresql) or set RECEIPTS_PG_DSN")
+
+// Cluster is a running throwaway cluster.
+type Cluster struct {
+	DSN    string // superuser DSN of the "postgres" database
+	Dir    string
+	BinDir string
+	Port   int
+	runAs  string // "" = as this process
+	cfg    Config
+}
+
+// Config tunes a cluster.
+type Config struct {
+	// Durable keeps fsync on (benchmarks: numbers worth quoting need it). Off by default for
+	// tests, which crash the server process, never the machine.
+	Durable bool
+}
+
+// FindBinDir returns the directory holding initdb and pg_ctl: $PG_BINDIR if set, the newest
+// /usr/lib/postgresql/*/bin, `pg_config --bindir`, or the PATH.
+func FindBinDir() (string, error) {
+	has := func(d string) bool {
+		_, err := os.Stat(filepath.Join(d, "initdb"))
+		return err == nil
+	}
+	if d := os.Getenv("PG_BINDIR"); d != "" {
+		if has(d) {
+			return d, nil
+		}
+		return "", fmt.Errorf("%w (PG_BINDIR=%s has no initdb)", ErrNoServer, d)
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if has(d) {
+			return d, nil
+		}
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		if d := strings.TrimSpace(string(out)); d != "" && has(d) {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", ErrNoServer
+}
+
+func version(binDir string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
+	return v
+}
+
+// Start creates and starts a test cluster (StartWith with the zero Config). Call Stop when
+// done, also on error paths.
+//
+// The cluster runs with fsync = off: tests crash the server process (Restart), never the
+// machine, and a process crash loses nothing the kernel already has. Everything else keeps
+// PostgreSQL's defaults (synchronous_commit = on, full_page_writes = on).
+func Start(ctx context.Context) (*Cluster, error) { return StartWith(ctx, Config{}) }
+
+// StartWith creates and starts a cluster configured by cfg.
+func StartWith(ctx context.Context, cfg Config) (*Cluster, error) {
+	bin, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "receipts-pgtest-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Dir: dir, BinDir: bin, cfg: cfg}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			c.remove()
+			return nil, fmt.Errorf("pgtest: running as root needs the postgres system user: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			c.remove()
+			return nil, err
+		}
+		c.runAs = "postgres"
+	}
+	if out, err := c.run(ctx, "initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+		c.remove()
+		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	if c.Port, err = freePort(); err != nil {
+		c.remove()
+		return nil, err
+	}
+	if err := c.start(ctx); err != nil {
+		c.remove()
+		return nil, err
+	}
+	c.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.Port)
+	return c, nil
+}
+
+func (c *Cluster) data() string { return filepath.Join(c.Dir, "data") }
+
+func (c *Cluster) opts() string {
+	fsync := "off"
+	if c.cfg.Durable {
+		fsync = "on"
+	}
+	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200 -c fsync=%s", c.Port, c.Dir, fsync)
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-l", filepath.Join(c.Dir, "server.log"), "-o", c.opts(), "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.Dir, "server.log"))
+		return fmt.Errorf("pgtest: pg_ctl start: %w\n%s\n%s", err, out, log)
+	}
+	return nil
+}
+
+// Restart crashes the server (`pg_ctl restart -m immediate`: no shutdown checkpoint, every
+// connection cut, crash recovery on start) and waits until it accepts connections again.
+func (c *Cluster) Restart(ctx context.Context) error {
+	out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-l", filepath.Join(c.Dir, "server.log"), "-o", c.opts(), "-m", "immediate", "-w", "-t", "60", "restart")
+	if err != nil {
+		return fmt.Errorf("pgtest: pg_ctl restart: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Stop shuts the server down and removes the cluster's files.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-m", "fast", "-w", "stop")
+	if err != nil {
+		err = fmt.Errorf("pgtest: pg_ctl stop: %w\n%s", err, out)
+	}
+	return errors.Join(err, c.remove())
+}
+
+func (c *Cluster) remove() error { return os.RemoveAll(c.Dir) }
+
+func (c *Cluster) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	path := filepath.Join(c.BinDir, prog)
+	var cmd *exec.Cmd
+	if c.runAs != "" {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", c.runAs, "--", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	cmd.Dir = c.Dir
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	return bytes.TrimSpace(out.Bytes()), err
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	_, p, _ := strings.Cut(l.Addr().String(), ":")
+	return strconv.Atoi(p)
+}

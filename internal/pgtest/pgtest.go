@@ -1,0 +1,183 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvDSN names the environment variable holding the DSN of an existing server to test
+// against instead of a throwaway cluster. Tests create (and drop) their own schemas and
+// databases in it.
+const EnvDSN = "RECEIPTS_PG_DSN"
+
+var (
+	once     sync.Once
+	baseDSN  string   // superuser DSN of the server the tests use
+	cluster  *Cluster // nil with RECEIPTS_PG_DSN
+	startErr error    // why there is no server
+	skipOnce sync.Once
+)
+
+// Main runs the package's tests (call it from TestMain) and stops the throwaway cluster, if
+// one was started, when they are done.
+func Main(m *testing.M) {
+	code := m.Run()
+	if cluster != nil {
+		if err := cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	os.Exit(code)
+}
+
+func setup() {
+	if d := os.Getenv(EnvDSN); d != "" {
+		baseDSN = d
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := Start(ctx)
+	if err != nil {
+		startErr = err
+		return
+	}
+	cluster, baseDSN = c, c.DSN
+}
+
+// server returns the server's superuser DSN, starting the cluster on the first call. Without a
+// server it skips t (printing the reason once), or fails t when CI=true.
+func server(t testing.TB) string {
+	t.Helper()
+	once.Do(setup)
+	if startErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL tests must run in CI: %v", startErr)
+		}
+		skipOnce.Do(func() {
+			fmt.Fprintf(os.Stderr, "pgtest: skipping PostgreSQL tests: %v\n", startErr)
+		})
+		t.Skip("no PostgreSQL server")
+	}
+	return baseDSN
+}
+
+// Available reports whether a server can be had (starting the cluster if needed), without
+// skipping or failing.
+func Available() bool {
+	once.Do(setup)
+	return startErr == nil
+}
+
+func name(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func withDatabase(dsn, db string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Scheme == "" {
+		// key=value form
+		return dsn + " dbname=" + db, nil
+	}
+	u.Path = "/" + db
+	return u.String(), nil
+}
+
+func execSQL(t testing.TB, dsn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
+
+// DSN returns the DSN of the test server's main database (shared by every test; use Schema
+// or Database to keep tests apart).
+func DSN(t testing.TB) string {
+	t.Helper()
+	return server(t)
+}
+
+// Schema returns the DSN of the server and the name of a fresh, empty schema that nothing else
+// uses; the schema is dropped when t ends. Two engines opened on the same DSN and schema
+// behave as two nodes sharing one database.
+func Schema(t testing.TB) (dsn, schema string) {
+	t.Helper()
+	dsn = server(t)
+	schema = name("t_")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Logf("pgtest: drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Logf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+	return dsn, schema
+}
+
+// Database creates a fresh database and returns its DSN; it is dropped when t ends.
+func Database(t testing.TB) string {
+	t.Helper()
+	dsn := server(t)
+	db := name("t_")
+	execSQL(t, dsn, "CREATE DATABASE "+db)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Logf("pgtest: drop database %s: %v", db, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)"); err != nil {
+			t.Logf("pgtest: drop database %s: %v", db, err)
+		}
+	})
+	out, err := withDatabase(dsn, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// ErrExternal is returned by Restart when the tests run against RECEIPTS_PG_DSN: a server the
+// tests did not start is never restarted.
+var ErrExternal = errors.New("pgtest: the server is external (RECEIPTS_PG_DSN); it cannot be restarted")
+
+// Restart crashes and restarts the throwaway server (`pg_ctl restart -m immediate`). Every
+// connection is cut. Tests that need it should skip on ErrExternal.
+func Restart(t testing.TB) error {
+	t.Helper()
+	server(t)
+	if cluster == nil {
+		return ErrExternal
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return cluster.Restart(ctx)
+}

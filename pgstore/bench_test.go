@@ -1,0 +1,166 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// Benchmarks of the engine's statements on the test server (go test -run '^$' -bench . ./pgstore).
+// -cpu sets the parallelism: RunParallel runs GOMAXPROCS×8 goroutines.
+
+func benchEngine(b *testing.B) *node {
+	b.Helper()
+	n := newBenchDB(b).open(engineOptions{})
+	b.ResetTimer()
+	return n
+}
+
+var benchSeq atomic.Int64
+
+func BenchmarkClaim(b *testing.B) {
+	e := benchEngine(b)
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := key(fmt.Sprint("c", benchSeq.Add(1)))
+			if _, err := e.Claim(bg, req(k, "fp")); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkClaimFinish(b *testing.B) {
+	e := benchEngine(b)
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := key(fmt.Sprint("f", benchSeq.Add(1)))
+			c, err := e.Claim(bg, req(k, "fp"))
+			if err == nil {
+				_, err = e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("0123456789abcdef0123456789abcdef"))
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkReplay(b *testing.B) { benchReplay(b, false) }
+
+// BenchmarkLookup is the floor of a replay: a plain read of the same records.
+func BenchmarkLookup(b *testing.B) { benchReplay(b, true) }
+
+func benchReplay(b *testing.B, lookup bool) {
+	e := benchEngine(b)
+	const n = 1000
+	for i := 0; i < n; i++ {
+		k := key(fmt.Sprint("r", i))
+		c, err := e.Claim(bg, req(k, "fp"))
+		if err == nil {
+			_, err = e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("0123456789abcdef0123456789abcdef"))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(benchSeq.Add(7919)) // goroutines start on different keys
+		for pb.Next() {
+			i++
+			k := key(fmt.Sprint("r", i%n))
+			if lookup {
+				if _, found, _, err := e.Lookup(bg, k); err != nil || !found {
+					b.Error(found, err)
+					return
+				}
+				continue
+			}
+			res, err := e.Claim(bg, req(k, "fp"))
+			if err != nil || res.Outcome != driver.Replay {
+				b.Error(res.Outcome, err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkWakeAcrossNodes: node A finishes a key that a waiter on node B watches; the time
+// until B's channel fires, over LISTEN/NOTIFY (reported as p50 and p99 in ms). back-to-back:
+// each Finish follows the previous wake-up at once, so it waits for the next coalesced flush;
+// isolated: a quiet period before each Finish, whose wake-up goes out at once.
+func BenchmarkWakeAcrossNodes(b *testing.B) {
+	b.Run("back-to-back", func(b *testing.B) { benchWake(b, 0) })
+	b.Run("isolated", func(b *testing.B) { benchWake(b, 20*time.Millisecond) })
+}
+
+func benchWake(b *testing.B, quiet time.Duration) {
+	d := newBenchDB(b)
+	a := d.open(engineOptions{})
+	w := d.open(engineOptions{ListenConn: d.listenConn(), PollInterval: time.Hour})
+	for !w.listenUp.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := key(fmt.Sprint("wake", benchSeq.Add(1)))
+		c, err := a.Claim(bg, req(k, "fp"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ch, done := w.Watch(k)
+		if quiet > 0 {
+			b.StopTimer()
+			time.Sleep(quiet)
+			b.StartTimer()
+		}
+		start := time.Now()
+		if _, err := a.Finish(bg, k, c.Record.Token, driver.Succeeded, nil); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			b.Fatal("no wake-up")
+		}
+		lat = append(lat, time.Since(start))
+		done()
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+}
+
+// BenchmarkDoTx: claim, (empty) effect and receipt in one transaction, one commit flush;
+// compare with BenchmarkClaimFinish (two commits).
+func BenchmarkDoTx(b *testing.B) {
+	e := benchEngine(b)
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := key(fmt.Sprint("t", benchSeq.Add(1)))
+			_, _, err := e.doTx(bg, req(k, "fp"), func(context.Context, pgx.Tx, driver.ClaimResult) (driver.State, []byte, error) {
+				return driver.Succeeded, []byte("0123456789abcdef0123456789abcdef"), nil
+			})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -1,0 +1,288 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// querier is a pool or a transaction.
+type querier interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// claimRow is one answer of the claim statement.
+type claimRow struct {
+	outcome string
+	rec     driver.Record
+	now     time.Time
+}
+
+// Retry bounds of a claim. A claim retries by itself when its statement saw a conflicting row
+// commit after its snapshot (no row back), when a takeable row was locked by a writer (busy),
+// on serialization failures, on a missing partition, and when its reply was lost.
+const (
+	maxBusy      = 12 // busy retries (backoff 1 ms doubling to 16 ms: about 150 ms in all)
+	maxLostReply = 8
+	maxOther     = 20
+)
+
+// Claim implements driver.Engine: one round trip ([advisory lock; claim CTE] in one pgx
+// batch, one implicit transaction), retried internally with the same nonce.
+func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	nonce := newNonce()
+	var lastBusy claimRow
+	busy, lost, other := 0, 0, 0
+	for {
+		if e.closing() { // no new lease once Close has begun
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+		}
+		row, err := e.claimOnce(ctx, e.pool, req, nonce)
+		if err == nil && e.testLoseReply != nil {
+			err = e.testLoseReply()
+		}
+		if err == nil && row.outcome != "busy" {
+			return e.claimResult(req, row)
+		}
+		switch {
+		case err == nil: // busy
+			lastBusy = row
+			if busy++; busy > maxBusy {
+				return driver.ClaimResult{Outcome: driver.InProgress, Record: lastBusy.rec, Now: lastBusy.now}, nil
+			}
+			if err := sleep(ctx, time.Millisecond<<min(busy-1, 4)); err != nil {
+				return driver.ClaimResult{}, err
+			}
+		case lostReply(ctx, err):
+			if lost++; lost > maxLostReply {
+				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			}
+			if err := sleep(ctx, 10*time.Millisecond<<min(lost-1, 5)); err != nil {
+				return driver.ClaimResult{}, err
+			}
+		case errors.Is(err, pgx.ErrNoRows) || retryable(err):
+			if other++; other > maxOther {
+				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			}
+		case noPartition(err):
+			if other++; other > maxOther {
+				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			}
+			if err := e.ensureCurrent(ctx); err != nil {
+				return driver.ClaimResult{}, err
+			}
+		default:
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		}
+	}
+}
+
+// ensureCurrent creates the partitions around the estimated current epoch (after a claim found
+// none: maintenance is behind, or a test clock jumped).
+func (e *engine) ensureCurrent(ctx context.Context) error {
+	cur := e.epochOf(e.estimate())
+	for ep := cur - 1; ep <= cur+1; ep++ {
+		if err := e.ensurePartition(ctx, ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// claimOnce sends the claim batch once. No row back is pgx.ErrNoRows (re-send).
+func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, extra ...string) (claimRow, error) {
+	h := keyHash(req.Key)
+	b := &pgx.Batch{}
+	b.Queue(e.q.lock, lockClass, lockID(h))
+	b.Queue(e.q.claim, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
+		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), e.nowArg())
+	for _, s := range extra { // statements after the claim, in the same batch (DoTx's savepoint)
+		b.Queue(s)
+	}
+	br := q.SendBatch(ctx, b)
+	var row claimRow
+	_, err := br.Exec()
+	if err == nil {
+		var state int16
+		var lease *time.Time
+		r := &row.rec
+		err = br.QueryRow().Scan(&row.outcome, &r.Token, &r.Attempts, &state, &r.Fingerprint, &r.Result,
+			&r.CreatedAt, &r.UpdatedAt, &lease, &row.now)
+		r.State = driver.State(state)
+		if lease != nil {
+			r.LeaseExpiresAt = *lease
+		}
+	}
+	for range extra {
+		if err == nil {
+			_, err = br.Exec()
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return claimRow{}, err
+	}
+	row.rec.Key = req.Key
+	e.fill(&row.rec)
+	e.saw(row.now)
+	return row, nil
+}
+
+func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.ClaimResult, error) {
+	res := driver.ClaimResult{Record: row.rec, Now: row.now}
+	switch row.outcome {
+	case "claimed":
+		res.Outcome = driver.Claimed
+	case "took_over":
+		res.Outcome = driver.TookOver
+	case "own": // our claim, whose reply was lost: what it decided then
+		res.Outcome = driver.Claimed
+		if row.rec.Attempts > 1 {
+			res.Outcome = driver.TookOver
+		}
+	case "done":
+		res.Outcome = driver.Replay
+	case "mismatch":
+		res.Outcome = driver.Mismatch
+	case "in_progress":
+		res.Outcome = driver.InProgress
+	default:
+		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: unknown outcome %q", row.outcome)
+	}
+	return res, nil
+}
+
+// fill completes a record read from the database.
+func (e *engine) fill(r *driver.Record) {
+	r.ExpiresAt = r.UpdatedAt.Add(e.o.Retention)
+	if r.State != driver.Pending {
+		r.LeaseExpiresAt = time.Time{}
+		if r.Result == nil {
+			r.Result = []byte{}
+		}
+	} else {
+		r.Result = nil
+	}
+}
+
+// scanRecord reads recCols, then the database's time.
+func scanRecord(row pgx.Row, r *driver.Record, now *time.Time, extra ...any) error {
+	var state *int16
+	var lease *time.Time
+	var token *int64
+	var attempts *int32
+	var created, updated *time.Time
+	dst := append([]any{&state, &r.Fingerprint, &token, &attempts, &created, &updated, &lease, &r.Result, now}, extra...)
+	if err := row.Scan(dst...); err != nil {
+		return err
+	}
+	if state == nil {
+		return errAbsent
+	}
+	r.State = driver.State(*state)
+	r.Token = uint64(*token)
+	r.Attempts = uint32(*attempts)
+	r.CreatedAt, r.UpdatedAt = *created, *updated
+	if lease != nil {
+		r.LeaseExpiresAt = *lease
+	}
+	return nil
+}
+
+var errAbsent = errors.New("pgstore: absent")
+
+// Lookup implements driver.Engine: a plain read, no lock, no transaction id.
+func (e *engine) Lookup(ctx context.Context, k driver.Key) (driver.Record, bool, time.Time, error) {
+	var rec driver.Record
+	var now time.Time
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = scanRecord(e.pool.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), e.nowArg()), &rec, &now)
+		if attempt >= maxLostReply || !lostReply(ctx, err) || sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
+			break
+		}
+	}
+	e.saw(now)
+	switch {
+	case errors.Is(err, errAbsent):
+		return driver.Record{}, false, now, nil
+	case err != nil:
+		return driver.Record{}, false, time.Time{}, fmt.Errorf("pgstore: lookup: %w", err)
+	}
+	rec.Key = k
+	e.fill(&rec)
+	if !now.Before(rec.ExpiresAt) { // exact at read time: past retention is absent
+		return driver.Record{}, false, now, nil
+	}
+	return rec, true, now, nil
+}
+
+// scanPage is how many records one Scan statement reads.
+const scanPage = 500
+
+// Scan implements driver.Engine: visible records matching f in (scope, id) order, read page by
+// page (each page its own statement and snapshot).
+func (e *engine) Scan(ctx context.Context, f driver.Filter) iter.Seq2[driver.Record, error] {
+	return func(yield func(driver.Record, error) bool) {
+		var afterScope, afterID []byte = []byte{}, []byte{}
+		n := 0
+		for {
+			page := scanPage
+			if f.Limit > 0 {
+				page = min(page, f.Limit-n)
+			}
+			rows, err := e.pool.Query(ctx, e.q.scan, e.oldest(), e.retentionUS(), e.nowArg(), []byte(f.Scope),
+				int16(f.State), f.Abandoned, afterScope, afterID, page)
+			if err != nil {
+				yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
+				return
+			}
+			var recs []driver.Record
+			for rows.Next() {
+				var rec driver.Record
+				var scope, id []byte
+				var now time.Time
+				var state int16
+				var lease *time.Time
+				if err := rows.Scan(&scope, &id, &state, &rec.Fingerprint, &rec.Token, &rec.Attempts, &rec.CreatedAt,
+					&rec.UpdatedAt, &lease, &rec.Result, &now); err != nil {
+					rows.Close()
+					yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
+					return
+				}
+				rec.State = driver.State(state)
+				if lease != nil {
+					rec.LeaseExpiresAt = *lease
+				}
+				rec.Key = driver.Key{Scope: string(scope), ID: string(id)}
+				e.fill(&rec)
+				recs = append(recs, rec)
+				afterScope, afterID = scope, id
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
+				return
+			}
+			for _, r := range recs {
+				if !yield(r, nil) {
+					return
+				}
+			}
+			n += len(recs)
+			if len(recs) < page || (f.Limit > 0 && n >= f.Limit) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,271 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/receiptstore/receipts"
+)
+
+// effects creates the test's effect table on pool and returns the insert and the count.
+func effects(t *testing.T, pool *pgxpool.Pool, schema string) (insert func(ctx context.Context, tx pgx.Tx, k string) error, count func() int) {
+	t.Helper()
+	tbl := buildQueries(schema).schema + ".effects"
+	if _, err := pool.Exec(bg, `CREATE TABLE IF NOT EXISTS `+tbl+` (k text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	insert = func(ctx context.Context, tx pgx.Tx, k string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+tbl+` VALUES ($1)`, k)
+		return err
+	}
+	count = func() int {
+		var n int
+		if err := pool.QueryRow(bg, `SELECT count(*) FROM `+tbl).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	return insert, count
+}
+
+// DoTx on two nodes, many callers of one key: the effect happens once, every caller gets the
+// one receipt, and replays never call fn.
+func TestDoTxOnceAcrossNodes(t *testing.T) {
+	d := newTestDB(t)
+	a, pool := d.openDB(Options{})
+	b, _ := d.openDB(Options{})
+	insert, count := effects(t, pool, d.schema)
+	k := receipts.Key{Scope: "pay", ID: "1"}
+	var calls atomic.Int32
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	results := make([]string, 16)
+	for i := range errs {
+		db := a
+		if i%2 == 1 {
+			db = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error) {
+				calls.Add(1)
+				time.Sleep(20 * time.Millisecond)
+				return []byte("paid"), insert(ctx, tx, "1")
+			})
+			errs[i] = err
+			if r != nil {
+				results[i] = string(r.Result)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil || results[i] != "paid" {
+			t.Errorf("caller %d: %q %v", i, results[i], err)
+		}
+	}
+	if calls.Load() != 1 || count() != 1 {
+		t.Fatalf("fn ran %d times, %d effects", calls.Load(), count())
+	}
+	if s := a.Stats(); s.Commits+b.Stats().Commits != 1 || s.Succeeded != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// fn's error decides, as for Do: NotPerformed and an unknown error roll everything back (the
+// key is free: the next attempt is Attempt 1, not Recovered); Permanent keeps the claim,
+// rolls fn's writes back and records a Failed receipt, replayed with ErrFailed; a panic rolls
+// back too; a result over MaxResultSize is refused and rolled back.
+func TestDoTxOutcomes(t *testing.T) {
+	d := newTestDB(t)
+	db, pool := d.openDB(Options{})
+	insert, count := effects(t, pool, d.schema)
+	boom := errors.New("boom")
+	do := func(id string, ret []byte, err error) (*receipts.Receipt, error) {
+		return DoTx(bg, db, receipts.Key{Scope: "s", ID: id}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error) {
+			if ierr := insert(ctx, tx, id); ierr != nil {
+				return nil, ierr
+			}
+			return ret, err
+		})
+	}
+	fresh := func(id string) {
+		t.Helper()
+		l, r, err := db.Claim(bg, receipts.Key{Scope: "s", ID: id}, []byte("fp"))
+		if err != nil || r != nil || l.Attempt() != 1 || l.Recovered() {
+			t.Fatalf("%s after DoTx: lease %+v receipt %+v err %v", id, l, r, err)
+		}
+		if err := l.Release(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if _, err := do("np", nil, receipts.NotPerformed(boom)); !errors.Is(err, boom) {
+		t.Fatalf("NotPerformed: %v", err)
+	}
+	fresh("np")
+	if _, err := do("unknown", nil, boom); !errors.Is(err, boom) {
+		t.Fatalf("unknown: %v", err)
+	}
+	fresh("unknown")
+	if _, err := do("big", make([]byte, receipts.MaxResultSize+1), nil); !errors.Is(err, receipts.ErrResultTooLarge) {
+		t.Fatalf("too large: %v", err)
+	}
+	fresh("big")
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("no panic")
+			}
+		}()
+		_, _ = DoTx(bg, db, receipts.Key{Scope: "s", ID: "panic"}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+			_ = insert(ctx, tx, "panic")
+			panic("effect panicked")
+		})
+	}()
+	fresh("panic")
+	if n := count(); n != 0 {
+		t.Fatalf("%d effects survived rolled-back attempts", n)
+	}
+
+	r, err := do("perm", []byte("declined"), receipts.Permanent(boom))
+	if !errors.Is(err, receipts.ErrFailed) || !errors.Is(err, boom) || r == nil || r.State != receipts.Failed || string(r.Result) != "declined" {
+		t.Fatalf("Permanent: %+v %v", r, err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("Permanent kept fn's writes: %d effects", n)
+	}
+	r, err = do("perm", nil, nil)
+	if !errors.Is(err, receipts.ErrFailed) || r == nil || string(r.Result) != "declined" {
+		t.Fatalf("replay of the Failed receipt: %+v %v", r, err)
+	}
+	// Permanent after a failed statement in tx: the savepoint recovers the aborted transaction
+	r, err = DoTx(bg, db, receipts.Key{Scope: "s", ID: "aborted"}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+		_, serr := tx.Exec(ctx, "SELECT 1/0")
+		return nil, receipts.Permanent(serr)
+	})
+	if !errors.Is(err, receipts.ErrFailed) || r == nil || r.State != receipts.Failed {
+		t.Fatalf("Permanent after an aborted statement: %+v %v", r, err)
+	}
+
+	r, err = do("ok", []byte("done"), nil)
+	if err != nil || string(r.Result) != "done" || count() != 1 {
+		t.Fatalf("success: %+v %v (%d effects)", r, err, count())
+	}
+	if s := db.Stats(); s.Commits != 1 || s.Fails != 2 || s.Succeeded != 1 || s.Failed != 2 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// A DoTx that takes over an abandoned claim is Recovered; rolled back, the abandoned claim is
+// as it was, so the next attempt is Recovered too.
+func TestDoTxTakeover(t *testing.T) {
+	d := newTestDB(t)
+	db, _ := d.openDB(Options{})
+	k := receipts.Key{Scope: "s", ID: "abandoned"}
+	l, _, err := db.Claim(bg, k, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Abandon(bg); err != nil {
+		t.Fatal(err)
+	}
+	var rec bool
+	var att uint32
+	_, err = DoTx(bg, db, k, []byte("fp"), func(_ context.Context, _ pgx.Tx, l *receipts.Lease) ([]byte, error) {
+		rec, att = l.Recovered(), l.Attempt()
+		return nil, errors.New("unknown")
+	})
+	if err == nil || !rec || att != 2 {
+		t.Fatalf("takeover in DoTx: recovered %v attempt %d err %v", rec, att, err)
+	}
+	l, _, err = db.Claim(bg, k, []byte("fp"))
+	if err != nil || !l.Recovered() || l.Attempt() != 2 {
+		t.Fatalf("after the rolled-back takeover: %+v %v", l, err)
+	}
+}
+
+// CommitTx: the receipt commits iff the caller's transaction does; FenceTx makes a stale
+// lease fail before any effect; both need the lease's DB open.
+func TestCommitTx(t *testing.T) {
+	d := newTestDB(t)
+	clk := newClock()
+	db, pool := d.openDB(Options{Options: receipts.Options{Now: clk.Now}})
+	insert, count := effects(t, pool, d.schema)
+	k := receipts.Key{Scope: "s", ID: "ctx"}
+	l, _, err := db.Claim(bg, k, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := FenceTx(bg, tx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := insert(bg, tx, "ctx"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := CommitTx(bg, tx, l, []byte("done"))
+	if err != nil || string(r.Result) != "done" || r.State != receipts.Succeeded {
+		t.Fatalf("CommitTx: %+v %v", r, err)
+	}
+	if err := tx.Rollback(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := db.Lookup(bg, k); err != nil || got.State != receipts.Pending || count() != 0 {
+		t.Fatalf("after rollback: %+v %v, %d effects", got, err, count())
+	}
+	err = pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
+		if err := FenceTx(bg, tx, l); err != nil {
+			return err
+		}
+		if err := insert(bg, tx, "ctx"); err != nil {
+			return err
+		}
+		_, err := CommitTx(bg, tx, l, []byte("done"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, r, err := db.Claim(bg, k, []byte("fp")); err != nil || r == nil || string(r.Result) != "done" || count() != 1 {
+		t.Fatalf("after commit: %+v %v, %d effects", r, err, count())
+	}
+
+	// a stale lease: taken over after its lease ran out
+	k2 := receipts.Key{Scope: "s", ID: "stale"}
+	stale, _, err := db.Claim(bg, k2, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	if _, _, err := db.Claim(bg, k2, []byte("fp")); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error { return FenceTx(bg, tx, stale) })
+	if !errors.Is(err, receipts.ErrLeaseLost) {
+		t.Fatalf("FenceTx of a stale lease: %v", err)
+	}
+	err = pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error { _, err := CommitTx(bg, tx, stale, nil); return err })
+	if !errors.Is(err, receipts.ErrLeaseLost) {
+		t.Fatalf("CommitTx of a stale lease: %v", err)
+	}
+	if _, err := CommitTx(bg, tx, stale, make([]byte, receipts.MaxResultSize+1)); !errors.Is(err, receipts.ErrResultTooLarge) {
+		t.Fatalf("too large: %v", err)
+	}
+	_ = db.Close()
+	err = pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error { return FenceTx(bg, tx, stale) })
+	if !errors.Is(err, receipts.ErrClosed) {
+		t.Fatalf("FenceTx after Close: %v", err)
+	}
+}

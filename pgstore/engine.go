@@ -1,0 +1,387 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
+)
+
+var _ driver.Engine = (*engine)(nil)
+
+// Defaults of engineOptions.
+const (
+	defaultSchema          = "receipts"
+	defaultNotifyInterval  = 10 * time.Millisecond
+	defaultPollInterval    = time.Second
+	defaultPartitionsAhead = 2
+	defaultMaintLease      = time.Minute
+	minEpochWidth          = time.Microsecond // the unit widths are stored in
+)
+
+// engineOptions configure the engine. Zero values mean the defaults.
+type engineOptions struct {
+	// Schema holds the engine's tables (created if absent). Default "receipts".
+	Schema string
+	// Retention: a record is visible until its last write plus Retention. Default 24h.
+	Retention time.Duration
+	// LeaseTTL is the default lease length (Config); claims carry their own.
+	LeaseTTL time.Duration
+	// EpochWidth is the width of the time partitions (default Retention/4, at least 1 ms). It
+	// is used only when the schema is created; later opens use the stored width.
+	EpochWidth time.Duration
+	// Now, if set, replaces the database's clock (tests). nil: every decision uses the
+	// database's clock_timestamp(), so nodes whose clocks disagree still agree.
+	Now func() time.Time
+	// ListenConn opens the dedicated session the engine LISTENs on for other nodes' wake-ups.
+	// It must not go through a transaction pooler (PgBouncer in transaction mode breaks
+	// LISTEN). nil: poll-only mode, waiters on this node learn of other nodes' commits by
+	// polling every PollInterval.
+	ListenConn func(ctx context.Context) (*pgx.Conn, error)
+	// NotifyInterval is how long the notifier coalesces wake-ups before it sends them in one
+	// transaction of its own. Default 10 ms; negative: never NOTIFY (other nodes poll).
+	NotifyInterval time.Duration
+	// PollInterval is how often local waiters are woken to re-read when no LISTEN session is
+	// up (poll-only mode, or while the listener reconnects). Default 1 s.
+	PollInterval time.Duration
+	// PartitionsAhead is how many epochs past the current one GC creates in advance. Default 2.
+	PartitionsAhead int
+	// MaintLease is how long a GC pass holds the maintenance lease (one node at a time runs
+	// partition maintenance; another takes over once the lease has run out). Default 1 min.
+	MaintLease time.Duration
+	// Logger receives background errors (notifier, listener). Default: discarded.
+	Logger *slog.Logger
+	// StoredRetention and StoredLeaseTTL: the option was left zero, so an existing schema's
+	// recorded value takes the place of the default (driver.Config).
+	StoredRetention, StoredLeaseTTL bool
+	// Check, if set, validates the settings in force (the recorded values put in, the
+	// stored epoch width) once meta is read, before anything is written (driver.Config.Check);
+	// its error is returned wrapped.
+	Check func(inForce driver.Config) error
+	// Closing, if set, is closed when the DB's Close begins: from then on Claim hands out
+	// no lease (driver.ErrClosed).
+	Closing <-chan struct{}
+}
+
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+func (o *engineOptions) fill() error {
+	if o.Schema == "" {
+		o.Schema = defaultSchema
+	}
+	if !schemaName.MatchString(o.Schema) {
+		return fmt.Errorf("%w: schema name %q (want [a-z_][a-z0-9_]*, at most 40 bytes)", receipts.ErrInvalidOptions, o.Schema)
+	}
+	if o.Retention == 0 {
+		o.Retention = receipts.DefaultRetention
+	}
+	if o.Retention < 0 {
+		return fmt.Errorf("%w: negative Retention %s", receipts.ErrInvalidOptions, o.Retention)
+	}
+	if o.EpochWidth == 0 {
+		o.EpochWidth = max(o.Retention/4, minEpochWidth)
+	}
+	if o.EpochWidth < minEpochWidth {
+		return fmt.Errorf("%w: EpochWidth %s below %s (the unit it is stored in)", receipts.ErrInvalidOptions, o.EpochWidth, minEpochWidth)
+	}
+	if o.NotifyInterval == 0 {
+		o.NotifyInterval = defaultNotifyInterval
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = defaultPollInterval
+	}
+	if o.PartitionsAhead <= 0 {
+		o.PartitionsAhead = defaultPartitionsAhead
+	}
+	if o.MaintLease <= 0 {
+		o.MaintLease = defaultMaintLease
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = receipts.DefaultLeaseTTL
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// closing reports whether the DB's Close has begun (Config.Closing is closed).
+func (e *engine) closing() bool {
+	select {
+	case <-e.o.Closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// engine is the PostgreSQL implementation of driver.Engine.
+type engine struct {
+	pool   *pgxpool.Pool
+	o      engineOptions
+	q      queries
+	width  int64 // epoch width in microseconds (from meta)
+	secret []byte
+	me     string // this engine's maintenance-lease owner id
+
+	// skew is the database clock minus the local clock (ns), refreshed from every statement
+	// that returns the database's time; it only serves to bound partition probes (oldest).
+	skew atomic.Int64
+	hwm  atomic.Int64 // Now never runs backwards
+
+	hub      hub
+	notifier notifier
+	listenUp atomic.Bool
+
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	// testLoseReply, if set, is called after a claim statement succeeded; an error from it is
+	// treated as if the reply had been lost on the network (tests of the nonce path).
+	testLoseReply func() error
+}
+
+// newEngine creates or migrates the schema and starts the background goroutines (notifier,
+// listener, poller); Close stops them. The pool is the caller's and is not closed.
+func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engine, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", receipts.ErrInvalidOptions)
+	}
+	if err := o.fill(); err != nil {
+		return nil, err
+	}
+	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema)}
+	id := make([]byte, 12)
+	_, _ = rand.Read(id)
+	e.me = hex.EncodeToString(id)
+	if err := e.migrate(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := e.Now(ctx); err != nil {
+		return nil, err
+	}
+	cur := e.epochOf(e.estimate())
+	for ep := cur; ep <= cur+int64(o.PartitionsAhead); ep++ {
+		if err := e.ensurePartition(ctx, ep); err != nil {
+			return nil, err
+		}
+	}
+	e.hub.init()
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.notifier.init(e)
+	e.wg.Add(2)
+	go e.notifier.run()
+	go e.poll()
+	if o.ListenConn != nil {
+		e.wg.Add(1)
+		go e.listen()
+	}
+	return e, nil
+}
+
+// Name implements driver.Engine.
+func (e *engine) Name() string { return "postgres" }
+
+// Config implements driver.Engine: the settings in force (Retention and LeaseTTL with the
+// recorded values for the options left zero), with the epoch width the schema was created
+// with.
+func (e *engine) Config() driver.Config {
+	return driver.Config{
+		Retention:       e.o.Retention,
+		LeaseTTL:        e.o.LeaseTTL,
+		EpochWidth:      time.Duration(e.width) * time.Microsecond,
+		StoredRetention: e.o.StoredRetention,
+		StoredLeaseTTL:  e.o.StoredLeaseTTL,
+		Now:             e.o.Now,
+		Logger:          e.o.Logger,
+		Check:           e.o.Check,
+		Closing:         e.o.Closing,
+	}
+}
+
+// Secret implements driver.Engine.
+func (e *engine) Secret() []byte { return e.secret }
+
+// Close stops the background goroutines and closes the LISTEN session; wake-ups still queued
+// are sent first (bounded by one second). The pool stays open (it is the caller's).
+func (e *engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		e.notifier.flush(ctx)
+	})
+	return nil
+}
+
+// Now implements driver.Engine: the injected clock, or the database's clock_timestamp().
+func (e *engine) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if e.o.Now != nil {
+		t = e.o.Now()
+	} else {
+		if err := e.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t); err != nil {
+			return time.Time{}, fmt.Errorf("pgstore: now: %w", err)
+		}
+		e.saw(t)
+	}
+	for {
+		h := e.hwm.Load()
+		if t.UnixNano() <= h {
+			return time.Unix(0, h), nil
+		}
+		if e.hwm.CompareAndSwap(h, t.UnixNano()) {
+			return t, nil
+		}
+	}
+}
+
+// nowArg is the $now parameter: NULL (the database's clock) or the injected time.
+func (e *engine) nowArg() any {
+	if e.o.Now == nil {
+		return nil
+	}
+	return e.o.Now()
+}
+
+// saw records a database timestamp, to keep the skew estimate fresh.
+func (e *engine) saw(db time.Time) {
+	if e.o.Now == nil && !db.IsZero() {
+		e.skew.Store(int64(time.Until(db)))
+	}
+}
+
+// estimate is the engine's best guess of the database's clock without asking it.
+func (e *engine) estimate() time.Time {
+	if e.o.Now != nil {
+		return e.o.Now()
+	}
+	return time.Now().Add(time.Duration(e.skew.Load()))
+}
+
+// epochOf is the epoch (partition) of time t.
+func (e *engine) epochOf(t time.Time) int64 {
+	us := t.UnixMicro()
+	if us < 0 {
+		return (us - e.width + 1) / e.width
+	}
+	return us / e.width
+}
+
+// oldest is the oldest epoch that can hold a visible record: the epoch of now - Retention,
+// less one epoch of margin for the error of the clock estimate. It only prunes the partition
+// probes; visibility itself is decided by the database's clock in every statement.
+func (e *engine) oldest() int64 {
+	return e.epochOf(e.estimate().Add(-e.o.Retention)) - 1
+}
+
+func (e *engine) retentionUS() int64 { return e.o.Retention.Microseconds() }
+
+// keyHash is the opaque 16-byte name of a key in wake-ups (NOTIFY payloads are readable by
+// anyone in the database, so they never carry scope or ID).
+func keyHash(k driver.Key) [16]byte {
+	h := sha256.New()
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(k.Scope)))
+	h.Write(n[:])
+	h.Write([]byte(k.Scope))
+	h.Write([]byte(k.ID))
+	var out [16]byte
+	copy(out[:], h.Sum(nil))
+	return out
+}
+
+// lockID is the advisory-lock id of a key (second half of the two-int form; the first is the
+// lock class lockClass, which keeps our locks apart from the application's).
+func lockID(h [16]byte) int32 { return int32(binary.BigEndian.Uint32(h[:4])) }
+
+// lockClass is 'RCPT' as an int4: the first key of every advisory lock the engine takes.
+const lockClass int32 = 0x52435054
+
+func newNonce() []byte {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// Error classification.
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// retryable: serialization failure (e.g. a concurrent update moved the row to another
+// partition) or deadlock; the statement had no effect.
+func retryable(err error) bool {
+	c := pgCode(err)
+	return c == "40001" || c == "40P01"
+}
+
+// noPartition: a row's epoch has no partition yet (maintenance has not created it).
+func noPartition(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23514" && containsNoPartition(pe.Message)
+}
+
+func containsNoPartition(msg string) bool { return regexpNoPartition.MatchString(msg) }
+
+var regexpNoPartition = regexp.MustCompile(`no partition of relation .* found for row`)
+
+// lostReply: the statement failed without an answer from the server (the connection broke,
+// or could not be had): it may or may not have run. A claim retried after this keeps its
+// nonce, so if it did run it recognises itself.
+func lostReply(ctx context.Context, err error) bool {
+	if c := pgCode(err); c != "" {
+		// connection exceptions and operator intervention (shutdown, crash, restart)
+		return ctx.Err() == nil && (strings.HasPrefix(c, "08") || strings.HasPrefix(c, "57P"))
+	}
+	if err == nil || ctx.Err() != nil || errors.Is(err, pgx.ErrNoRows) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	var ce *pgconn.ConnectError
+	return pgconn.SafeToRetry(err) || errors.As(err, &ne) || errors.As(err, &ce) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, errLostReply)
+}
+
+// errLostReply is what testLoseReply hooks return.
+var errLostReply = errors.New("pgstore: reply lost (test)")
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,113 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// GC implements driver.Engine: partition maintenance under the maintenance lease. It creates
+// the partitions of the next PartitionsAhead epochs and removes every dead one (all of its
+// records past retention: its end plus Retention has passed) with DETACH PARTITION …
+// CONCURRENTLY and DROP TABLE, each statement on its own (DETACH CONCURRENTLY cannot run in a
+// transaction block), under a lock_timeout. Cost: O(partitions) statements, whatever the
+// number of records.
+//
+// One node at a time runs it: the pass first takes (or renews) the lease row in meta and stops
+// if another node holds an unexpired lease (the stats then say nothing was done). The holder
+// keeps the lease after the pass until it runs out, so a crashed holder is replaced by the next
+// node whose GC runs after MaintLease. An interrupted DETACH CONCURRENTLY is completed with
+// FINALIZE by whichever node runs next.
+func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
+	start := time.Now()
+	var st driver.GCStats
+	now, metaRet, ok, err := e.maintLease(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.At = now
+	st.Writes = 1
+	if !ok {
+		st.Duration = time.Since(start)
+		return st, nil
+	}
+	cur := e.epochOf(now)
+	for ep := cur; ep <= cur+int64(e.o.PartitionsAhead); ep++ {
+		if err := e.ensurePartition(ctx, ep); err != nil {
+			return st, err
+		}
+	}
+	parts, err := e.partitions(ctx)
+	if err != nil {
+		return st, fmt.Errorf("pgstore: gc: list partitions: %w", err)
+	}
+	// a node with a longer Retention wrote meta last, or this one has: keep the longer
+	ret := max(e.o.Retention, time.Duration(metaRet)*time.Microsecond)
+	for _, p := range parts {
+		if e.epochEnd(p.epoch).Add(ret).After(now) {
+			continue
+		}
+		if _, _, ok, err := e.maintLease(ctx); err != nil || !ok {
+			st.Duration = time.Since(start)
+			return st, err // the lease went to another node: it carries on
+		}
+		st.Writes++
+		if err := e.dropPartition(ctx, p); err != nil {
+			st.Duration = time.Since(start)
+			return st, err
+		}
+		st.Writes += 2
+		st.EpochsDropped++
+		st.BytesFreed += uint64(max(p.bytes, 0))
+	}
+	st.Duration = time.Since(start)
+	return st, nil
+}
+
+// maintLease takes or renews the maintenance lease. ok: this engine holds it.
+func (e *engine) maintLease(ctx context.Context) (now time.Time, retentionUS int64, ok bool, err error) {
+	err = e.pool.QueryRow(ctx, `UPDATE `+e.q.schema+`.meta m
+   SET maint_owner = $1, maint_until = t.n + $2::bigint * interval '1 microsecond'
+  FROM (SELECT coalesce($3::timestamptz, clock_timestamp()) AS n) t
+ WHERE m.maint_owner = $1 OR m.maint_until IS NULL OR m.maint_until <= t.n
+RETURNING t.n, m.retention_us`, e.me, e.o.MaintLease.Microseconds(), e.nowArg()).Scan(&now, &retentionUS)
+	if errors.Is(err, pgx.ErrNoRows) {
+		now, err = e.Now(ctx)
+		return now, 0, false, err
+	}
+	if err != nil {
+		return now, 0, false, fmt.Errorf("pgstore: gc: maintenance lease: %w", err)
+	}
+	e.saw(now)
+	return now, retentionUS, true, nil
+}
+
+// dropPartition detaches (concurrently, or finishing an interrupted detach) and drops p.
+func (e *engine) dropPartition(ctx context.Context, p partition) error {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: gc: %w", err)
+	}
+	defer conn.Release()
+	qn := e.q.schema + "." + pgx.Identifier{p.name}.Sanitize()
+	stmts := []string{"SET lock_timeout = '5s'"}
+	switch {
+	case p.pending:
+		stmts = append(stmts, `ALTER TABLE `+e.q.schema+`.records DETACH PARTITION `+qn+` FINALIZE`)
+	case p.attached:
+		stmts = append(stmts, `ALTER TABLE `+e.q.schema+`.records DETACH PARTITION `+qn+` CONCURRENTLY`)
+	}
+	stmts = append(stmts, `DROP TABLE IF EXISTS `+qn)
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout") }()
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return fmt.Errorf("pgstore: gc: drop %s: %w", p.name, err)
+		}
+	}
+	return nil
+}

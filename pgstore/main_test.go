@@ -1,0 +1,124 @@
+package pgstore
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	// goleak runs inside pgtest.Main's m.Run via VerifyTestMain's options? No: check per test
+	// (leakCheck) so the cluster's own helpers never count.
+	pgtest.Main(m)
+}
+
+// leakCheck fails t if goroutines started during it are still running at its end.
+func leakCheck(t *testing.T) {
+	t.Helper()
+	opts := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
+}
+
+// fakeClock is an injectable test clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// node is one engine with its own pool: another node on the same database and schema.
+type node struct {
+	*engine
+	pool *pgxpool.Pool
+	dsn  string
+}
+
+// testDB is one fresh schema on the test server.
+type testDB struct {
+	t      testing.TB
+	dsn    string
+	schema string
+}
+
+func newTestDB(t *testing.T) *testDB { return newBenchDB(t) }
+
+func newBenchDB(t testing.TB) *testDB {
+	t.Helper()
+	dsn, schema := pgtest.Schema(t)
+	return &testDB{t: t, dsn: dsn, schema: schema}
+}
+
+// open starts an engine on the schema; o.Schema is filled in. It is closed when t ends.
+func (d *testDB) open(o engineOptions) *node {
+	d.t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	cfg.MaxConns = 40
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	o.Schema = d.schema
+	e, err := newEngine(ctx, pool, o)
+	if err != nil {
+		pool.Close()
+		d.t.Fatal(err)
+	}
+	n := &node{engine: e, pool: pool, dsn: d.dsn}
+	d.t.Cleanup(func() {
+		_ = e.Close()
+		pool.Close()
+	})
+	return n
+}
+
+// listenConn is a ListenConn for the test server.
+func (d *testDB) listenConn() func(ctx context.Context) (*pgx.Conn, error) {
+	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.dsn) }
+}
+
+var bg = context.Background()
+
+func key(id string) driver.Key { return driver.Key{Scope: "s", ID: id} }
+
+func req(k driver.Key, fp string) driver.ClaimRequest {
+	return driver.ClaimRequest{Key: k, Fingerprint: []byte(fp), LeaseTTL: 30 * time.Second}
+}
+
+func mustClaim(t *testing.T, e *engine, r driver.ClaimRequest, want driver.Outcome) driver.ClaimResult {
+	t.Helper()
+	res, err := e.Claim(bg, r)
+	if err != nil {
+		t.Fatalf("claim %v: %v", r.Key, err)
+	}
+	if res.Outcome != want {
+		t.Fatalf("claim %v: outcome %v, want %v (record %+v)", r.Key, res.Outcome, want, res.Record)
+	}
+	return res
+}

@@ -1,0 +1,188 @@
+package pgstore
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
+)
+
+// openDB opens a *receipts.DB on d's schema with pgstore.Open (o.Schema is filled in), on a
+// pool of its own: another node. Both are closed when the test ends.
+func (d *testDB) openDB(o Options) (*receipts.DB, *pgxpool.Pool) {
+	d.t.Helper()
+	db, pool, err := d.tryOpenDB(o)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return db, pool
+}
+
+func (d *testDB) tryOpenDB(o Options) (*receipts.DB, *pgxpool.Pool, error) {
+	d.t.Helper()
+	pool, err := pgxpool.New(bg, d.dsn)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	o.Schema = d.schema
+	db, err := Open(bg, pool, &o)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	d.t.Cleanup(func() {
+		_ = db.Close()
+		pool.Close()
+	})
+	return db, pool, nil
+}
+
+// Open serves the receipts contract: the DB reports the engine's settings (the stored epoch
+// width), a claim, commit and replay go through, Stats counts what is stored, and a second
+// node on the same schema sees the receipt.
+func TestOpenServesTheContract(t *testing.T) {
+	leakCheck(t)
+	d := newTestDB(t)
+	clk := newClock()
+	a, _ := d.openDB(Options{Options: receipts.Options{Now: clk.Now, Retention: 8 * time.Hour, EpochWidth: time.Hour}})
+	b, _ := d.openDB(Options{Options: receipts.Options{Now: clk.Now, Retention: 8 * time.Hour, EpochWidth: 2 * time.Hour}})
+	if w := b.Options().EpochWidth; w != time.Hour {
+		t.Fatalf("second node's epoch width %s, want the stored 1h", w)
+	}
+	k := receipts.Key{Scope: "s", ID: "open"}
+	l, r, err := a.Claim(bg, k, []byte("fp"))
+	if err != nil || r != nil {
+		t.Fatalf("claim: %v %v", r, err)
+	}
+	if _, err := l.Commit(bg, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	_, r, err = b.Claim(bg, k, []byte("fp"))
+	if err != nil || r == nil || string(r.Result) != "ok" {
+		t.Fatalf("replay on the other node: %+v %v", r, err)
+	}
+	l2, _, err := b.Claim(bg, receipts.Key{Scope: "s", ID: "pending"}, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute) // the lease has run out: abandoned
+	s := a.Stats()
+	if s.Succeeded != 1 || s.Pending != 1 || s.Abandoned != 1 || s.LiveEpochs != 1 || s.DiskBytes == 0 ||
+		s.EpochWidth != time.Hour || s.Commits != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+	clk.Advance(9 * time.Hour)
+	if s := a.Stats(); s.Expired != 2 || s.Succeeded != 0 || s.Pending != 0 {
+		t.Fatalf("stats after retention: %+v", s)
+	}
+	_ = l2
+}
+
+// The Pebble engine's options are refused, and so is a bad schema name; nothing is created.
+func TestOpenRefusesPebbleOptions(t *testing.T) {
+	d := newTestDB(t)
+	for name, o := range map[string]Options{
+		"Pebble":          {Options: receipts.Options{Pebble: &pebble.Options{}}},
+		"CompactOnGC":     {Options: receipts.Options{CompactOnGC: true}},
+		"ReplayCacheSize": {Options: receipts.Options{ReplayCacheSize: 1}},
+		"LeaseTTL":        {Options: receipts.Options{LeaseTTL: 2 * time.Hour, Retention: time.Hour}},
+	} {
+		if _, _, err := d.tryOpenDB(o); !errors.Is(err, receipts.ErrInvalidOptions) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	pool, err := pgxpool.New(bg, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := Open(bg, pool, &Options{Schema: "Bad-Name"}); !errors.Is(err, receipts.ErrInvalidOptions) {
+		t.Errorf("bad schema name: %v", err)
+	}
+	if _, err := Open(bg, nil, nil); !errors.Is(err, receipts.ErrInvalidOptions) {
+		t.Errorf("nil pool: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(bg, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, d.schema).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("schema created by a refused open: %d %v", n, err)
+	}
+}
+
+// An existing schema whose stored epoch width is too narrow for a longer Retention given now
+// is refused with ErrInvalidOptions (Config.CheckWidth) and left as it is: before the check,
+// the open went through and recorded the new Retention in meta.
+func TestOpenChecksStoredWidth(t *testing.T) {
+	d := newTestDB(t)
+	db, pool := d.openDB(Options{Options: receipts.Options{Retention: time.Hour, EpochWidth: 4 * time.Second}})
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// 4s is narrower than 24h/1024
+	_, _, err := d.tryOpenDB(Options{Options: receipts.Options{Retention: 24 * time.Hour}})
+	if !errors.Is(err, receipts.ErrInvalidOptions) {
+		t.Fatalf("open with a longer Retention over a narrow stored width: %v", err)
+	}
+	var ret int64
+	if err := pool.QueryRow(bg, `SELECT retention_us FROM `+buildQueries(d.schema).schema+`.meta`).Scan(&ret); err != nil || ret != time.Hour.Microseconds() {
+		t.Fatalf("meta changed by a refused open: retention %d µs, %v", ret, err)
+	}
+}
+
+// Once Config.Closing is closed the engine hands out no lease (driver.ErrClosed), in Claim and
+// in DoTx's claim alike; fenced writes of a lease already held go on.
+func TestClaimAfterClosingBegan(t *testing.T) {
+	d := newTestDB(t)
+	closing := make(chan struct{})
+	e := d.open(engineOptions{Closing: closing})
+	held := mustClaim(t, e.engine, req(key("held"), "fp"), driver.Claimed)
+	close(closing)
+	if _, err := e.Claim(bg, req(key("new"), "fp")); !errors.Is(err, driver.ErrClosed) {
+		t.Fatalf("claim after Closing: %v", err)
+	}
+	if _, _, err := e.claimTx(bg, req(key("new"), "fp"), newNonce()); !errors.Is(err, driver.ErrClosed) {
+		t.Fatalf("claim in a transaction after Closing: %v", err)
+	}
+	if _, found, _, err := e.Lookup(bg, key("new")); err != nil || found {
+		t.Fatalf("a claim was written: %v %v", found, err)
+	}
+	if _, err := e.Finish(bg, key("held"), held.Record.Token, driver.Succeeded, []byte("ok")); err != nil {
+		t.Fatalf("commit of a held lease after Closing: %v", err)
+	}
+}
+
+// Retention and LeaseTTL left zero take the values the schema records (as on Pebble), so a
+// node started without them, or receiptctl, sees what the service sees; given ones are
+// recorded. Before meta recorded LeaseTTL, a reopen with zero options ran on the defaults.
+func TestOpenUsesRecordedSettings(t *testing.T) {
+	d := newTestDB(t)
+	first, pool := d.openDB(Options{Options: receipts.Options{Retention: 8 * time.Hour, LeaseTTL: time.Minute}})
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, _ := d.openDB(Options{})
+	if o := db.Options(); o.Retention != 8*time.Hour || o.LeaseTTL != time.Minute || o.EpochWidth != 2*time.Hour {
+		t.Fatalf("reopened with zero options: Retention %s LeaseTTL %s EpochWidth %s", o.Retention, o.LeaseTTL, o.EpochWidth)
+	}
+	if s := db.Stats(); s.Retention != 8*time.Hour || s.LeaseTTL != time.Minute {
+		t.Fatalf("stats: %+v", s)
+	}
+	_ = db.Close()
+	db, _ = d.openDB(Options{Options: receipts.Options{LeaseTTL: 2 * time.Minute}})
+	if o := db.Options(); o.Retention != 8*time.Hour || o.LeaseTTL != 2*time.Minute {
+		t.Fatalf("reopened with LeaseTTL 2m: %s %s", o.Retention, o.LeaseTTL)
+	}
+	var ret, ttl int64
+	if err := pool.QueryRow(bg, `SELECT retention_us, lease_ttl_us FROM `+buildQueries(d.schema).schema+`.meta`).Scan(&ret, &ttl); err != nil ||
+		ret != (8*time.Hour).Microseconds() || ttl != (2*time.Minute).Microseconds() {
+		t.Fatalf("meta: %d %d %v", ret, ttl, err)
+	}
+	// a recorded LeaseTTL that the Retention given now does not allow is refused
+	if _, _, err := d.tryOpenDB(Options{Options: receipts.Options{Retention: time.Minute}}); !errors.Is(err, receipts.ErrInvalidOptions) {
+		t.Fatalf("Retention 1m over a recorded LeaseTTL of 2m: %v", err)
+	}
+}

@@ -1,0 +1,201 @@
+package pgstore
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// formatVersion is the schema format this code reads and writes (meta.format).
+const formatVersion = 1
+
+// queries holds the engine's SQL with the schema name filled in.
+type queries struct {
+	schema  string // quoted
+	channel string // NOTIFY channel (unquoted value)
+
+	lock, claim, lookup, renew, finish, abandon, del, fence, scan string
+}
+
+// The clock of a statement: one value for the whole statement (clock_timestamp() advances
+// within a statement), the injected test time when $now is not NULL, and its epoch.
+func clockCTE(nowParam, widthParam string) string {
+	return `t AS MATERIALIZED (
+  SELECT n AS now, floor(extract(epoch FROM n) * 1000000 / ` + widthParam + `::bigint)::bigint AS ep
+    FROM (SELECT coalesce(` + nowParam + `::timestamptz, clock_timestamp()) AS n) s
+)`
+}
+
+// Record columns, in the order scanRecord reads them.
+const recCols = `r.state, r.fp, r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at, r.result`
+
+func buildQueries(schema string) queries {
+	s := pgx.Identifier{schema}.Sanitize()
+	q := queries{schema: s, channel: schema + "_receipts"}
+	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
+	us := ` * interval '1 microsecond'`
+
+	// Statement 1 of a claim (same implicit transaction as statement 2, sent in one batch):
+	// serialize claims of this key. The primary key (scope, id, epoch) cannot make a key unique
+	// across partitions, so two fresh claims on either side of an epoch boundary would both
+	// insert without it. Statement 2 takes its snapshot after the lock is granted.
+	q.lock = `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`
+
+	// Statement 2: one decision on one snapshot. $1 scope, $2 id, $3 fp, $4 nonce, $5 lease µs,
+	// $6 retention µs, $7 epoch width µs, $8 oldest live epoch, $9 now (NULL: database clock).
+	q.claim = x(`WITH ` + clockCTE("$9", "$7") + `,
+cur AS MATERIALIZED (           -- the key's newest record (ordered Append: stops at the first hit)
+  SELECT r.* FROM S.records r
+   WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8
+   ORDER BY r.epoch DESC LIMIT 1
+),
+lk AS (                         -- takeable: past retention (logically absent) or a run-out lease;
+                                -- conditions on r are re-checked on the newest row version;
+                                -- a row a writer holds is skipped (reported busy, retried)
+  SELECT r.epoch, (r.updated_at + $6::bigint` + us + ` <= t.now) AS reset
+    FROM S.records r, cur, t
+   WHERE r.scope = $1 AND r.id = $2 AND r.epoch = cur.epoch
+     AND (r.updated_at + $6::bigint` + us + ` <= t.now
+          OR (r.state = 1 AND r.fp = $3 AND r.lease_expires_at <= t.now))
+   FOR UPDATE OF r SKIP LOCKED
+),
+takeover AS (                   -- new token; a reset (expired record) starts afresh at attempt 1
+  UPDATE S.records r
+     SET token = nextval('S.token_seq'),
+         attempts = CASE WHEN lk.reset THEN 1 ELSE r.attempts + 1 END,
+         created_at = CASE WHEN lk.reset THEN t.now ELSE r.created_at END,
+         state = 1, fp = $3, result = NULL, nonce = $4, epoch = t.ep, updated_at = t.now,
+         lease_expires_at = t.now + $5::bigint` + us + `
+    FROM lk, t
+   WHERE r.scope = $1 AND r.id = $2 AND r.epoch = lk.epoch
+     AND (lk.reset OR (r.state = 1 AND r.fp = $3 AND r.lease_expires_at <= t.now))
+  RETURNING r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at
+),
+fresh AS (                      -- absent key; DO NOTHING takes no lock (a conflict: no row, re-send)
+  INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
+                         created_at, updated_at, lease_expires_at)
+  SELECT $1, $2, t.ep, 1, $3, nextval('S.token_seq'), 1, $4, t.now, t.now, t.now + $5::bigint` + us + `
+    FROM t WHERE NOT EXISTS (SELECT 1 FROM cur)
+  ON CONFLICT DO NOTHING
+  RETURNING token, attempts, created_at, updated_at, lease_expires_at
+)
+SELECT 'claimed'::text, f.token, f.attempts, 1::smallint, $3::bytea, NULL::bytea,
+       f.created_at, f.updated_at, f.lease_expires_at, t.now
+  FROM fresh f, t
+UNION ALL
+SELECT CASE WHEN k.attempts = 1 THEN 'claimed' ELSE 'took_over' END, k.token, k.attempts, 1::smallint,
+       $3::bytea, NULL::bytea, k.created_at, k.updated_at, k.lease_expires_at, t.now
+  FROM takeover k, t
+UNION ALL
+SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
+            WHEN c.fp <> $3 THEN 'mismatch'
+            WHEN c.state <> 1 THEN 'done'
+            WHEN c.nonce = $4 THEN 'own'
+            WHEN c.lease_expires_at <= t.now THEN 'busy'
+            ELSE 'in_progress' END,
+       c.token, c.attempts, c.state, c.fp, c.result, c.created_at, c.updated_at, c.lease_expires_at, t.now
+  FROM cur c, t
+ WHERE NOT EXISTS (SELECT 1 FROM takeover)`)
+
+	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
+	// $1 scope, $2 id, $3 oldest, $4 now.
+	q.lookup = x(`SELECT ` + recCols + `, t.now
+  FROM (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now) t
+  LEFT JOIN LATERAL (SELECT * FROM S.records
+                      WHERE scope = $1 AND id = $2 AND epoch >= $3
+                      ORDER BY epoch DESC LIMIT 1) r ON true`)
+
+	// Fenced writes: the record must be Pending with the holder's token and visible.
+	// $1 scope, $2 id, $3 token, $4 oldest, $5 retention µs, $6 width µs, $7 now.
+	fenced := `r.scope = $1 AND r.id = $2 AND r.epoch >= $4 AND r.token = $3 AND r.state = 1
+   AND r.updated_at + $5::bigint` + us + ` > t.now`
+	ret := ` RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text`
+
+	// Renew: $8 ttl µs. The lease never shrinks.
+	q.renew = x(`WITH ` + clockCTE("$7", "$6") + `
+UPDATE S.records r
+   SET lease_expires_at = greatest(r.lease_expires_at, t.now + $8::bigint` + us + `),
+       updated_at = t.now, epoch = t.ep
+  FROM t
+ WHERE ` + fenced + ret)
+
+	// Finish: $8 state, $9 result.
+	q.finish = x(`WITH ` + clockCTE("$7", "$6") + `
+UPDATE S.records r
+   SET state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep
+  FROM t
+ WHERE ` + fenced + ret)
+
+	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
+	q.abandon = x(`WITH ` + clockCTE("$7", "$6") + `
+UPDATE S.records r
+   SET lease_expires_at = t.now, updated_at = t.now, epoch = t.ep
+  FROM t
+ WHERE ` + fenced + ret)
+
+	// Release (never taken over) and Forget: the record goes.
+	q.del = x(`WITH ` + clockCTE("$7", "$6") + `
+DELETE FROM S.records r USING t
+ WHERE ` + fenced + ` RETURNING t.now`)
+
+	// Fence-first in the caller's transaction: lock the holder's row (no row: lease lost).
+	q.fence = x(`WITH ` + clockCTE("$7", "$6") + `
+SELECT t.now FROM S.records r, t
+ WHERE ` + fenced + `
+   FOR UPDATE OF r`)
+
+	// Scan page: keyset pagination on (scope, id). $1 oldest, $2 retention µs, $3 now,
+	// $4 scope ('' = all), $5 state (0 = any), $6 abandoned only, $7 after scope, $8 after id,
+	// $9 page size.
+	q.scan = x(`WITH t AS MATERIALIZED (SELECT coalesce($3::timestamptz, clock_timestamp()) AS now)
+SELECT r.scope, r.id, ` + recCols + `, t.now
+  FROM S.records r, t
+ WHERE r.epoch >= $1 AND r.updated_at + $2::bigint` + us + ` > t.now
+   AND ($4::bytea = '' OR r.scope = $4)
+   AND ($5::smallint = 0 OR r.state = $5)
+   AND (NOT $6::bool OR (r.state = 1 AND r.lease_expires_at <= t.now))
+   AND (r.scope, r.id) > ($7::bytea, $8::bytea)
+ ORDER BY r.scope, r.id
+ LIMIT $9`)
+	return q
+}
+
+// schemaSQL creates format 1 (run once, under the schema's advisory lock).
+func schemaSQL(schema string) []string {
+	s := pgx.Identifier{schema}.Sanitize()
+	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
+	return []string{
+		`CREATE SCHEMA IF NOT EXISTS ` + s,
+		// tokens: one sequence, CACHE 1 so that values increase across sessions
+		x(`CREATE SEQUENCE S.token_seq AS bigint CACHE 1 NO CYCLE`),
+		x(`CREATE TABLE S.meta (
+  singleton      boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+  format         int         NOT NULL,
+  epoch_width_us bigint      NOT NULL,
+  retention_us   bigint      NOT NULL,   -- the Retention in force at the last open
+  lease_ttl_us   bigint      NOT NULL,   -- the LeaseTTL in force at the last open
+  secret         bytea       NOT NULL,
+  created_at     timestamptz NOT NULL,
+  maint_owner    text,
+  maint_until    timestamptz
+)`),
+		// One row per key, in the partition of its last write (epoch = last write / width).
+		// Results inline: tombstones (a separate results table dropped before records) are
+		// phase 2. No index on state or times: renew and finish stay HOT-eligible.
+		x(`CREATE TABLE S.records (
+  scope            bytea       NOT NULL,
+  id               bytea       NOT NULL,
+  epoch            bigint      NOT NULL,
+  state            smallint    NOT NULL,   -- 1 pending, 2 succeeded, 3 failed (driver.State)
+  fp               bytea       NOT NULL,
+  token            bigint      NOT NULL,
+  attempts         int         NOT NULL,
+  nonce            bytea       NOT NULL,   -- per claim attempt: a retried claim knows itself
+  created_at       timestamptz NOT NULL,
+  updated_at       timestamptz NOT NULL,   -- visible while now < updated_at + retention
+  lease_expires_at timestamptz,            -- pending only
+  result           bytea,                  -- finished only
+  PRIMARY KEY (scope, id, epoch)
+) PARTITION BY RANGE (epoch)`),
+	}
+}

@@ -1,0 +1,223 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/receiptstore/receipts"
+)
+
+// schemaLock is the advisory lock (class lockClass) that serializes DDL on one schema:
+// creation, migration, partition creation.
+func schemaLock(schema string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte("schema:" + schema))
+	return int32(h.Sum32())
+}
+
+// migrate creates the schema (format formatVersion) if it has no meta table, or checks the
+// stored format; it refuses a format it does not know. It loads the epoch width and the secret,
+// takes the recorded Retention and LeaseTTL for the options left zero, checks the settings in
+// force (Check) and records them in meta (a later open with other values updates them, as on
+// Pebble).
+func (e *engine) migrate(ctx context.Context) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		// Concurrent first opens: the loser waits on the lock, but the catalog snapshot it
+		// took before the wait may not show the winner's tables; a new transaction does.
+		if err = e.migrateOnce(ctx); err == nil || !migrateRaced(err) {
+			break
+		}
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	if err != nil {
+		if errors.Is(err, receipts.ErrUnknownFormat) || errors.Is(err, receipts.ErrCorrupt) {
+			return err
+		}
+
+		return fmt.Errorf("pgstore: open schema %s: %w", e.o.Schema, err)
+	}
+	return nil
+}
+
+// migrateRaced: duplicate or undefined object, as seen by a transaction that started before
+// another session's creation committed.
+func migrateRaced(err error) bool {
+	switch pgCode(err) {
+	case "42P07", "23505", "42P06", "42P01", "42710":
+		return true
+	}
+	return false
+}
+
+func (e *engine) migrateOnce(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, $2::int4)", lockClass, schemaLock(e.o.Schema)); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'meta')`, e.o.Schema).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			for _, s := range schemaSQL(e.o.Schema) {
+				if _, err := tx.Exec(ctx, s); err != nil {
+					return fmt.Errorf("create schema: %w", err)
+				}
+			}
+			secret := make([]byte, 32)
+			_, _ = rand.Read(secret)
+			if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.meta (format, epoch_width_us, retention_us, lease_ttl_us, secret, created_at)
+VALUES ($1, $2, $3, $4, $5, coalesce($6::timestamptz, clock_timestamp()))`,
+				formatVersion, e.o.EpochWidth.Microseconds(), e.retentionUS(), e.o.LeaseTTL.Microseconds(), secret, e.nowArg()); err != nil {
+				return fmt.Errorf("create meta: %w", err)
+			}
+		}
+		var format int
+		var retUS, ttlUS int64
+		if err := tx.QueryRow(ctx, `SELECT format, epoch_width_us, retention_us, lease_ttl_us, secret FROM `+e.q.schema+`.meta`).Scan(
+			&format, &e.width, &retUS, &ttlUS, &e.secret); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: schema %s has an empty meta table", receipts.ErrCorrupt, e.o.Schema)
+			}
+			return fmt.Errorf("read meta: %w", err)
+		}
+		if format != formatVersion {
+			return fmt.Errorf("%w: schema %s has format %d, this version reads format %d", receipts.ErrUnknownFormat, e.o.Schema, format, formatVersion)
+		}
+		if e.width <= 0 {
+			return fmt.Errorf("%w: schema %s: epoch width %d µs", receipts.ErrCorrupt, e.o.Schema, e.width)
+		}
+		// the recorded values for the options left zero, then the settings in force checked
+		// before anything is written (a refused open leaves the schema as it is)
+		if e.o.StoredRetention && retUS > 0 {
+			e.o.Retention = time.Duration(retUS) * time.Microsecond
+		}
+		if e.o.StoredLeaseTTL && ttlUS > 0 {
+			e.o.LeaseTTL = time.Duration(ttlUS) * time.Microsecond
+		}
+		if e.o.Check != nil {
+			if err := e.o.Check(e.Config()); err != nil {
+				return fmt.Errorf("settings in force: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1, lease_ttl_us = $2
+ WHERE retention_us <> $1 OR lease_ttl_us <> $2`, e.retentionUS(), e.o.LeaseTTL.Microseconds())
+		return err
+	})
+}
+
+func partName(epoch int64) string { return "records_e" + strconv.FormatInt(epoch, 10) }
+
+// ensurePartition creates and attaches the partition of epoch if it is missing. It is
+// idempotent and safe to run on many nodes at once (the schema lock serializes it). The
+// partition is created standalone and then attached: ATTACH takes SHARE UPDATE EXCLUSIVE on
+// the parent, which does not block claims and commits (CREATE TABLE .. PARTITION OF would take
+// ACCESS EXCLUSIVE); an empty table needs no validation scan.
+func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = e.ensurePartitionOnce(ctx, epoch); err == nil || !raced(err) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore: create partition %s: %w", partName(epoch), err)
+	}
+	return nil
+}
+
+// raced: another session created the table first.
+func raced(err error) bool { c := pgCode(err); return c == "42P07" || c == "23505" }
+
+func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
+	name := partName(epoch)
+	qn := e.q.schema + "." + pgx.Identifier{name}.Sanitize()
+	// The catalog is read with SQL (a fresh snapshot per statement), not to_regclass: the
+	// relation cache is not refreshed by waiting on an advisory lock, so it could still miss a
+	// table another session created meanwhile.
+	const state = `SELECT coalesce(bool_or(i.inhrelid IS NOT NULL AND NOT i.inhdetachpending), false), count(c.oid) > 0
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+ WHERE n.nspname = $1 AND c.relname = $2`
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var attached, exists bool
+		if err := tx.QueryRow(ctx, state, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, $2::int4)", lockClass, schemaLock(e.o.Schema)); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, state, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
+			return err
+		}
+		if exists {
+			// a detached leftover of a dead epoch, or a pending detach: GC's business
+			return fmt.Errorf("partition %s exists but is not attached", name)
+		}
+		stmts := []string{
+			`CREATE TABLE ` + qn + ` (LIKE ` + e.q.schema + `.records INCLUDING DEFAULTS) WITH (fillfactor = 90)`,
+			`ALTER TABLE ` + e.q.schema + `.records ATTACH PARTITION ` + qn + ` FOR VALUES FROM (` +
+				strconv.FormatInt(epoch, 10) + `) TO (` + strconv.FormatInt(epoch+1, 10) + `)`,
+		}
+		for _, s := range stmts {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// partition is one table of the records family as GC sees it.
+type partition struct {
+	name     string
+	epoch    int64
+	attached bool
+	pending  bool // DETACH CONCURRENTLY was interrupted: FINALIZE it
+	bytes    int64
+}
+
+func (e *engine) partitions(ctx context.Context) ([]partition, error) {
+	rows, err := e.pool.Query(ctx, `SELECT c.relname, i.inhrelid IS NOT NULL, coalesce(i.inhdetachpending, false),
+       pg_total_relation_size(c.oid)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+ WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^records_e-?[0-9]+$'
+ ORDER BY c.relname`, e.o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	var out []partition
+	for rows.Next() {
+		var p partition
+		if err := rows.Scan(&p.name, &p.attached, &p.pending, &p.bytes); err != nil {
+			return nil, err
+		}
+		p.epoch, err = strconv.ParseInt(strings.TrimPrefix(p.name, "records_e"), 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// epochEnd is when epoch ends.
+func (e *engine) epochEnd(epoch int64) time.Time { return time.UnixMicro((epoch + 1) * e.width) }

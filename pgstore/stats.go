@@ -1,0 +1,42 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// Stats implements driver.Engine: record counts from one scan of every partition (visible
+// records by state, and those past retention that GC has not dropped yet, by the same clock
+// as every other statement) and the schema's disk usage (tables, indexes and TOAST). The
+// replay-cache fields stay zero: the engine has none. LiveEpochs is the number of
+// partitions holding records.
+func (e *engine) Stats(ctx context.Context) (driver.Stats, error) {
+	var s driver.Stats
+	var now time.Time
+	var live int64
+	err := e.pool.QueryRow(ctx, `WITH t AS MATERIALIZED (SELECT coalesce($1::timestamptz, clock_timestamp()) AS now),
+r AS (SELECT r.epoch, r.state, r.lease_expires_at <= t.now AS ran_out,
+             r.updated_at + $2::bigint * interval '1 microsecond' > t.now AS vis
+        FROM `+e.q.schema+`.records r, t)
+SELECT count(DISTINCT epoch),
+       count(*) FILTER (WHERE vis AND state = 1),
+       count(*) FILTER (WHERE vis AND state = 1 AND ran_out),
+       count(*) FILTER (WHERE vis AND state = 2),
+       count(*) FILTER (WHERE vis AND state = 3),
+       count(*) FILTER (WHERE NOT vis),
+       (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $3 AND c.relkind IN ('r', 'S')),
+       (SELECT now FROM t)
+  FROM r`, e.nowArg(), e.retentionUS(), e.o.Schema).Scan(&live, &s.Pending, &s.Abandoned, &s.Succeeded, &s.Failed,
+		&s.Expired, &s.DiskBytes, &now)
+	if err != nil {
+		return driver.Stats{}, fmt.Errorf("pgstore: stats: %w", err)
+	}
+	e.saw(now)
+	s.LiveEpochs = int(live)
+	return s, nil
+}

@@ -1,0 +1,329 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
+)
+
+// CommitTx records l's operation as Succeeded with result inside the caller's transaction
+// tx, so that the application's rows written in tx and the receipt commit together: the
+// receipt commits if and only if tx commits. If tx rolls back (or never commits), nothing is
+// recorded and l is still held: commit again in a new transaction, or Release or Abandon it.
+// The returned receipt is what tx will hold once it commits. Waiters, on this node and on
+// others, are woken once the engine sees tx committed.
+//
+// Call FenceTx at the start of tx, before the effect: then nobody can take l over while tx
+// runs, and CommitTx cannot fail for that reason after the effect was written. CommitTx
+// returns ErrLeaseLost if the lease was lost (roll tx back: another caller holds the key),
+// ErrResultTooLarge, ErrClosed once the DB is closed, ErrUnsupported if l is not a
+// PostgreSQL lease, or the database's error (a serialization failure: roll back and retry
+// the transaction). tx must belong to the database the store lives in.
+//
+// Do not call CommitTx inside Do's or Lease.Run's fn (they record the outcome themselves):
+// use DoTx. Stats counts the commit when CommitTx returns, whether or not tx then commits.
+func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) (*receipts.Receipt, error) {
+	if len(result) > receipts.MaxResultSize {
+		return nil, fmt.Errorf("pgstore: commit: %w: %d bytes (max %d)", receipts.ErrResultTooLarge, len(result), receipts.MaxResultSize)
+	}
+	if tx == nil || l == nil {
+		return nil, fmt.Errorf("pgstore: commit: %w: nil transaction or lease", receipts.ErrInvalidOptions)
+	}
+	return l.Raw(ctx, func(ctx context.Context, e driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
+		pe, err := pgEngine(e)
+		if err != nil {
+			return nil, err
+		}
+		rec, err := pe.finishTx(ctx, tx, li.Key, li.Token, driver.Succeeded, result)
+		if err != nil {
+			return nil, err
+		}
+		return &rec, nil
+	})
+}
+
+// FenceTx fences the caller's own writes in tx with l's token, before the effect: it locks
+// l's record in tx (SELECT … FOR UPDATE) and returns ErrLeaseLost if l is no longer the
+// holder (roll tx back: write nothing). Once it has returned nil, and until tx ends, nobody
+// can take l over, even after its lease has run out (a concurrent claim reports the key in
+// progress), so the effect written in tx and CommitTx are safe from takeover.
+//
+// While tx holds the record, renewals of l wait for tx to end: stop Lease.KeepAlive's
+// renewer (call its stop function) BEFORE FenceTx, never between FenceTx and the end of tx
+// (stop waits for a renewal that waits for tx). A lease needs no renewal while tx holds it.
+func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
+	if tx == nil || l == nil {
+		return fmt.Errorf("pgstore: fence: %w: nil transaction or lease", receipts.ErrInvalidOptions)
+	}
+	_, err := l.Raw(ctx, func(ctx context.Context, e driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
+		pe, err := pgEngine(e)
+		if err != nil {
+			return nil, err
+		}
+		return nil, pe.fenceTx(ctx, tx, li.Key, li.Token)
+	})
+	return err
+}
+
+// DoTx performs the operation k at most once with its effect in PostgreSQL: the claim, fn's
+// writes in tx and the receipt are one transaction, committed with one flush. A retry of a
+// finished operation (on any node) gets its receipt and never calls fn; a duplicate that
+// arrives while the transaction runs waits for it (claims of k wait on its lock until the
+// transaction ends) and then replays its receipt; a duplicate of an operation held by a
+// plain Claim waits as Do does (bounded by ctx).
+//
+// fn writes its effect in tx and returns the result to record. fn must not commit or roll
+// back tx, and should keep its effects in tx: one outside the database (an HTTP call) is
+// not rolled back with it; use Claim, FenceTx and CommitTx for those. While the transaction
+// is open nobody can take k over, so DoTx does not renew the lease; fn may take longer than
+// LeaseTTL. fn's error decides what happens, as for Do:
+//   - nil: the result is recorded as a Succeeded receipt and tx commits.
+//   - NotPerformed(err): tx is rolled back, the claim with it: the key is free (the next
+//     attempt is Attempt 1, or, if this one took over an abandoned claim, takes that
+//     claim over again, Recovered). DoTx returns an error wrapping err.
+//   - Permanent(err): fn's writes are rolled back (to a savepoint taken after the claim)
+//     and a Failed receipt is recorded (its result is what fn returned, or err's text); it
+//     is returned with an error wrapping ErrFailed and err.
+//   - any other error, or a panic: tx is rolled back. The effect was in tx, so nothing
+//     happened: unlike Do, no claim is left abandoned. The next attempt sees the key as it
+//     was before DoTx: free (Attempt 1, not Recovered), or the abandoned claim this attempt
+//     took over (Recovered). DoTx returns an error wrapping fn's error (a panic is re-raised).
+//
+// The receipt is recorded and tx committed on a context detached from ctx once fn has
+// returned, so a caller that goes away right after the effect does not lose its receipt. If
+// the commit's reply is lost, DoTx reads the record back: it returns the receipt if the
+// commit landed, or an error if it did not (nothing happened) or cannot tell (the outcome is
+// unknown until the database answers again; a retry replays or runs afresh, never twice).
+// A Failed receipt, the first time or replayed, comes with an error wrapping ErrFailed.
+// Other errors: those of Claim, ErrResultTooLarge (rolled back), ErrUnsupported if db is not
+// served by pgstore.
+func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []byte,
+	fn func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error),
+) (*receipts.Receipt, error) {
+	if db == nil || fn == nil {
+		return nil, fmt.Errorf("pgstore: dotx: %w: nil DB or fn", receipts.ErrInvalidOptions)
+	}
+	var tx pgx.Tx
+	rollback := func() {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			tx = nil
+		}
+	}
+	defer rollback() // also on a panic in fn: nothing happened
+	nonce := newNonce()
+	var pe *engine
+	l, r, err := db.ClaimWith(ctx, k, fingerprint, func(ctx context.Context, e driver.Engine, req driver.ClaimRequest) (driver.ClaimResult, error) {
+		var err error
+		if pe, err = pgEngine(e); err != nil {
+			return driver.ClaimResult{}, err
+		}
+		rollback() // an earlier claim of this call that was not granted
+		var res driver.ClaimResult
+		tx, res, err = pe.claimTx(ctx, req, nonce)
+		return res, err
+	}, receipts.WaitForResult())
+	if err != nil {
+		return nil, err
+	}
+	if r != nil {
+		rollback()
+		if r.State == receipts.Failed {
+			return r, fmt.Errorf("receipts: %s: %w", k, receipts.ErrFailed)
+		}
+		return r, nil
+	}
+	var ferr error
+	var kind outcomeKind
+	rec, err := l.Raw(ctx, func(ctx context.Context, _ driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
+		var result []byte
+		result, ferr = fn(ctx, tx, l)
+		kind = outcomeOf(ferr)
+		state := driver.Succeeded
+		switch kind {
+		case notPerformed, unknown:
+			return nil, nil // rolled back by the deferred rollback: nothing happened
+		case permanent:
+			state = driver.Failed
+			if result == nil {
+				result = []byte(ferr.Error())
+			}
+		}
+		if len(result) > receipts.MaxResultSize {
+			return nil, fmt.Errorf("pgstore: dotx %s: %w: %d bytes (max %d); rolled back, nothing happened",
+				li.Key, receipts.ErrResultTooLarge, len(result), receipts.MaxResultSize)
+		}
+		fin, err := pe.commitDoTx(context.WithoutCancel(ctx), tx, li, state, result)
+		tx = nil // committed, or rolled back by a failed commit
+		if err != nil {
+			return nil, err
+		}
+		return &fin, nil
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case kind == notPerformed:
+		return nil, fmt.Errorf("receipts: %s not performed: %w", k, ferr)
+	case kind == unknown:
+		return nil, fmt.Errorf("receipts: %s: rolled back, nothing recorded: %w", k, ferr)
+	case kind == permanent:
+		return rec, fmt.Errorf("receipts: %s: %w: %w", k, receipts.ErrFailed, ferr)
+	}
+	return rec, nil
+}
+
+// outcomeKind is how Do's policy reads fn's error.
+type outcomeKind uint8
+
+const (
+	succeeded outcomeKind = iota
+	notPerformed
+	permanent
+	unknown
+)
+
+// outcomeOf reads the NotPerformed or Permanent mark of err (the outermost one).
+func outcomeOf(err error) outcomeKind {
+	if err == nil {
+		return succeeded
+	}
+	var m interface {
+		IsNotPerformed() bool
+		IsPermanent() bool
+	}
+	switch {
+	case !errors.As(err, &m):
+		return unknown
+	case m.IsNotPerformed():
+		return notPerformed
+	case m.IsPermanent():
+		return permanent
+	}
+	return unknown
+}
+
+// pgEngine is the DB's engine, if it is this package's.
+func pgEngine(e driver.Engine) (*engine, error) {
+	pe, ok := e.(*engine)
+	if !ok {
+		return nil, fmt.Errorf("%w: pgstore on the %s engine", receipts.ErrUnsupported, e.Name())
+	}
+	return pe, nil
+}
+
+// effectSavepoint is where DoTx's effect begins: a Permanent failure rolls back to it and
+// records the Failed receipt on the claim.
+const effectSavepoint = "receipts_effect"
+
+// claimTx begins a transaction and claims req in it ([advisory lock; claim; SAVEPOINT] in one
+// batch). A granted claim (Claimed, TookOver) comes back with the transaction open, holding
+// the claim and the key's lock to its end; any other outcome with the transaction rolled
+// back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
+// retried in a new transaction with the same nonce, as Claim does.
+func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (pgx.Tx, driver.ClaimResult, error) {
+	busy, other := 0, 0
+	for {
+		if e.closing() {
+			return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+		}
+		tx, row, err := e.claimTxOnce(ctx, req, nonce)
+		if err == nil && row.outcome != "busy" {
+			res, err := e.claimResult(req, row)
+			if err != nil || (res.Outcome != driver.Claimed && res.Outcome != driver.TookOver) {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				return nil, res, err
+			}
+			return tx, res, nil
+		}
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		switch {
+		case err == nil: // busy: a writer holds the row
+			if busy++; busy > maxBusy {
+				return nil, driver.ClaimResult{Outcome: driver.InProgress, Record: row.rec, Now: row.now}, nil
+			}
+			if err := sleep(ctx, time.Millisecond<<min(busy-1, 4)); err != nil {
+				return nil, driver.ClaimResult{}, err
+			}
+		case retryable(err) || errors.Is(err, pgx.ErrNoRows) || noPartition(err) || lostReply(ctx, err):
+			if other++; other > maxOther {
+				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			}
+			if noPartition(err) {
+				if err := e.ensureCurrent(ctx); err != nil {
+					return nil, driver.ClaimResult{}, err
+				}
+			} else if lostReply(ctx, err) {
+				if err := sleep(ctx, 10*time.Millisecond<<min(other-1, 5)); err != nil {
+					return nil, driver.ClaimResult{}, err
+				}
+			}
+		default:
+			return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		}
+	}
+}
+
+// claimTxOnce is one transaction of claimTx; tx is nil if err is not.
+func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce []byte) (pgx.Tx, claimRow, error) {
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, claimRow{}, err
+	}
+	var row claimRow
+	for n := 0; ; n++ {
+		row, err = e.claimOnce(ctx, tx, req, nonce, "SAVEPOINT "+effectSavepoint)
+		if errors.Is(err, pgx.ErrNoRows) && n < maxOther { // READ COMMITTED: re-send in tx
+			continue
+		}
+		break
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, row, err
+	}
+	return tx, row, nil
+}
+
+// commitDoTx records state and result on the claim li made in tx and commits tx. A Failed
+// outcome first rolls fn's writes back to the savepoint. If the commit's reply is lost, the
+// record says whether it landed.
+func (e *engine) commitDoTx(ctx context.Context, tx pgx.Tx, li driver.LeaseInfo, state driver.State, result []byte) (driver.Record, error) {
+	defer func() { _ = tx.Rollback(ctx) }() // no-op once committed
+	if state == driver.Failed {
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+effectSavepoint); err != nil {
+			return driver.Record{}, fmt.Errorf("pgstore: dotx %s: roll back the effect: %w", li.Key, err)
+		}
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	fin, _, err := e.write(ctx, tx, "dotx", e.q.finish, li.Key, e.fencedArgs(li.Key, li.Token, int16(state), result), nil)
+	if err != nil {
+		return driver.Record{}, fmt.Errorf("pgstore: dotx %s: rolled back, nothing happened: %w", li.Key, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if !lostReply(ctx, err) {
+			return driver.Record{}, fmt.Errorf("pgstore: dotx %s: commit: rolled back, nothing happened: %w", li.Key, err)
+		}
+		cur, found, _, lerr := e.Lookup(ctx, li.Key)
+		switch {
+		case lerr != nil:
+			return driver.Record{}, fmt.Errorf("pgstore: dotx %s: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", li.Key, err, lerr)
+		case found && finished(li.Token, state, result)(cur):
+			e.wake(li.Key)
+			return cur, nil
+		}
+		return driver.Record{}, fmt.Errorf("pgstore: dotx %s: commit did not land, nothing happened: %w", li.Key, err)
+	}
+	e.wake(li.Key)
+	return fin, nil
+}

@@ -1,0 +1,298 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// errBadState: Finish takes Succeeded or Failed only.
+var errBadState = errors.New("pgstore: finish state must be Succeeded or Failed")
+
+func (e *engine) fencedArgs(k driver.Key, token uint64, extra ...any) []any {
+	return append([]any{[]byte(k.Scope), []byte(k.ID), int64(token), e.oldest(), e.retentionUS(), e.width, e.nowArg()}, extra...)
+}
+
+// write runs a fenced UPDATE that returns the record, retrying serialization failures (a
+// concurrent writer moved the row to another partition: the retry then finds the row by its
+// token, or finds it gone) and, outside a transaction, broken connections. No row:
+// driver.ErrLeaseLost, unless an earlier attempt lost its reply and verify (if set) finds that
+// it had been applied.
+func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.Key, args []any, verify func(driver.Record) bool) (driver.Record, string, error) {
+	_, inTx := q.(pgx.Tx)
+	lost := false
+	for attempt := 0; ; attempt++ {
+		var rec driver.Record
+		var now time.Time
+		var xid string
+		err := scanRecord(q.QueryRow(ctx, sql, args...), &rec, &now, &xid)
+		if err == nil && !inTx && e.testLoseReply != nil {
+			err = e.testLoseReply()
+		}
+		if err == nil {
+			rec.Key = k
+			e.fill(&rec)
+			e.saw(now)
+			return rec, xid, nil
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			if lost && verify != nil {
+				if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
+					return cur, "", nil
+				}
+			}
+			return driver.Record{}, "", fmt.Errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
+		}
+		switch {
+		case inTx || attempt >= maxOther:
+		case retryable(err):
+			continue
+		case noPartition(err):
+			if err := e.ensureCurrent(ctx); err != nil {
+				return driver.Record{}, "", err
+			}
+			continue
+		case lostReply(ctx, err):
+			lost = lost || !pgconn.SafeToRetry(err)
+			if sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) == nil {
+				continue
+			}
+		}
+		return driver.Record{}, "", fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+}
+
+// finished reports whether rec is the outcome a lost Finish of token would have written.
+func finished(token uint64, state driver.State, result []byte) func(driver.Record) bool {
+	return func(r driver.Record) bool {
+		return r.Token == token && r.State == state && bytes.Equal(r.Result, result)
+	}
+}
+
+// Renew implements driver.Engine.
+func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
+	rec, _, err := e.write(ctx, e.pool, "renew", e.q.renew, k, e.fencedArgs(k, token, ttl.Microseconds()), nil)
+	return rec, err
+}
+
+// Finish implements driver.Engine: one statement, committed before it returns.
+func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (driver.Record, error) {
+	if state != driver.Succeeded && state != driver.Failed {
+		return driver.Record{}, errBadState
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), finished(token, state, result))
+	if err == nil {
+		e.wake(k)
+	}
+	return rec, err
+}
+
+// Abandon implements driver.Engine.
+func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
+	_, _, err := e.write(ctx, e.pool, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil)
+	if err == nil {
+		e.wake(k)
+	}
+	return err
+}
+
+// Release implements driver.Engine: a lease that never took over deletes the record; a
+// recovered one keeps it as an abandoned claim (the earlier attempt's outcome is still
+// unknown, so the next claim must be Recovered too).
+func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
+	if recovered {
+		_, _, err := e.write(ctx, e.pool, "release", e.q.abandon, k, e.fencedArgs(k, token), nil)
+		if err == nil {
+			e.wake(k)
+		}
+		return err
+	}
+	return e.delete(ctx, "release", k, token)
+}
+
+// Forget implements driver.Engine.
+func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
+	return e.delete(ctx, "forget", k, token)
+}
+
+func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint64) error {
+	lost := false
+	for attempt := 0; ; attempt++ {
+		var now time.Time
+		err := e.pool.QueryRow(ctx, e.q.del, e.fencedArgs(k, token)...).Scan(&now)
+		if err == nil && e.testLoseReply != nil {
+			err = e.testLoseReply()
+		}
+		switch {
+		case err == nil:
+			e.saw(now)
+			e.wake(k)
+			return nil
+		case errors.Is(err, pgx.ErrNoRows):
+			if lost { // an earlier attempt may have deleted it
+				if _, found, _, lerr := e.Lookup(ctx, k); lerr == nil && !found {
+					e.wake(k)
+					return nil
+				}
+			}
+			return fmt.Errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
+		case attempt < maxOther && retryable(err):
+			continue
+		case attempt < maxOther && lostReply(ctx, err):
+			lost = lost || !pgconn.SafeToRetry(err)
+			if sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
+				return fmt.Errorf("pgstore: %s: %w", op, err)
+			}
+		default:
+			return fmt.Errorf("pgstore: %s: %w", op, err)
+		}
+	}
+}
+
+// finishTx records Succeeded or Failed inside the caller's transaction: the receipt commits
+// iff tx commits. If tx rolls back, nothing is recorded and the lease is still held. Waiters
+// (here and on other nodes) are woken once the engine sees tx committed (it watches the
+// transaction id; no NOTIFY runs inside tx). A serialization failure (the row was moved by a
+// concurrent renew at an epoch boundary, or taken over) is returned as is: the caller rolls
+// back and retries its transaction; fenceTx at the start of tx rules it out.
+func (e *engine) finishTx(ctx context.Context, tx pgx.Tx, k driver.Key, token uint64, state driver.State, result []byte) (driver.Record, error) {
+	if state != driver.Succeeded && state != driver.Failed {
+		return driver.Record{}, errBadState
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	rec, xid, err := e.write(ctx, tx, "commit", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), nil)
+	if err == nil {
+		e.notifier.afterCommit(xid, keyHash(k))
+	}
+	return rec, err
+}
+
+// fenceTx locks the holder's row inside the caller's transaction (SELECT … FOR UPDATE), before
+// the caller does its effect: no row means the lease is lost (driver.ErrLeaseLost; roll back).
+// While tx holds the row nobody can take the lease over (a concurrent claim skips the locked
+// row and reports it in progress), so the effect and finishTx in tx are safe from takeover.
+// Renewals of this lease block until tx ends: the caller should stop renewing first.
+func (e *engine) fenceTx(ctx context.Context, tx pgx.Tx, k driver.Key, token uint64) error {
+	var now time.Time
+	err := tx.QueryRow(ctx, e.q.fence, e.fencedArgs(k, token)...).Scan(&now)
+	switch {
+	case err == nil:
+		e.saw(now)
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("pgstore: fence: %w", driver.ErrLeaseLost)
+	default:
+		return fmt.Errorf("pgstore: fence: %w", err)
+	}
+}
+
+// txFunc is the effect of doTx: it runs in tx under the claim cr (Claimed or TookOver) and
+// returns the outcome to record (Succeeded or Failed) with its result. An error rolls back
+// everything, the claim included.
+type txFunc func(ctx context.Context, tx pgx.Tx, cr driver.ClaimResult) (driver.State, []byte, error)
+
+// doTx claims, runs fn and records its result in one transaction (BEGIN; claim; fn(tx);
+// finish; COMMIT: one commit flush). If the claim is not granted (Replay, Mismatch,
+// InProgress) the transaction is rolled back and cr says why; fin is the zero Record. A
+// duplicate on any node blocks on the key's advisory lock (held to COMMIT) and then replays.
+// If fn fails, nothing is recorded and fn's error is returned.
+func (e *engine) doTx(ctx context.Context, req driver.ClaimRequest, fn txFunc) (cr driver.ClaimResult, fin driver.Record, err error) {
+	nonce := newNonce()
+	busy, other := 0, 0
+	for {
+		cr, fin, retry, err := e.doTxOnce(ctx, req, nonce, fn)
+		if !retry {
+			return cr, fin, err
+		}
+		if err == nil { // busy
+			if busy++; busy > maxBusy {
+				return cr, driver.Record{}, nil
+			}
+			if err := sleep(ctx, time.Millisecond<<min(busy-1, 4)); err != nil {
+				return driver.ClaimResult{}, driver.Record{}, err
+			}
+			continue
+		}
+		if other++; other > maxOther {
+			return driver.ClaimResult{}, driver.Record{}, fmt.Errorf("pgstore: dotx: %w", err)
+		}
+		if noPartition(err) {
+			if err := e.ensureCurrent(ctx); err != nil {
+				return driver.ClaimResult{}, driver.Record{}, err
+			}
+		}
+	}
+}
+
+// doTxOnce runs one transaction. retry: the claim step failed in a way worth another
+// transaction (busy with err == nil, or a retryable error) before fn ran.
+func (e *engine) doTxOnce(ctx context.Context, req driver.ClaimRequest, nonce []byte, fn txFunc) (cr driver.ClaimResult, fin driver.Record, retry bool, err error) {
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return cr, fin, lostReply(ctx, err), err
+	}
+	defer func() {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	var row claimRow
+	for n := 0; ; n++ {
+		row, err = e.claimOnce(ctx, tx, req, nonce)
+		if errors.Is(err, pgx.ErrNoRows) && n < maxOther { // READ COMMITTED: re-send in tx
+			continue
+		}
+		break
+	}
+	if err != nil {
+		return cr, fin, retryable(err) || noPartition(err) || errors.Is(err, pgx.ErrNoRows), err
+	}
+	if row.outcome == "busy" {
+		return driver.ClaimResult{Outcome: driver.InProgress, Record: row.rec, Now: row.now}, fin, true, nil
+	}
+	if cr, err = e.claimResult(req, row); err != nil {
+		return cr, fin, false, err
+	}
+	if cr.Outcome != driver.Claimed && cr.Outcome != driver.TookOver {
+		return cr, fin, false, nil // rolled back by the deferred Rollback: nothing was written
+	}
+	state, result, err := fn(ctx, tx, cr)
+	if err != nil {
+		return cr, fin, false, err
+	}
+	if state != driver.Succeeded && state != driver.Failed {
+		return cr, fin, false, errBadState
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	fin, _, err = e.write(ctx, tx, "dotx", e.q.finish, req.Key, e.fencedArgs(req.Key, cr.Record.Token, int16(state), result), nil)
+	if err != nil {
+		return cr, driver.Record{}, false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		tx = nil
+		if lostReply(ctx, err) { // did the commit land? the record says
+			if cur, found, _, lerr := e.Lookup(ctx, req.Key); lerr == nil && found && finished(cr.Record.Token, state, result)(cur) {
+				e.wake(req.Key)
+				return cr, cur, false, nil
+			}
+		}
+		return cr, driver.Record{}, false, fmt.Errorf("pgstore: dotx: commit: %w", err)
+	}
+	tx = nil
+	e.wake(req.Key)
+	return cr, fin, false, nil
+}
