@@ -333,7 +333,7 @@ func crossNode(t *testing.T, p plan) *Report {
 	for j := range p.restarts {
 		restartTimes = append(restartTimes, r.start.Add(p.duration*time.Duration(j+1)/time.Duration(p.restarts+1)))
 	}
-	nextCut := time.Now().Add(time.Duration(r.rng.Int64N(int64(2 * p.cutEvery + 1))))
+	nextCut := time.Now().Add(time.Duration(r.rng.Int64N(int64(2*p.cutEvery + 1))))
 	kills, cuts, cutConns := 0, 0, 0
 	restarts := 0
 	restartErr := make(chan error, 1)
