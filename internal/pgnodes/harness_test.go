@@ -38,7 +38,7 @@ import (
 
 // harnessTTL is the LeaseTTL of every node: short, so that the leases of killed nodes run out
 // (and are taken over) within the run.
-const harnessTTL = time.Second
+const harnessTTL = 500 * time.Millisecond
 
 // pebbleOpen opens the Pebble engine on the directory dsn. Only one process may hold it.
 func pebbleOpen(_ context.Context, dsn string) (*receipts.DB, io.Closer, error) {
@@ -217,6 +217,8 @@ type child struct {
 	exit  chan struct{} // closed when the process has exited
 	err   error         // its exit status, once exit is closed
 	at    time.Time     // when it exited, once exit is closed
+
+	spawned time.Time
 }
 
 type runner struct {
@@ -253,7 +255,7 @@ func (r *runner) spawn(role, inc string, env ...string) *child {
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
 	}
-	c := &child{inc: inc, cmd: cmd, ready: make(chan struct{}), exit: make(chan struct{})}
+	c := &child{inc: inc, cmd: cmd, ready: make(chan struct{}), exit: make(chan struct{}), spawned: time.Now()}
 	go func() {
 		sc := bufio.NewScanner(out)
 		ready := false
@@ -351,6 +353,9 @@ func crossNode(t *testing.T, p plan) *Report {
 		}
 		for _, c := range nodes {
 			r.failIfDied(c)
+			if !r.isReady(c) && now.Sub(c.spawned) > 90*time.Second {
+				t.Fatalf("%s did not open the store in 90s (stderr: %s)", c.inc, filepath.Join(r.dir, "stderr-"+c.inc+".txt"))
+			}
 		}
 		if !now.Before(nextKill) {
 			// SIGKILL a random node that is running its workload, and start it again.
@@ -408,23 +413,24 @@ func crossNode(t *testing.T, p plan) *Report {
 	}
 
 	// Every node verifies: the first settles abandoned claims first.
-	verify := func(v string, env ...string) {
-		c := r.spawn("verify", v, env...)
-		<-c.exit
-		if c.err != nil {
-			t.Fatalf("verify %s: %v", v, c.err)
-		}
-	}
 	verifiers := []string{"v0"}
-	verify("v0", envSettle+"=1")
-	var wg sync.WaitGroup
+	v0 := r.spawn("verify", "v0", envSettle+"=1")
+	<-v0.exit
+	if v0.err != nil {
+		t.Fatalf("verify v0: %v", v0.err)
+	}
+	var vs []*child
 	for i := 1; i < p.nodes; i++ {
 		v := fmt.Sprintf("v%d", i)
 		verifiers = append(verifiers, v)
-		wg.Add(1)
-		go func() { defer wg.Done(); verify(v) }()
+		vs = append(vs, r.spawn("verify", v))
 	}
-	wg.Wait()
+	for _, c := range vs {
+		<-c.exit
+		if c.err != nil {
+			t.Fatalf("verify %s: %v", c.inc, c.err)
+		}
+	}
 
 	evs, err := ReadRun(r.dir)
 	if err != nil {
@@ -462,7 +468,7 @@ func TestCrossNodePebble(t *testing.T) {
 	if os.Getenv(envRole) != "" {
 		t.Skip("in a node process")
 	}
-	secs, kills := 30, 32
+	secs, kills := 24, 30
 	if soak() {
 		secs, kills = 600, 600
 	}
@@ -487,7 +493,7 @@ func TestCrossNodePostgres(t *testing.T) {
 	if pgOpen == nil {
 		t.Skip("pgstore.Open not wired yet")
 	}
-	secs, kills, restarts := 50, 32, 3
+	secs, kills, restarts := 45, 32, 3
 	if soak() {
 		secs, kills, restarts = 600, 400, 20
 	}

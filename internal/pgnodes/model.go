@@ -116,7 +116,10 @@ var linOutNames = map[linOutKind]string{outOK: "ok", outLost: "lease-lost", outU
 func describeOp(in, out any) string {
 	i, o := in.(linIn), out.(linOut)
 	s := fmt.Sprintf("%s %s", linKindNames[i.kind], i.op)
-	if i.kind != linRead {
+	switch i.kind {
+	case linGrant:
+		s += fmt.Sprintf(" [tok=%d att=%d]", i.view.token, i.view.attempt)
+	case linCommit:
 		s += fmt.Sprintf(" [%v]", i.view)
 	}
 	s += " -> " + linOutNames[o.kind]
