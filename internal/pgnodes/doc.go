@@ -12,6 +12,11 @@
 //     between the effect and the commit leaves one effect, and the next attempt commits a receipt
 //     that names it; an effect made by a lease that was not the key's only live claim (broken
 //     claim atomicity) or by a holder fenced out too late shows up as a second effect line.
+//     What no engine can prevent is not tested: an effect made after the holder's lease may
+//     have run out (only a provider that checks the token could refuse it). So a worker makes
+//     its effect right after it is granted the lease, and the workload's stale holders sleep
+//     past their lease after the effect, before they try to commit (which fencing must refuse
+//     once another attempt took the key over).
 //   - 0 lost acknowledged receipts: every Succeeded or Failed receipt a worker was told about
 //     (state, result, token, attempts) is what every node reads at the end, by Lookup and by a
 //     Do that must replay without calling fn; every finished receipt names the key's one effect,
