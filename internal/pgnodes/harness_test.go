@@ -469,8 +469,11 @@ func TestCrossNodePebble(t *testing.T) {
 		t.Skip("in a node process")
 	}
 	secs, kills := 24, 30
-	if soak() {
+	switch {
+	case soak():
 		secs, kills = 600, 600
+	case raceEnabled:
+		secs, kills = 10, 8
 	}
 	p := plan{
 		engine:   "pebble",
@@ -494,8 +497,11 @@ func TestCrossNodePostgres(t *testing.T) {
 		t.Skip("pgstore.Open not wired yet")
 	}
 	secs, kills, restarts := 45, 32, 3
-	if soak() {
+	switch {
+	case soak():
 		secs, kills, restarts = 600, 400, 20
+	case raceEnabled:
+		secs, kills, restarts = 20, 10, 1
 	}
 	dsn := pgtest.Database(t)
 	proxyDSN, proxy := throughProxy(t, dsn)
