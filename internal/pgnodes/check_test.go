@@ -240,3 +240,45 @@ func TestLogRoundTrip(t *testing.T) {
 		t.Fatal("a torn line in the middle was accepted")
 	}
 }
+
+// The provider answers by idempotency key across processes' appends, including lines appended
+// after its previous answer, and waits for a line still being written.
+func TestProviderFind(t *testing.T) {
+	dir := t.TempDir()
+	a, err := OpenProvider(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := OpenProvider(dir) // another process's view of the same log
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, found, err := b.Find("pk1"); err != nil || found {
+		t.Fatalf("empty log: %v %v", found, err)
+	}
+	if err := a.Perform(Event{Op: "x", Key: "k1", PK: "pk1", Token: 3, Attempt: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Perform(Event{Op: "y", Key: "k1", PK: "pk1", Token: 4, Attempt: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if ev, found, err := b.Find("pk1"); err != nil || !found || ev.Op != "x" {
+		t.Fatalf("after two effects: %+v %v %v, want the first (x)", ev, found, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, providerLog), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := Event{Kind: KindEffect, Op: "z", Key: "k2", PK: "pk2"}.line()
+	_, _ = f.Write(line[:10]) // a writer in the middle of its line
+	if _, found, err := b.Find("pk2"); err != nil || found {
+		t.Fatalf("half a line: %v %v", found, err)
+	}
+	_, _ = f.Write(line[10:])
+	f.Close()
+	if ev, found, err := b.Find("pk2"); err != nil || !found || ev.Op != "z" {
+		t.Fatalf("after the line completed: %+v %v %v", ev, found, err)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -157,7 +159,10 @@ const (
 type Provider struct {
 	path string
 	log  *Log
-	mu   sync.Mutex // serializes this process's appends with its own reads (other processes' appends are atomic lines)
+
+	mu    sync.Mutex       // serializes this process's appends and reads (other processes' appends are atomic lines)
+	off   int64            // bytes of the log already indexed; guarded by mu
+	first map[string]Event // idempotency key -> its first effect, of the indexed part; guarded by mu
 }
 
 // OpenProvider opens the provider log of the run directory dir.
@@ -167,7 +172,7 @@ func OpenProvider(dir string) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Provider{path: path, log: l}, nil
+	return &Provider{path: path, log: l, first: map[string]Event{}}, nil
 }
 
 // Perform records an effect (fsynced before it returns).
@@ -178,20 +183,37 @@ func (p *Provider) Perform(ev Event) error {
 	return p.log.Append(ev, true)
 }
 
-// Find returns the first effect made under the idempotency key pk, if any.
+// Find returns the first effect made under the idempotency key pk, if any, by any process.
+// It reads only what was appended since its last call.
 func (p *Provider) Find(pk string) (Event, bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	evs, err := ReadLog(p.path)
+	f, err := os.Open(p.path)
 	if err != nil {
 		return Event{}, false, err
 	}
-	for _, ev := range evs {
-		if ev.Kind == KindEffect && ev.PK == pk {
-			return ev, true, nil
-		}
+	defer f.Close()
+	b, err := io.ReadAll(io.NewSectionReader(f, p.off, math.MaxInt64-p.off))
+	if err != nil {
+		return Event{}, false, err
 	}
-	return Event{}, false, nil
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break // a line still being written by another process: read it next time
+		}
+		ev, err := parseLine(string(b[:i]))
+		if err != nil {
+			return Event{}, false, fmt.Errorf("%s: %w", p.path, err)
+		}
+		if _, ok := p.first[ev.PK]; !ok && ev.Kind == KindEffect {
+			p.first[ev.PK] = ev
+		}
+		p.off += int64(i + 1)
+		b = b[i+1:]
+	}
+	ev, ok := p.first[pk]
+	return ev, ok, nil
 }
 
 // Close closes the provider log.
