@@ -49,15 +49,19 @@ func pebbleOpen(_ context.Context, dsn string) (*receipts.DB, io.Closer, error) 
 	return db, nil, err
 }
 
-// pgOpen opens one node on the PostgreSQL database dsn. It is nil until pgstore.Open exists;
-// wiring it is this one assignment (plus the pgstore import):
+// pgOpen opens one node on the PostgreSQL database dsn (the proxy's address: the pool and the
+// LISTEN connection both go through it). It is nil until pgstore.Open exists; wiring it is
+// this one assignment (plus the pgstore and pgx imports; adjust the Options to pgstore's):
 //
 //	var pgOpen OpenFunc = func(ctx context.Context, dsn string) (*receipts.DB, io.Closer, error) {
 //		pool, err := newPool(ctx, dsn)
 //		if err != nil {
 //			return nil, nil, err
 //		}
-//		db, err := pgstore.Open(ctx, pool, &pgstore.Options{LeaseTTL: harnessTTL})
+//		db, err := pgstore.Open(ctx, pool, &pgstore.Options{
+//			LeaseTTL:   harnessTTL,
+//			ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) },
+//		})
 //		if err != nil {
 //			pool.Close()
 //			return nil, nil, err
