@@ -34,7 +34,7 @@ import (
 //	go test -run TestCrossNode ./internal/pgnodes                   # CI sizes
 //	RECEIPTS_SOAK=1 go test -run TestCrossNode ./internal/pgnodes   # soak sizes
 //	RECEIPTS_PGNODES_SECONDS=120 RECEIPTS_PGNODES_KILLS=100 ...     # any size
-//	RECEIPTS_SEED=n ...                                             # replay a seed's schedule
+//	RECEIPTS_SEED=n ...                                             # reuse a seed (choices, not timing)
 
 // harnessTTL is the LeaseTTL of every node: short, so that the leases of killed nodes run out
 // (and are taken over) within the run.
@@ -209,7 +209,7 @@ func seedOf(t *testing.T) uint64 {
 		}
 		seed = v
 	}
-	t.Logf("seed %d (RECEIPTS_SEED=%d replays the schedule)", seed, seed)
+	t.Logf("seed %d (RECEIPTS_SEED=%d reuses its random choices; timing differs)", seed, seed)
 	return seed
 }
 
