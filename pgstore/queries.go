@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // formatVersion is the schema format this code reads and writes (meta.format).
@@ -157,6 +159,9 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
    AND (r.scope, r.id) > ($7::bytea, $8::bytea)
  ORDER BY r.scope, r.id
  LIMIT $9`)
+	if mutate.Name == mutate.PgNoFence || mutate.Name == mutate.PgNoAtomic {
+		q = mutated(q, mutate.Name) // test-only: mutations.go
+	}
 	return q
 }
 

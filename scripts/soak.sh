@@ -7,6 +7,9 @@
 #   TestFaultRandomReadErrors   200 rounds per read-error probability
 #   TestFaultOpenAtK, TestFaultWALSync*  (same as CI)
 #   TestLinearizability, TestModel, TestScopeIsolation (their own soak sizes)
+#   internal/pgnodes TestCrossNode*  10 minutes each: Pebble 600 SIGKILLs; PostgreSQL 3 nodes,
+#                               400 SIGKILLs, 20 server restarts (RECEIPTS_PGNODES_SECONDS,
+#                               _KILLS, _RESTARTS, _NODES override; PGNODES_SKIP=1 skips them)
 #
 # Usage: scripts/soak.sh [-race] [-run REGEXP] [-seed N]
 #   RECEIPTS_CRASHES=n / RECEIPTS_KILLS=n override the crash and kill counts.
@@ -32,5 +35,10 @@ start=$(date +%s)
 RECEIPTS_SOAK=1 go test $race -count=1 -timeout 6h -v -run "$run" . 2>&1 | tee "$log" |
 	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation)_test\.go:[0-9]+: '
 rc=${PIPESTATUS[0]}
+if [ -z "${PGNODES_SKIP:-}" ]; then
+	RECEIPTS_SOAK=1 go test $race -count=1 -timeout 2h -v -run '^TestCrossNode(Pebble|Postgres)$' ./internal/pgnodes 2>&1 | tee -a "$log" |
+		grep -E '^(--- |ok|FAIL|PASS)|^ +harness_test\.go:[0-9]+: '
+	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 echo "soak: exit $rc after $(($(date +%s) - start))s; full log in $log" >&2
 exit "$rc"

@@ -11,6 +11,10 @@
 //	naivekey  record keys concatenate scope and id without a length prefix
 //	nofence   commits skip the fencing-token check
 //	stalecache the replay cache answers for receipts past retention
+//	pgnofence  PostgreSQL: Finish (commit, fail) skips the fencing-token check
+//	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
+//	           takeover and the unique-key arbitration of a fresh claim, so that
+//	           concurrent claims of one key can all win
 package mutate
 
 // Mutation names.
@@ -21,4 +25,8 @@ const (
 	NoFence  = "nofence"
 	// StaleCache: the replay cache skips its visibility check.
 	StaleCache = "stalecache"
+	// PgNoFence: pgstore's Finish skips the token check (the record need only be Pending).
+	PgNoFence = "pgnofence"
+	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).
+	PgNoAtomic = "pgnoatomic"
 )

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pgnodes
+
+const raceEnabled = false

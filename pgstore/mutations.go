@@ -1,0 +1,39 @@
+package pgstore
+
+import (
+	"strings"
+
+	"github.com/receiptstore/receipts/internal/mutate"
+)
+
+// mutated breaks q on purpose for the mutation checks (internal/mutate: only in binaries built
+// with the receipts_mutate tag, chosen by RECEIPTS_MUTATION), so that the harnesses can show
+// they catch a broken engine:
+//   - pgnofence: Finish no longer checks the holder's token (the record need only be Pending
+//     and visible), so a holder whose key was taken over still commits;
+//   - pgnoatomic: a claim is a plain read-then-write: no per-key advisory lock, no row lock
+//     on the record a takeover rewrites, and a fresh claim that meets a concurrent one
+//     overwrites it instead of losing, so concurrent claims of one key can all win.
+func mutated(q queries, name string) queries {
+	switch name {
+	case mutate.PgNoFence:
+		q.finish = mustReplace(q.finish, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
+	case mutate.PgNoAtomic:
+		q.lock = `SELECT $1::int4, $2::int4`
+		q.claim = mustReplace(q.claim, "FOR UPDATE OF r SKIP LOCKED", "")
+		q.claim = mustReplace(q.claim, "ON CONFLICT DO NOTHING",
+			`ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1, fp = EXCLUDED.fp, token = EXCLUDED.token,
+    attempts = 1, nonce = EXCLUDED.nonce, result = NULL, created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at`)
+	}
+	return q
+}
+
+// mustReplace replaces old (which must occur) in s: a query that changed shape must not
+// silently leave a mutation unapplied.
+func mustReplace(s, old, new string) string {
+	if !strings.Contains(s, old) {
+		panic("pgstore: mutation: query no longer contains " + old)
+	}
+	return strings.Replace(s, old, new, 1)
+}
