@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,10 +408,12 @@ func testGCConcurrentWithClaims(t *testing.T, s Store) {
 		stop    = make(chan struct{})
 		gcDone  = make(chan struct{})
 		dropped int
+		passes  atomic.Int64
 	)
 	go func() {
 		defer close(gcDone)
 		for {
+			passes.Add(1)
 			select {
 			case <-stop:
 				return
@@ -432,6 +435,14 @@ func testGCConcurrentWithClaims(t *testing.T, s Store) {
 		go func() {
 			defer wg.Done()
 			for i := range perWorker {
+				if i%10 == 0 {
+					// Let a whole GC pass run between these claims, so GC
+					// interleaves with them however fast the engine is.
+					p := passes.Load()
+					for passes.Load() < p+2 && !t.Failed() {
+						time.Sleep(50 * time.Microsecond)
+					}
+				}
 				k := key(fmt.Sprint("w", w), fmt.Sprint(i))
 				claimedBy := e.clock.Now()
 				l, _, err := db.Claim(bg, k, []byte("fp"))
