@@ -113,6 +113,23 @@ func claimOptions(opts []ClaimOption) claimConfig {
 type claimFunc func(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error)
 
 func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, decide claimFunc) (*Lease, *Receipt, error) {
+	if !db.tracing(ctx) {
+		l, r, err := db.claimLoop(ctx, k, fp, cfg, decide, nil)
+		if l != nil && l.recovered {
+			db.logTakeover(ctx, l) // logged at Info even when nothing is traced
+		}
+		return l, r, err
+	}
+	var tr claimTrace
+	start := time.Now()
+	l, r, err := db.claimLoop(ctx, k, fp, cfg, decide, &tr)
+	db.observeClaim(ctx, k, start, &tr, l, r, err)
+	return l, r, err
+}
+
+// claimLoop is claim; tr, if not nil, learns whether and since when it
+// waited.
+func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, decide claimFunc, tr *claimTrace) (*Lease, *Receipt, error) {
 	if err := k.validate(); err != nil {
 		return nil, nil, err
 	}
@@ -166,6 +183,9 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 		if w.c == nil { // registered after this read: read once more before waiting
 			w.start(db.eng, req.Key)
 			continue
+		}
+		if tr != nil && !tr.waited {
+			tr.waited, tr.waitStart = true, time.Now()
 		}
 		if err := w.wait(ctx, wait, db.closing); err != nil {
 			if errors.Is(err, ErrClosed) {

@@ -25,11 +25,12 @@ const waitRecheck = 250 * time.Millisecond
 // that touches storage: the Pebble engine for Open, another for OpenEngine.
 type DB struct {
 	// Set in Open, read-only after.
-	opts   Options
-	eng    driver.Engine
-	peb    *pebbleengine.Engine // eng, when it is the Pebble engine; nil otherwise
-	secret []byte               // eng.Secret(), for ProviderKey
-	ttl    time.Duration        // Options.LeaseTTL
+	opts    Options
+	eng     driver.Engine
+	peb     *pebbleengine.Engine // eng, when it is the Pebble engine; nil otherwise
+	secret  []byte               // eng.Secret(), for ProviderKey
+	hashKey []byte               // derived from secret, for Event.KeyHash
+	ttl     time.Duration        // Options.LeaseTTL
 
 	// hot holds the atomics every call touches (the gate, the counters, the
 	// Pebble engine's clock), on one cache line of their own.

@@ -117,7 +117,7 @@ func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Con
 				cancel(err)
 				return
 			case err != nil:
-				l.db.opts.Logger.Warn("receipts: renew lease", "key", l.key, "err", err)
+				l.db.opts.Logger.Warn("receipts: renew lease", l.db.logKey(l.key), "err", err)
 			}
 		}
 	}()

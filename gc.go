@@ -58,6 +58,7 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 	if err == nil || st.EpochsDropped > 0 { // dropped, if not compacted
 		db.lastGC.Store(&st)
 	}
+	db.observeGC(ctx, &st, err)
 	return st, err
 }
 

@@ -6,7 +6,9 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -26,6 +28,8 @@ type Lease struct {
 	attempt   uint32
 	recovered bool
 	claimedAt time.Time // DB.clock at the claim, for the attempt-duration estimate
+	class     string    // the claim's operation class, for the observer
+	lostOnce  atomic.Bool
 }
 
 // Key returns the operation's key.
@@ -77,6 +81,9 @@ func (l *Lease) renew(ctx context.Context) error {
 		return err
 	}
 	_, err := l.db.eng.Renew(ctx, driver.Key(l.key), l.token, l.db.ttl)
+	if errors.Is(err, ErrLeaseLost) {
+		l.observeFinish(ctx, OutcomeLeaseLost, time.Time{})
+	}
 	return err
 }
 
@@ -132,15 +139,25 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	}
 	var rec driver.Record
 	var err error
+	start := l.db.traceStart(ctx)
 	if b != nil || effect != nil {
 		rec, err = l.db.peb.FinishBatch(ctx, driver.Key(l.key), l.token, driver.State(state), result, b, effect)
 	} else {
 		rec, err = l.db.eng.Finish(ctx, driver.Key(l.key), l.token, driver.State(state), result)
 	}
 	if err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			l.observeFinish(ctx, OutcomeLeaseLost, start)
+		}
 		return nil, err
 	}
-	return l.db.finished(l, &rec), nil
+	r := l.db.finished(l, &rec)
+	out := OutcomeSucceeded
+	if rec.State == driver.Failed {
+		out = OutcomeFailed
+	}
+	l.observeFinish(ctx, out, start)
+	return r, nil
 }
 
 // finished counts l's finished record and returns its receipt.
@@ -166,11 +183,21 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 		return nil, err
 	}
 	defer l.db.exit()
+	start := l.db.traceStart(ctx)
 	rec, err := fn(ctx, l.db.eng, l.info())
+	if errors.Is(err, ErrLeaseLost) {
+		l.observeFinish(ctx, OutcomeLeaseLost, start)
+	}
 	if err != nil || rec == nil {
 		return nil, err
 	}
-	return l.db.finished(l, rec), nil
+	r := l.db.finished(l, rec)
+	out := OutcomeSucceeded
+	if rec.State == driver.Failed {
+		out = OutcomeFailed
+	}
+	l.observeFinish(ctx, out, start)
+	return r, nil
 }
 
 // Release gives the key up: this attempt's effect did not happen. On a
@@ -193,11 +220,13 @@ func (l *Lease) release(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	start := l.db.traceStart(ctx)
 	err := l.db.eng.Release(ctx, driver.Key(l.key), l.token, l.recovered)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
 	}
+	l.observeWrite(ctx, OutcomeReleased, start, err)
 	return err
 }
 
@@ -215,11 +244,13 @@ func (l *Lease) Forget(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	start := l.db.traceStart(ctx)
 	err := l.db.eng.Forget(ctx, driver.Key(l.key), l.token)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
 	}
+	l.observeWrite(ctx, OutcomeReleased, start, err)
 	return err
 }
 
@@ -241,10 +272,12 @@ func (l *Lease) abandon(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	start := l.db.traceStart(ctx)
 	err := l.db.eng.Abandon(ctx, driver.Key(l.key), l.token)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.abandons.Add(1)
 	}
+	l.observeWrite(ctx, OutcomeAbandoned, start, err)
 	return err
 }

@@ -113,6 +113,7 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 		opts:    o,
 		eng:     eng,
 		secret:  eng.Secret(),
+		hashKey: deriveHashKey(eng.Secret()),
 		ttl:     o.LeaseTTL,
 		hot:     h,
 		closing: closing,

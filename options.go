@@ -105,9 +105,22 @@ type Options struct {
 	// An entry takes about 200 bytes plus its key, whatever the result's
 	// size (results are read from the engine); at most 64Mi entries.
 	ReplayCacheSize int64
-	// Logger receives the store's own diagnostics (background GC). Default
-	// slog.Default().
+	// Logger receives the store's own diagnostics (background GC, failed
+	// writes) and one record per transition: at Info a takeover, an
+	// abandoned claim, a lost lease and a GC that dropped something; at
+	// Debug every other claim, wait, finish and GC (see Observer for what
+	// each carries). A key is logged as its keyed hash (Event.KeyHash),
+	// never raw, unless LogKeys is set. Default slog.Default().
 	Logger *slog.Logger
+	// LogKeys makes the Logger's records name keys by their scope and ID
+	// instead of their keyed hash. Leave it off where logs are less
+	// protected than the data (an ID can carry personal data).
+	LogKeys bool
+	// Observer, if set, receives one event per transition (claims, waits,
+	// finishes, GC): see Observer. Packages receiptsprom and receiptsotel
+	// adapt it to Prometheus and OpenTelemetry; Observers combines several.
+	// Nil costs nothing.
+	Observer Observer
 	// BeforeReplay, if set, runs before a stored result is exposed to a
 	// caller (Claim and Do replays, Lookup). Re-check the caller's current
 	// authorization there: if it returns an error, that error is returned

@@ -162,7 +162,7 @@ func (l *Lease) abandonUnknown(ctx context.Context) error {
 // until its lease runs out.
 func (l *Lease) settleFailed(what string, err error) {
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
-		l.db.opts.Logger.Warn("receipts: "+what+" failed; the claim stays pending until its lease runs out", "key", l.key, "err", err)
+		l.db.opts.Logger.Warn("receipts: "+what+" failed; the claim stays pending until its lease runs out", l.db.logKey(l.key), "err", err)
 	}
 }
 

@@ -64,6 +64,7 @@ func topics() []struct {
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
 		{"Issue12", issue12Tests},
+		{"Observe", observeTests},
 	}
 }
 

@@ -1,0 +1,325 @@
+package receiptstest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/receiptstore/receipts"
+	"github.com/stretchr/testify/require"
+)
+
+var observeTests = []test{
+	{"EventPerTransition", testObserveTransitions},
+	{"WaitEvents", testObserveWaits},
+	{"KeyHashStableAndOpaque", testObserveKeyHash},
+	{"GCEvent", testObserveGC},
+	{"LogsKeyHashUnlessLogKeys", testObserveLogs},
+}
+
+// recorder is an Observer that keeps every event.
+type recorder struct {
+	mu     sync.Mutex
+	events []receipts.Event // protected by mu
+}
+
+func (r *recorder) Observe(_ context.Context, e receipts.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// take returns the events since the last take.
+func (r *recorder) take() []receipts.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.events
+	r.events = nil
+	return ev
+}
+
+// ev is the part of an Event a test compares.
+type ev struct {
+	Kind      receipts.EventKind
+	Outcome   receipts.Outcome
+	Attempt   uint32
+	Recovered bool
+	Class     string
+}
+
+func evs(events []receipts.Event) []ev {
+	out := make([]ev, len(events))
+	for i, e := range events {
+		out[i] = ev{e.Kind, e.Outcome, e.Attempt, e.Recovered, e.Class}
+	}
+	return out
+}
+
+func newObservedEnv(t *testing.T, s Store) (*env, *recorder) {
+	rec := &recorder{}
+	e := newEnv(t, s, func(o *receipts.Options) { o.Observer = rec })
+	return e, rec
+}
+
+// Every transition is reported once, with its outcome, attempt and class;
+// the finish of an attempt carries the class of its claim and how long the
+// lease was held.
+func testObserveTransitions(t *testing.T, s Store) {
+	e, rec := newObservedEnv(t, s)
+	db := e.db
+	claim, finish := receipts.ClaimEvent, receipts.FinishEvent
+	refund := receipts.WithOperationClass(bg, "refund")
+
+	// A first call, its commit, a replay and a mismatch.
+	k1 := key("obs", "k1")
+	l, _, err := db.Claim(refund, k1, []byte("fp"))
+	require.NoError(t, err)
+	e.clock.Advance(2 * time.Second)
+	_, err = l.Commit(bg, []byte("ok")) // the class comes from the claim
+	require.NoError(t, err)
+	e.replay(k1, "fp")
+	_, _, err = db.Claim(bg, k1, []byte("other"))
+	require.ErrorIs(t, err, receipts.ErrIntentMismatch)
+	got := rec.take()
+	require.Equal(t, []ev{
+		{claim, receipts.OutcomeClaimed, 1, false, "refund"},
+		{finish, receipts.OutcomeSucceeded, 1, false, "refund"},
+		{claim, receipts.OutcomeReplayed, 1, false, ""},
+		{claim, receipts.OutcomeMismatch, 0, false, ""},
+	}, evs(got))
+	require.Equal(t, 2*time.Second, got[1].Held, "Held: claim to commit by the store's clock")
+	for _, x := range got {
+		require.NotEmpty(t, x.Engine)
+		require.Equal(t, got[0].Engine, x.Engine)
+		require.False(t, x.Start.IsZero())
+		require.GreaterOrEqual(t, x.Duration, time.Duration(0))
+	}
+
+	// In progress, a takeover, the stale holder's commit, an abandon.
+	k2 := key("obs", "k2")
+	old := e.claim(k2, "fp")
+	e.inProgress(k2, "fp")
+	e.clock.Advance(leaseTTL + time.Second)
+	nl := e.claim(k2, "fp")
+	_, err = old.Commit(bg, []byte("late"))
+	require.ErrorIs(t, err, receipts.ErrLeaseLost)
+	_, err = old.Commit(bg, []byte("late"))
+	require.ErrorIs(t, err, receipts.ErrLeaseLost)
+	require.NoError(t, nl.Abandon(bg))
+	require.Equal(t, []ev{
+		{claim, receipts.OutcomeClaimed, 1, false, ""},
+		{claim, receipts.OutcomeInProgress, 0, false, ""},
+		{claim, receipts.OutcomeTookOver, 2, true, ""},
+		{finish, receipts.OutcomeLeaseLost, 1, false, ""}, // once per lease
+		{finish, receipts.OutcomeAbandoned, 2, true, ""},
+	}, evs(rec.take()))
+
+	// Release, a Do that fails permanently, a Do that is not performed.
+	k3, k4, k5 := key("obs", "k3"), key("obs", "k4"), key("obs", "k5")
+	require.NoError(t, e.claim(k3, "fp").Release(bg))
+	_, err = db.Do(bg, k4, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		return nil, receipts.Permanent(errors.New("card declined"))
+	})
+	require.ErrorIs(t, err, receipts.ErrFailed)
+	_, err = db.Do(bg, k5, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		return nil, receipts.NotPerformed(errors.New("validation"))
+	})
+	require.Error(t, err)
+	require.Equal(t, []ev{
+		{claim, receipts.OutcomeClaimed, 1, false, ""},
+		{finish, receipts.OutcomeReleased, 1, false, ""},
+		{claim, receipts.OutcomeClaimed, 1, false, ""},
+		{finish, receipts.OutcomeFailed, 1, false, ""},
+		{claim, receipts.OutcomeClaimed, 1, false, ""},
+		{finish, receipts.OutcomeReleased, 1, false, ""},
+	}, evs(rec.take()))
+
+	// Bad input is an error outcome, and changes nothing.
+	_, _, err = db.Claim(bg, receipts.Key{Scope: "obs"}, []byte("fp"))
+	require.ErrorIs(t, err, receipts.ErrInvalidKey)
+	require.Equal(t, []ev{{claim, receipts.OutcomeError, 0, false, ""}}, evs(rec.take()))
+}
+
+// A claim that waits reports the wait, with how it ended, before the claim.
+func testObserveWaits(t *testing.T, s Store) {
+	e, rec := newObservedEnv(t, s)
+	k := key("obs", "wait")
+	holder := e.claim(k, "fp")
+	rec.take()
+	claim, wait := receipts.ClaimEvent, receipts.WaitEvent
+
+	// Bounded by WaitAtMost: it waits, then answers in progress.
+	_, _, err := e.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(20*time.Millisecond))
+	require.ErrorIs(t, err, receipts.ErrInProgress)
+	got := rec.take()
+	require.Equal(t, []ev{{wait, receipts.OutcomeInProgress, 0, false, ""}, {claim, receipts.OutcomeInProgress, 0, false, ""}}, evs(got))
+	require.GreaterOrEqual(t, got[0].Duration, 20*time.Millisecond, "the wait lasted its bound (process clock)")
+
+	// Bounded by the context.
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	defer cancel()
+	_, _, err = e.db.Claim(ctx, k, []byte("fp"), receipts.WaitForResult())
+	require.ErrorIs(t, err, receipts.ErrInProgress)
+	require.Equal(t, []ev{{wait, receipts.OutcomeCanceled, 0, false, ""}, {claim, receipts.OutcomeCanceled, 0, false, ""}}, evs(rec.take()))
+
+	// Ended by the holder's commit: the waiter gets the receipt.
+	done := make(chan error, 1)
+	go func() {
+		_, r, err := e.db.Claim(bg, k, []byte("fp"), receipts.WaitForResult())
+		if err == nil && r == nil {
+			err = errors.New("no receipt")
+		}
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the waiter registers and sleeps
+	require.Empty(t, rec.take(), "no event while the waiter waits")
+	_, err = holder.Commit(bg, []byte("ok"))
+	require.NoError(t, err)
+	require.NoError(t, recv(t, done, "the waiter"))
+	got = rec.take()
+	require.Equal(t, []ev{
+		{receipts.FinishEvent, receipts.OutcomeSucceeded, 1, false, ""},
+		{wait, receipts.OutcomeReplayed, 0, false, ""},
+		{claim, receipts.OutcomeReplayed, 1, false, ""},
+	}, evs(got))
+}
+
+var hexHash = regexp.MustCompile(`^[0-9a-f]{24}$`)
+
+// KeyHash names a key without revealing it: the same for the same key
+// (across a restart), different for different keys, and nothing in an
+// Event shows the scope or the ID.
+func testObserveKeyHash(t *testing.T, s Store) {
+	e, rec := newObservedEnv(t, s)
+	k1 := key("tenant-7f3a9", "order-51c2e")
+	k2 := key("tenant-7f3a9", "order-51c2f")
+	e.commit(k1, "fp", "ok")
+	e.replay(k1, "fp")
+	e.commit(k2, "fp", "ok")
+	got := rec.take()
+	require.Len(t, got, 5)
+	h1 := got[0].KeyHash()
+	require.Regexp(t, hexHash, h1)
+	require.Equal(t, h1, got[1].KeyHash())
+	require.Equal(t, h1, got[2].KeyHash())
+	require.NotEqual(t, h1, got[3].KeyHash())
+	require.Equal(t, got[3].KeyHash(), got[4].KeyHash())
+	for _, x := range got {
+		for _, f := range []string{"%v", "%+v", "%#v"} {
+			s := fmt.Sprintf(f, x)
+			require.NotContains(t, s, "tenant-7f3a9")
+			require.NotContains(t, s, "order-51c2")
+		}
+		js, err := json.Marshal(x)
+		require.NoError(t, err)
+		require.NotContains(t, string(js), "tenant-7f3a9")
+		require.NotContains(t, string(js), "order-51c2")
+	}
+	e.reopen()
+	e.replay(k1, "fp")
+	require.Equal(t, h1, rec.take()[0].KeyHash(), "the same after a restart")
+
+	// Another store: another secret, another hash.
+	e2, rec2 := newObservedEnv(t, s)
+	e2.commit(k1, "fp", "ok")
+	require.NotEqual(t, h1, rec2.take()[0].KeyHash(), "a hash is keyed by its store")
+}
+
+// GC reports what it dropped.
+func testObserveGC(t *testing.T, s Store) {
+	e, rec := newObservedEnv(t, s)
+	for i := range 5 {
+		e.commit(key("obs", fmt.Sprint(i)), "fp", "ok")
+	}
+	rec.take()
+	e.gc()
+	got := rec.take()
+	require.Len(t, got, 1)
+	require.Equal(t, receipts.GCEvent, got[0].Kind)
+	require.Equal(t, receipts.OutcomeOK, got[0].Outcome)
+	require.Zero(t, got[0].EpochsDropped)
+	require.Empty(t, got[0].KeyHash())
+
+	e.clock.Advance(3 * retention)
+	e.gc()
+	got = rec.take()
+	require.Len(t, got, 1)
+	require.Equal(t, receipts.GCEvent, got[0].Kind)
+	require.Equal(t, receipts.OutcomeOK, got[0].Outcome)
+	require.Positive(t, got[0].EpochsDropped)
+}
+
+// The logger gets one record per transition, at Info for the ones an
+// operator looks for, naming the key by its hash unless LogKeys is set.
+func testObserveLogs(t *testing.T, s Store) {
+	for _, raw := range []bool{false, true} {
+		t.Run(fmt.Sprintf("LogKeys=%v", raw), func(t *testing.T) {
+			var mu sync.Mutex
+			var buf bytes.Buffer
+			h := slog.NewJSONHandler(&lockedWriter{mu: &mu, w: &buf}, &slog.HandlerOptions{Level: slog.LevelInfo})
+			rec := &recorder{}
+			e := newEnv(t, s, func(o *receipts.Options) {
+				o.Logger, o.LogKeys, o.Observer = slog.New(h), raw, rec
+			})
+			k := key("tenant-9c1d", "charge-77ab")
+			e.commit(k, "fp", "ok")
+			e.replay(k, "fp")
+			old := e.claim(key("tenant-9c1d", "charge-77ac"), "fp")
+			e.clock.Advance(leaseTTL + time.Second)
+			nl := e.claim(key("tenant-9c1d", "charge-77ac"), "fp")
+			_, err := old.Commit(bg, []byte("late"))
+			require.ErrorIs(t, err, receipts.ErrLeaseLost)
+			require.NoError(t, nl.Abandon(bg))
+			var hash string
+			for _, x := range rec.take() {
+				if x.Outcome == receipts.OutcomeTookOver {
+					hash = x.KeyHash()
+				}
+			}
+
+			mu.Lock()
+			out := buf.String()
+			mu.Unlock()
+			var outcomes []string
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				var m map[string]any
+				require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+				if m["msg"] == "receipts: claim" || m["msg"] == "receipts: finish" {
+					require.Equal(t, "INFO", m["level"], line)
+					outcomes = append(outcomes, fmt.Sprint(m["outcome"]))
+					if raw {
+						require.Equal(t, "tenant-9c1d", m["scope"], line)
+						require.Equal(t, "charge-77ac", m["id"], line)
+					} else {
+						require.Equal(t, hash, m["key_hash"], line)
+					}
+				}
+			}
+			// Claims, commits and replays are Debug: not at Info.
+			require.Equal(t, []string{"took_over", "lease_lost", "abandoned"}, outcomes, out)
+			if !raw {
+				require.NotContains(t, out, "tenant-9c1d")
+				require.NotContains(t, out, "charge-77a")
+			}
+		})
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
