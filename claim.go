@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -145,7 +146,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 		deadline = time.Now().Add(max(cfg.maxWait, 0))
 	}
 	var w watch
-	defer w.stop()
+	defer w.end()
 	conflict := false
 	var hint time.Duration // the last RetryAfter estimate
 	for {
@@ -181,6 +182,10 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			return nil, nil, &InProgressError{Key: k, RetryAfter: hint}
 		}
 		if w.c == nil { // registered after this read: read once more before waiting
+			if w.waiters == nil {
+				w.waiters = &db.n.waiters
+				w.waiters.Add(1)
+			}
 			w.start(db.eng, req.Key)
 			continue
 		}
@@ -221,6 +226,16 @@ type watch struct {
 	k    driver.Key
 	c    <-chan struct{}
 	done func()
+
+	waiters *atomic.Int64 // the DB's count of waiters, once this one counts in it
+}
+
+// end stops the watch for good and takes the waiter out of the count.
+func (w *watch) end() {
+	w.stop()
+	if w.waiters != nil {
+		w.waiters.Add(-1)
+	}
 }
 
 func (w *watch) start(e driver.Engine, k driver.Key) {

@@ -53,6 +53,7 @@ type DB struct {
 // counters are the counters since Open that are not on the hot line.
 type counters struct {
 	takeovers, fails, releases, abandons atomic.Uint64
+	waiters                              atomic.Int64 // claims waiting for another holder now
 }
 
 // Options returns the options in force: the defaults filled in, the epoch

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/keys"
 )
 
@@ -416,3 +417,28 @@ func (db *DB) logTakeover(ctx context.Context, l *Lease) {
 		Attempt: l.attempt, Recovered: l.recovered, kh: &keyHasher{db.hashKey, l.key}}
 	db.logEvent(ctx, &e)
 }
+
+// EngineMetric is one of the engine's own health figures: see
+// DB.EngineMetrics.
+type EngineMetric = driver.Metric
+
+// EngineMetrics returns the engine's own health figures, for monitoring:
+// on Pebble its compaction debt, read amplification, WAL and disk size; on
+// PostgreSQL its listener, notifications and connection pool. Names are
+// stable, in base units, without the "receipts_" prefix (package
+// receiptsprom exports them). It does no I/O. After Close, or on an engine
+// that reports none, it returns nil.
+func (db *DB) EngineMetrics() []EngineMetric {
+	if err := db.enter(); err != nil {
+		return nil
+	}
+	defer db.exit()
+	if mr, ok := db.eng.(driver.MetricsReporter); ok {
+		return mr.Metrics()
+	}
+	return nil
+}
+
+// EngineName is the name of the engine the store runs on, as events carry
+// it: "pebble" or "postgres".
+func (db *DB) EngineName() string { return db.eng.Name() }

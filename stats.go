@@ -26,6 +26,10 @@ type Stats struct {
 	// LastGC is the last garbage collection (zero if none since Open).
 	LastGC GCStats
 
+	// Waiters is the number of claims waiting now for another caller's
+	// attempt (WaitForResult, WaitAtMost, Do).
+	Waiters int64
+
 	// Counters since Open.
 	Claims, Replays, Takeovers, Commits, Fails, Releases, Abandons, Conflicts, Mismatches uint64
 	// ReplayCacheHits counts the replays, mismatches and lookups answered
@@ -54,6 +58,7 @@ func (db *DB) Stats() Stats {
 		Abandons:   db.n.abandons.Load(),
 		Conflicts:  db.hot.Conflicts.Load(),
 		Mismatches: db.hot.Mismatches.Load(),
+		Waiters:    db.n.waiters.Load(),
 	}
 	if err := db.enter(); err != nil {
 		return s

@@ -218,3 +218,25 @@ type LeaseInfo struct {
 	Attempts  uint32
 	Recovered bool
 }
+
+// Metric is one of an engine's own health figures (package receiptsprom exports each as
+// receipts_<Name>).
+type Metric struct {
+	// Name is snake_case, in base units with the unit as suffix ("_bytes", "_seconds") and
+	// "_total" for a counter, without the "receipts_" prefix: "pebble_wal_bytes".
+	Name string
+	// Help says what it measures, in one sentence.
+	Help string
+	// Value is the figure now.
+	Value float64
+	// Counter: a count since the engine was opened, that only grows; otherwise a gauge.
+	Counter bool
+}
+
+// MetricsReporter is implemented by engines that report health figures of their own
+// (Pebble: compaction debt, WAL size; PostgreSQL: listener reconnects, notify flushes).
+// Metrics must be cheap (no I/O) and safe for concurrent use; it returns the same names, in
+// the same order, on every call.
+type MetricsReporter interface {
+	Metrics() []Metric
+}

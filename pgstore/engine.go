@@ -151,6 +151,10 @@ type engine struct {
 	notifier notifier
 	listenUp atomic.Bool
 
+	// For Metrics: listener sessions opened (the first and each reconnect), notify
+	// statements sent, and notify statements that failed.
+	listens, flushes, flushErrors atomic.Uint64
+
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -383,5 +387,25 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case <-t.C:
 		return nil
+	}
+}
+
+// Metrics reports the engine's health figures (driver.MetricsReporter): its wake-up
+// machinery and its connection pool.
+func (e *engine) Metrics() []driver.Metric {
+	up := 0.0
+	if e.listenUp.Load() {
+		up = 1
+	}
+	listens := e.listens.Load()
+	ps := e.pool.Stat()
+	return []driver.Metric{
+		{Name: "postgres_listener_up", Help: "1 while the LISTEN session for cross-node wake-ups is up, 0 while waiters poll.", Value: up},
+		{Name: "postgres_listener_reconnects_total", Help: "LISTEN sessions opened after the first (each one a reconnect).", Value: float64(listens - min(listens, 1)), Counter: true},
+		{Name: "postgres_notify_flushes_total", Help: "NOTIFY statements sent to wake waiters on other nodes (each carries many keys).", Value: float64(e.flushes.Load()), Counter: true},
+		{Name: "postgres_notify_errors_total", Help: "NOTIFY statements that failed (waiters elsewhere fall back to polling).", Value: float64(e.flushErrors.Load()), Counter: true},
+		{Name: "postgres_local_waiters", Help: "Keys this node's waiters watch.", Value: float64(e.hub.count())},
+		{Name: "postgres_pool_acquired_conns", Help: "Pool connections in use now.", Value: float64(ps.AcquiredConns())},
+		{Name: "postgres_pool_total_conns", Help: "Pool connections open now.", Value: float64(ps.TotalConns())},
 	}
 }

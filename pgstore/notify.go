@@ -251,7 +251,9 @@ func (n *notifier) flush(ctx context.Context) {
 		b.WriteString(hex.EncodeToString(h[:]))
 	}
 	payloads = append(payloads, b.String())
+	n.e.flushes.Add(1)
 	if _, err := n.e.pool.Exec(ctx, `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, n.e.q.channel, payloads); err != nil && ctx.Err() == nil {
+		n.e.flushErrors.Add(1)
 		n.e.o.Logger.Warn("pgstore: notify", "err", err)
 	}
 }
@@ -286,6 +288,7 @@ func (e *engine) listenOnce(ctx context.Context) error {
 		return err
 	}
 	e.listenUp.Store(true)
+	e.listens.Add(1)
 	e.hub.wakeAll() // anything committed before LISTEN took effect: re-read
 	for {
 		nt, err := conn.WaitForNotification(ctx)

@@ -12,10 +12,11 @@
 set -eu
 cd "$(dirname "$0")/.."
 time=${1:-1m}
-targets=${FUZZ_TARGETS:-FuzzDecodeRecord FuzzDecodeMeta FuzzDecodeUint64 FuzzRecordRoundTrip FuzzFingerprint FuzzAPI}
+targets=${FUZZ_TARGETS:-FuzzDecodeRecord FuzzDecodeMeta FuzzDecodeUint64 FuzzRecordRoundTrip FuzzFingerprint FuzzAPI FuzzScrapeHasNoKeys}
 for target in $targets; do
 	case $target in
 	FuzzAPI) pkg=./fuzz ;;
+	FuzzScrapeHasNoKeys) pkg=./receiptsprom ;;
 	*) pkg=./encoding ;;
 	esac
 	echo "== $target ($pkg) for $time"

@@ -106,3 +106,18 @@ func (e *Engine) Checkpoint(dir string) error {
 	}
 	return nil
 }
+
+// Metrics reports Pebble's health figures (driver.MetricsReporter).
+func (e *Engine) Metrics() []driver.Metric {
+	m := e.pdb.Metrics()
+	return []driver.Metric{
+		{Name: "pebble_compaction_debt_bytes", Help: "Pebble's estimate of the bytes compactions must rewrite to reach a healthy LSM shape.", Value: float64(m.Compact.EstimatedDebt)},
+		{Name: "pebble_compactions_in_progress", Help: "Compactions running now.", Value: float64(m.Compact.NumInProgress)},
+		{Name: "pebble_read_amplification", Help: "Sublevels and levels a read may visit (L0 sublevels plus non-empty levels).", Value: float64(m.ReadAmp())},
+		{Name: "pebble_wal_bytes", Help: "Live data in the write-ahead log files.", Value: float64(m.WAL.Size)},
+		{Name: "pebble_wal_files", Help: "Live write-ahead log files.", Value: float64(m.WAL.Files)},
+		{Name: "pebble_disk_bytes", Help: "Disk space the engine uses (the application's own keys in the same engine included).", Value: float64(m.DiskSpaceUsage())},
+		{Name: "pebble_memtable_bytes", Help: "Bytes allocated to memtables.", Value: float64(m.MemTable.Size)},
+		{Name: "pebble_compactions_total", Help: "Compactions since open.", Value: float64(m.Compact.Count), Counter: true},
+	}
+}

@@ -1,0 +1,279 @@
+// Package receiptsprom exports a receipts store's events and figures as
+// Prometheus metrics. The core package does not import Prometheus: this
+// package adapts receipts.Observer.
+//
+//	c := receiptsprom.New(nil)
+//	db, err := receipts.Open(dir, &receipts.Options{Observer: c})
+//	...
+//	c.Watch(db)                   // the store's gauges, read at scrape time
+//	prometheus.MustRegister(c)    // or your own registry
+//	http.Handle("/metrics", promhttp.Handler())
+//
+// Metrics (every one has the labels engine="pebble"|"postgres" and, where
+// it applies, class: the caller's operation class, receipts.WithOperationClass,
+// "" if none; no label ever carries a key's scope or ID, a token, or any
+// other unbounded value):
+//
+//	receipts_claims_total{engine,class,outcome}          counter: claims by outcome: claimed, took_over, replayed, in_progress, mismatch, canceled, closed, error
+//	receipts_finishes_total{engine,class,result}         counter: attempts ended: succeeded, failed, released, abandoned, lease_lost
+//	receipts_operation_duration_seconds{engine,class,op} histogram: op=claim (a whole claim, waiting included), finish (the write that ends an attempt), attempt (claim to finish), gc
+//	receipts_wait_duration_seconds{engine,class,result}  histogram: time a claim waited for another caller's attempt, by how the wait ended
+//	receipts_leases_held{engine}                         gauge: leases handed out by this process and not finished yet
+//	receipts_waiters{engine}                             gauge: claims waiting now (Watch)
+//	receipts_abandoned_claims{engine}                    gauge: claims whose outcome is unknown, to reconcile (Watch; a scan, at most every Options.ScanEvery)
+//	receipts_gc_runs_total{engine,result}                counter: GC runs, result ok or error
+//	receipts_gc_epochs_dropped_total{engine}             counter: epochs (partitions) GC dropped
+//	receipts_gc_bytes_freed_total{engine}                counter: bytes GC reclaimed (an estimate)
+//	receipts_gc_last_run_timestamp_seconds{engine}       gauge: when GC last succeeded (Unix time): alert if it stops moving
+//	receipts_<engine metric>{engine}                     the engine's own figures (Watch; receipts.DB.EngineMetrics): receipts_pebble_compaction_debt_bytes, receipts_pebble_wal_bytes, receipts_postgres_listener_reconnects_total, receipts_postgres_notify_flushes_total, ...
+//
+// The class label multiplies every series by the number of classes: keep
+// classes few and fixed (a dozen operation types, not one per customer).
+package receiptsprom
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/receiptstore/receipts"
+)
+
+// DefaultBuckets are the duration histograms' buckets, in seconds: from a
+// replay from memory (50µs) to an export that holds its lease for minutes.
+var DefaultBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
+
+// DefaultScanEvery is how often, at most, a scrape recounts abandoned claims.
+const DefaultScanEvery = time.Minute
+
+// Options configure a Collector. A nil *Options means all defaults.
+type Options struct {
+	// Buckets for the duration histograms (seconds). Default DefaultBuckets.
+	Buckets []float64
+	// ConstLabels are added to every metric, e.g. {"store": "payments"}
+	// when a process runs several stores.
+	ConstLabels prometheus.Labels
+	// ScanEvery bounds how often a scrape recounts the watched store's
+	// abandoned claims (a scan of its records); in between, the last count
+	// is reported. Zero means DefaultScanEvery; negative: never count, and
+	// receipts_abandoned_claims is not exported.
+	ScanEvery time.Duration
+	// ScanTimeout bounds one count. Zero means 10s.
+	ScanTimeout time.Duration
+}
+
+// Collector is a receipts.Observer that counts events, and a
+// prometheus.Collector that exports them with the watched stores' gauges.
+// It is safe for concurrent use. One Collector may observe several stores
+// (give each its own ConstLabels and Collector if they share an engine
+// name and must be told apart).
+type Collector struct {
+	opts Options
+
+	claims, finishes, gcRuns, gcDropped, gcFreed *prometheus.CounterVec
+	opDur, waitDur                               *prometheus.HistogramVec
+	leases, gcLast                               *prometheus.GaugeVec
+
+	waitersDesc, abandonedDesc *prometheus.Desc
+
+	mu      sync.Mutex
+	watched []*watched // protected by mu
+	engDesc map[string]*prometheus.Desc
+}
+
+type watched struct {
+	db     *receipts.DB
+	engine string
+
+	mu        sync.Mutex // serializes counts
+	counted   time.Time
+	abandoned float64
+	countErr  error
+}
+
+// New returns a Collector. Register it (prometheus.MustRegister) and set
+// it as the stores' Options.Observer.
+func New(opts *Options) *Collector {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Buckets == nil {
+		o.Buckets = DefaultBuckets
+	}
+	if o.ScanEvery == 0 {
+		o.ScanEvery = DefaultScanEvery
+	}
+	if o.ScanTimeout <= 0 {
+		o.ScanTimeout = 10 * time.Second
+	}
+	cl := o.ConstLabels
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl}, labels)
+	}
+	hist := func(name, help string, labels ...string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: cl, Buckets: o.Buckets}, labels)
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl}, labels)
+	}
+	return &Collector{
+		opts:      o,
+		claims:    counter("receipts_claims_total", "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, canceled, closed, error).", "engine", "class", "outcome"),
+		finishes:  counter("receipts_finishes_total", "Attempts ended, by result (succeeded, failed, released, abandoned, lease_lost).", "engine", "class", "result"),
+		gcRuns:    counter("receipts_gc_runs_total", "Garbage collections, by result (ok, error).", "engine", "result"),
+		gcDropped: counter("receipts_gc_epochs_dropped_total", "Epochs (or partitions) garbage collection dropped.", "engine"),
+		gcFreed:   counter("receipts_gc_bytes_freed_total", "Bytes garbage collection reclaimed (an estimate).", "engine"),
+		opDur:     hist("receipts_operation_duration_seconds", "Duration of store operations: claim (waiting included), finish (the write that ends an attempt), attempt (claim to finish), gc.", "engine", "class", "op"),
+		waitDur:   hist("receipts_wait_duration_seconds", "Time claims waited for another caller's attempt, by how the wait ended.", "engine", "class", "result"),
+		leases:    gauge("receipts_leases_held", "Leases handed out by this process and not finished yet.", "engine"),
+		gcLast:    gauge("receipts_gc_last_run_timestamp_seconds", "When garbage collection last succeeded (Unix time).", "engine"),
+		waitersDesc: prometheus.NewDesc("receipts_waiters", "Claims waiting now for another caller's attempt.",
+			[]string{"engine"}, cl),
+		abandonedDesc: prometheus.NewDesc("receipts_abandoned_claims", "Claims whose outcome is unknown (abandoned, or their lease ran out): outcomes to reconcile.",
+			[]string{"engine"}, cl),
+		engDesc: map[string]*prometheus.Desc{},
+	}
+}
+
+// Observe counts e (receipts.Observer).
+func (c *Collector) Observe(_ context.Context, e receipts.Event) {
+	switch e.Kind {
+	case receipts.ClaimEvent:
+		c.claims.WithLabelValues(e.Engine, e.Class, string(e.Outcome)).Inc()
+		c.opDur.WithLabelValues(e.Engine, e.Class, "claim").Observe(e.Duration.Seconds())
+		if e.Outcome == receipts.OutcomeClaimed || e.Outcome == receipts.OutcomeTookOver {
+			c.leases.WithLabelValues(e.Engine).Inc()
+		}
+	case receipts.WaitEvent:
+		c.waitDur.WithLabelValues(e.Engine, e.Class, string(e.Outcome)).Observe(e.Duration.Seconds())
+	case receipts.FinishEvent:
+		c.finishes.WithLabelValues(e.Engine, e.Class, string(e.Outcome)).Inc()
+		c.opDur.WithLabelValues(e.Engine, e.Class, "finish").Observe(e.Duration.Seconds())
+		c.opDur.WithLabelValues(e.Engine, e.Class, "attempt").Observe(e.Held.Seconds())
+		c.leases.WithLabelValues(e.Engine).Dec()
+	case receipts.GCEvent:
+		c.gcRuns.WithLabelValues(e.Engine, string(e.Outcome)).Inc()
+		c.opDur.WithLabelValues(e.Engine, "", "gc").Observe(e.Duration.Seconds())
+		if e.Outcome == receipts.OutcomeOK {
+			c.gcDropped.WithLabelValues(e.Engine).Add(float64(e.EpochsDropped))
+			c.gcFreed.WithLabelValues(e.Engine).Add(float64(e.BytesFreed))
+			c.gcLast.WithLabelValues(e.Engine).Set(float64(e.Start.Add(e.Duration).UnixNano()) / 1e9)
+		}
+	}
+}
+
+// Watch adds db's gauges to the scrape: its waiters, its abandoned claims
+// (counted at most every Options.ScanEvery) and its engine's own figures
+// (receipts.DB.EngineMetrics). Once db is closed it is dropped from the
+// scrape. Watch a store from one Collector only.
+func (c *Collector) Watch(db *receipts.DB) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.watched = append(c.watched, &watched{db: db, engine: db.EngineName()})
+}
+
+// Describe sends nothing (prometheus.Collector): the engines' own figures
+// are known only once a store is watched, so the Collector is unchecked,
+// and the registry checks what it collects at each scrape instead.
+func (c *Collector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *Collector) vecs() []prometheus.Collector {
+	return []prometheus.Collector{c.claims, c.finishes, c.gcRuns, c.gcDropped, c.gcFreed, c.opDur, c.waitDur, c.leases, c.gcLast}
+}
+
+// Collect sends the metrics (prometheus.Collector).
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.vecs() {
+		m.Collect(ch)
+	}
+	c.mu.Lock()
+	ws := append([]*watched(nil), c.watched...)
+	c.mu.Unlock()
+	for _, w := range ws {
+		ms := w.db.EngineMetrics() // nil once closed
+		if ms == nil && c.closed(w) {
+			continue
+		}
+		st := w.db.Stats()
+		ch <- prometheus.MustNewConstMetric(c.waitersDesc, prometheus.GaugeValue, float64(st.Waiters), w.engine)
+		if c.opts.ScanEvery > 0 {
+			if n, ok := c.abandoned(w); ok {
+				ch <- prometheus.MustNewConstMetric(c.abandonedDesc, prometheus.GaugeValue, n, w.engine)
+			}
+		}
+		for _, m := range ms {
+			ch <- prometheus.MustNewConstMetric(c.engineDesc(m), valueType(m), m.Value, w.engine)
+		}
+	}
+}
+
+// closed reports whether w's store is closed, and if so stops watching it.
+func (c *Collector) closed(w *watched) bool {
+	if _, err := w.db.GC(canceled); !errors.Is(err, receipts.ErrClosed) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, x := range c.watched {
+		if x == w {
+			c.watched = append(c.watched[:i], c.watched[i+1:]...)
+			break
+		}
+	}
+	return true
+}
+
+// canceled is a context that has ended: DB.GC with it only checks that the
+// store is open.
+var canceled = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// abandoned returns w's count of abandoned claims, recounted if the last
+// count is older than ScanEvery; ok is false if no count succeeded yet.
+func (c *Collector) abandoned(w *watched) (float64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.counted.IsZero() || time.Since(w.counted) >= c.opts.ScanEvery {
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.ScanTimeout)
+		defer cancel()
+		n := 0
+		var err error
+		for _, serr := range w.db.Scan(ctx, receipts.Filter{Abandoned: true}) {
+			if serr != nil {
+				err = serr
+				break
+			}
+			n++
+		}
+		w.countErr = err
+		if err == nil {
+			w.abandoned, w.counted = float64(n), time.Now()
+		}
+	}
+	return w.abandoned, !w.counted.IsZero()
+}
+
+func (c *Collector) engineDesc(m receipts.EngineMetric) *prometheus.Desc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.engDesc[m.Name]
+	if !ok {
+		d = prometheus.NewDesc("receipts_"+m.Name, m.Help, []string{"engine"}, c.opts.ConstLabels)
+		c.engDesc[m.Name] = d
+	}
+	return d
+}
+
+func valueType(m receipts.EngineMetric) prometheus.ValueType {
+	if m.Counter {
+		return prometheus.CounterValue
+	}
+	return prometheus.GaugeValue
+}
