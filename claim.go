@@ -122,6 +122,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 		return l, r, err
 	}
 	var tr claimTrace
+	ctx = db.begin(ctx, ClaimEvent)
 	start := time.Now()
 	l, r, err := db.claimLoop(ctx, k, fp, cfg, decide, &tr)
 	db.observeClaim(ctx, k, start, &tr, l, r, err)

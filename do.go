@@ -69,22 +69,38 @@ func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
 func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
+	if db.opts.Observer == nil {
+		r, _, err := db.doOnce(ctx, k, fp, batch, fn)
+		return r, err
+	}
+	ctx = db.begin(ctx, DoEvent)
+	start := time.Now()
+	r, ran, err := db.doOnce(ctx, k, fp, batch, fn)
+	db.observeDo(ctx, k, start, r, err, ran)
+	return r, err
+}
+
+// doOnce is do; ran reports whether an attempt ran (a claim was made).
+func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, batch bool,
+	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+) (_ *Receipt, ran bool, _ error) {
 	l, r, err := db.claim(ctx, k, fp, claimConfig{wait: true, noSync: batch}, nil)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if r != nil {
 		if r.State == Failed {
-			return r, fmt.Errorf("receipts: %s: %w", k, ErrFailed)
+			return r, false, fmt.Errorf("receipts: %s: %w", k, ErrFailed)
 		}
-		return r, nil
+		return r, false, nil
 	}
 	var b *pebble.Batch
 	if batch {
 		b = db.peb.NewBatch()
 		defer b.Close()
 	}
-	return l.run(ctx, b, fn)
+	r, err = l.run(ctx, b, fn)
+	return r, true, err
 }
 
 // KeepAlive renews the lease in the background, every third of LeaseTTL,

@@ -37,7 +37,9 @@ type ObserverFunc func(ctx context.Context, e Event)
 func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
 // Observers returns an Observer that hands every event to each of obs in
-// turn. Nil entries are skipped; with none left it returns nil.
+// turn. It is a Beginner too: Begin passes the context through the Begin of
+// each of obs that is one, in order. Nil entries are skipped; with none
+// left it returns nil.
 func Observers(obs ...Observer) Observer {
 	var list multiObserver
 	for _, o := range obs {
@@ -60,6 +62,15 @@ func (m multiObserver) Observe(ctx context.Context, e Event) {
 	for _, o := range m {
 		o.Observe(ctx, e)
 	}
+}
+
+func (m multiObserver) Begin(ctx context.Context, kind EventKind) context.Context {
+	for _, o := range m {
+		if b, ok := o.(Beginner); ok {
+			ctx = b.Begin(ctx, kind)
+		}
+	}
+	return ctx
 }
 
 // EventKind says what an Event reports.
@@ -92,9 +103,26 @@ const (
 	// purge) ran. Outcome is OutcomeOK or OutcomeError; EpochsDropped and
 	// BytesFreed say what it reclaimed.
 	GCEvent
+	// DoEvent: a Do (or DoBatch) returned; it follows the events of its
+	// claim and attempt. Outcome is OutcomeReplayed (a stored receipt,
+	// Succeeded or Failed), OutcomeSucceeded, OutcomeFailed,
+	// OutcomeReleased (not performed), OutcomeAbandoned (the outcome is
+	// unknown: ErrOutcomeUnknown), or the claim's outcome when no attempt
+	// ran (OutcomeMismatch, OutcomeInProgress, OutcomeCanceled,
+	// OutcomeClosed, OutcomeError); Duration is the whole call.
+	DoEvent
 )
 
-// String returns "claim", "wait", "finish" or "gc".
+// Beginner is implemented by observers that want to see an operation
+// begin, not only end (package receiptsotel starts a span there). Begin is
+// called when a Do or a claim begins, with kind DoEvent or ClaimEvent; the
+// context it returns is the one the operation runs with (Do hands it to
+// fn) and the one its events are observed with. It must return quickly.
+type Beginner interface {
+	Begin(ctx context.Context, kind EventKind) context.Context
+}
+
+// String returns "claim", "wait", "finish", "gc" or "do".
 func (k EventKind) String() string {
 	switch k {
 	case ClaimEvent:
@@ -105,6 +133,8 @@ func (k EventKind) String() string {
 		return "finish"
 	case GCEvent:
 		return "gc"
+	case DoEvent:
+		return "do"
 	}
 	return "unknown"
 }
@@ -442,3 +472,36 @@ func (db *DB) EngineMetrics() []EngineMetric {
 // EngineName is the name of the engine the store runs on, as events carry
 // it: "pebble" or "postgres".
 func (db *DB) EngineName() string { return db.eng.Name() }
+
+// begin lets the observer, if it is a Beginner, see an operation of kind
+// begin, and returns the context the operation runs with.
+func (db *DB) begin(ctx context.Context, kind EventKind) context.Context {
+	if b, ok := db.opts.Observer.(Beginner); ok {
+		return b.Begin(ctx, kind)
+	}
+	return ctx
+}
+
+// observeDo reports a Do that began at start and returned r, err.
+// ran says whether an attempt ran.
+func (db *DB) observeDo(ctx context.Context, k Key, start time.Time, r *Receipt, err error, ran bool) {
+	e := db.event(DoEvent, k, OperationClass(ctx), start)
+	switch {
+	case !ran && r != nil:
+		e.Outcome = OutcomeReplayed
+	case !ran:
+		e.Outcome = claimOutcome(nil, nil, err)
+	case err == nil:
+		e.Outcome = OutcomeSucceeded
+	case errors.Is(err, ErrOutcomeUnknown):
+		e.Outcome = OutcomeAbandoned
+	case errors.Is(err, ErrFailed):
+		e.Outcome = OutcomeFailed
+	default: // not performed: released (or the release failed, and it stays pending)
+		e.Outcome = OutcomeReleased
+	}
+	if r != nil {
+		e.Attempt, e.Recovered = r.Attempts, r.Attempts > 1
+	}
+	db.emit(ctx, e)
+}

@@ -22,6 +22,7 @@ var observeTests = []test{
 	{"WaitEvents", testObserveWaits},
 	{"KeyHashStableAndOpaque", testObserveKeyHash},
 	{"GCEvent", testObserveGC},
+	{"BeginnerSeesOperationsBegin", testObserveBegin},
 	{"LogsKeyHashUnlessLogKeys", testObserveLogs},
 }
 
@@ -138,8 +139,25 @@ func testObserveTransitions(t *testing.T, s Store) {
 		{finish, receipts.OutcomeReleased, 1, false, ""},
 		{claim, receipts.OutcomeClaimed, 1, false, ""},
 		{finish, receipts.OutcomeFailed, 1, false, ""},
+		{receipts.DoEvent, receipts.OutcomeFailed, 1, false, ""},
 		{claim, receipts.OutcomeClaimed, 1, false, ""},
 		{finish, receipts.OutcomeReleased, 1, false, ""},
+		{receipts.DoEvent, receipts.OutcomeReleased, 0, false, ""},
+	}, evs(rec.take()))
+	_, err = db.Do(bg, k4, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		panic("a replay must not run")
+	})
+	require.ErrorIs(t, err, receipts.ErrFailed)
+	_, err = db.Do(bg, k5, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		return nil, errors.New("timeout talking to the provider")
+	})
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	require.Equal(t, []ev{
+		{claim, receipts.OutcomeReplayed, 1, false, ""},
+		{receipts.DoEvent, receipts.OutcomeReplayed, 1, false, ""},
+		{claim, receipts.OutcomeClaimed, 1, false, ""},
+		{finish, receipts.OutcomeAbandoned, 1, false, ""},
+		{receipts.DoEvent, receipts.OutcomeAbandoned, 0, false, ""},
 	}, evs(rec.take()))
 
 	// Bad input is an error outcome, and changes nothing.
@@ -322,4 +340,48 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// beginner records what Begin saw and marks the context it returns.
+type beginner struct {
+	recorder
+	begun []receipts.EventKind // protected by recorder.mu
+}
+
+type beginMark struct{}
+
+func (b *beginner) Begin(ctx context.Context, kind receipts.EventKind) context.Context {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.begun = append(b.begun, kind)
+	marks, _ := ctx.Value(beginMark{}).([]receipts.EventKind)
+	return context.WithValue(ctx, beginMark{}, append(append([]receipts.EventKind(nil), marks...), kind))
+}
+
+// An observer that is a receipts.Beginner sees a Do and its claim begin;
+// the context it returns is the one fn runs with and the one the
+// operation's events are observed with.
+func testObserveBegin(t *testing.T, s Store) {
+	b := &beginner{}
+	var mu sync.Mutex
+	var marks []string
+	obs := struct {
+		receipts.Beginner
+		receipts.Observer
+	}{b, receipts.ObserverFunc(func(ctx context.Context, e receipts.Event) {
+		m, _ := ctx.Value(beginMark{}).([]receipts.EventKind)
+		mu.Lock()
+		marks = append(marks, fmt.Sprint(e.Kind, m))
+		mu.Unlock()
+	})}
+	e := newEnv(t, s, func(o *receipts.Options) { o.Observer = obs })
+	var inFn []receipts.EventKind
+	_, err := e.db.Do(bg, key("obs", "begin"), []byte("fp"), func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
+		inFn, _ = ctx.Value(beginMark{}).([]receipts.EventKind)
+		return []byte("ok"), nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []receipts.EventKind{receipts.DoEvent, receipts.ClaimEvent}, b.begun)
+	require.Equal(t, []receipts.EventKind{receipts.DoEvent}, inFn, "fn runs with the context Begin(DoEvent) returned")
+	require.Equal(t, []string{"claim [do claim]", "finish [do]", "do [do]"}, marks)
 }

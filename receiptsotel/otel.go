@@ -1,0 +1,202 @@
+// Package receiptsotel adapts a receipts store's events to OpenTelemetry:
+// spans for its operations and metrics that mirror package receiptsprom's.
+// The core package does not import OpenTelemetry.
+//
+//	obs, err := receiptsotel.New(nil) // the global TracerProvider and MeterProvider
+//	db, err := receipts.Open(dir, &receipts.Options{Observer: obs})
+//
+// Spans (kind internal; children of the span in the caller's context):
+//
+//	receipts.do      a whole Do: its claim, the work and its recording (fn's context carries it, so the work's own spans are its children)
+//	receipts.claim   a claim, waiting included
+//	receipts.wait    the time a claim waited for another caller's attempt (a child of receipts.claim)
+//	receipts.commit  the write that records a Succeeded or Failed receipt
+//	receipts.release, receipts.abandon, receipts.lease_lost   the other ends of an attempt
+//	receipts.gc      a garbage collection
+//
+// Attributes: receipts.engine, receipts.outcome, receipts.class (if set),
+// receipts.attempt, receipts.recovered, receipts.key_hash (the key's keyed
+// hash, never its scope or ID; only with Options.KeyHash), and for GC
+// receipts.gc.epochs_dropped and receipts.gc.bytes_freed. Error outcomes set
+// the span's status to Error.
+//
+// Metrics (names as in receiptsprom, with OpenTelemetry's dots; durations
+// in seconds): receipts.claims, receipts.finishes, receipts.gc.runs
+// (counters, with the outcome as attribute), receipts.operation.duration
+// and receipts.wait.duration (histograms).
+package receiptsotel
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/receiptstore/receipts"
+)
+
+// ScopeName is the instrumentation scope of the tracer and the meter.
+const ScopeName = "github.com/receiptstore/receipts"
+
+// Options configure an Observer. A nil *Options means all defaults.
+type Options struct {
+	// TracerProvider makes the spans. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the metrics. Default otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// KeyHash adds receipts.key_hash (receipts.Event.KeyHash) to every
+	// span: it lets one follow a key across traces without revealing it,
+	// at the cost of one HMAC per span.
+	KeyHash bool
+}
+
+// Observer is a receipts.Observer (and receipts.Beginner) that records
+// spans and metrics. It is safe for concurrent use.
+type Observer struct {
+	tracer  trace.Tracer
+	keyHash bool
+
+	claims, finishes, gcRuns metric.Int64Counter
+	opDur, waitDur           metric.Float64Histogram
+}
+
+// New returns an Observer; set it as Options.Observer, alone or with others
+// through receipts.Observers.
+func New(opts *Options) (*Observer, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.TracerProvider == nil {
+		o.TracerProvider = otel.GetTracerProvider()
+	}
+	if o.MeterProvider == nil {
+		o.MeterProvider = otel.GetMeterProvider()
+	}
+	m := o.MeterProvider.Meter(ScopeName)
+	ob := &Observer{tracer: o.TracerProvider.Tracer(ScopeName), keyHash: o.KeyHash}
+	var err error
+	if ob.claims, err = m.Int64Counter("receipts.claims", metric.WithDescription("Claims by outcome."), metric.WithUnit("{claim}")); err != nil {
+		return nil, err
+	}
+	if ob.finishes, err = m.Int64Counter("receipts.finishes", metric.WithDescription("Attempts ended, by result."), metric.WithUnit("{attempt}")); err != nil {
+		return nil, err
+	}
+	if ob.gcRuns, err = m.Int64Counter("receipts.gc.runs", metric.WithDescription("Garbage collections, by result."), metric.WithUnit("{run}")); err != nil {
+		return nil, err
+	}
+	if ob.opDur, err = m.Float64Histogram("receipts.operation.duration", metric.WithDescription("Duration of store operations: claim, finish, attempt, gc, do."), metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	if ob.waitDur, err = m.Float64Histogram("receipts.wait.duration", metric.WithDescription("Time claims waited for another caller's attempt."), metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	return ob, nil
+}
+
+// Begin starts the span of a Do or a claim (receipts.Beginner); Observe
+// ends it.
+func (o *Observer) Begin(ctx context.Context, kind receipts.EventKind) context.Context {
+	name := "receipts.claim"
+	if kind == receipts.DoEvent {
+		name = "receipts.do"
+	}
+	ctx, _ = o.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	return ctx
+}
+
+// Observe records e (receipts.Observer): it ends the span Begin started
+// for a Do or a claim, records the other events as spans of their own with
+// the event's times, and counts e.
+func (o *Observer) Observe(ctx context.Context, e receipts.Event) {
+	attrs := o.attrs(e)
+	end := e.Start.Add(e.Duration)
+	switch e.Kind {
+	case receipts.ClaimEvent, receipts.DoEvent:
+		span := trace.SpanFromContext(ctx)
+		if span.IsRecording() {
+			span.SetAttributes(attrs...)
+			setStatus(span, e.Outcome)
+			span.End(trace.WithTimestamp(end))
+		}
+	default:
+		_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindInternal))
+		setStatus(span, e.Outcome)
+		span.End(trace.WithTimestamp(end))
+	}
+
+	set := metric.WithAttributeSet(attribute.NewSet(o.metricAttrs(e)...))
+	switch e.Kind {
+	case receipts.ClaimEvent:
+		o.claims.Add(ctx, 1, set)
+		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "claim"))...))
+	case receipts.WaitEvent:
+		o.waitDur.Record(ctx, e.Duration.Seconds(), set)
+	case receipts.FinishEvent:
+		o.finishes.Add(ctx, 1, set)
+		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "finish"))...))
+		o.opDur.Record(ctx, e.Held.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "attempt"))...))
+	case receipts.GCEvent:
+		o.gcRuns.Add(ctx, 1, set)
+		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "gc"))...))
+	case receipts.DoEvent:
+		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "do"))...))
+	}
+}
+
+func spanName(e receipts.Event) string {
+	switch e.Kind {
+	case receipts.WaitEvent:
+		return "receipts.wait"
+	case receipts.GCEvent:
+		return "receipts.gc"
+	}
+	switch e.Outcome {
+	case receipts.OutcomeReleased:
+		return "receipts.release"
+	case receipts.OutcomeAbandoned:
+		return "receipts.abandon"
+	case receipts.OutcomeLeaseLost:
+		return "receipts.lease_lost"
+	}
+	return "receipts.commit"
+}
+
+func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
+	a := make([]attribute.KeyValue, 0, 8)
+	a = append(a, attribute.String("receipts.engine", e.Engine), attribute.String("receipts.outcome", string(e.Outcome)))
+	if e.Class != "" {
+		a = append(a, attribute.String("receipts.class", e.Class))
+	}
+	if e.Attempt != 0 {
+		a = append(a, attribute.Int("receipts.attempt", int(e.Attempt)), attribute.Bool("receipts.recovered", e.Recovered))
+	}
+	if e.Kind == receipts.GCEvent {
+		a = append(a, attribute.Int("receipts.gc.epochs_dropped", e.EpochsDropped), attribute.Int64("receipts.gc.bytes_freed", int64(min(e.BytesFreed, 1<<62))))
+	} else if o.keyHash {
+		a = append(a, attribute.String("receipts.key_hash", e.KeyHash()))
+	}
+	return a
+}
+
+// metricAttrs are the bounded attributes of e's metrics.
+func (o *Observer) metricAttrs(e receipts.Event) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("receipts.engine", e.Engine),
+		attribute.String("receipts.class", e.Class),
+		attribute.String("receipts.outcome", string(e.Outcome)),
+	}
+}
+
+// setStatus marks a span whose outcome is an error.
+func setStatus(span trace.Span, out receipts.Outcome) {
+	switch out {
+	case receipts.OutcomeError, receipts.OutcomeLeaseLost, receipts.OutcomeAbandoned:
+		span.SetStatus(codes.Error, string(out))
+	}
+}
+
+var _ receipts.Beginner = (*Observer)(nil)
