@@ -10,9 +10,11 @@
 //	  -d '{"title":"Write the report"}'
 //
 // Callers are fixed demo tokens: alice-token (alice) and bob-token (bob).
-// A read-only receipts.AdminHandler listens on -admin for receiptctl:
+// A read-only receipts.AdminHandler listens on -admin for receiptctl, with
+// the store's Prometheus metrics (package receiptsprom) at /metrics:
 //
 //	go run ./cmd/receiptctl --addr http://127.0.0.1:8081/admin/receipts ls
+//	curl -s localhost:8081/metrics | grep '^receipts_'
 package main
 
 import (
@@ -29,7 +31,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptsprom"
 )
 
 func main() {
@@ -48,7 +55,8 @@ func run() error {
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	db, err := receipts.Open(*dir, &receipts.Options{LeaseTTL: *leaseTTL, Logger: log})
+	metrics := receiptsprom.New(nil)
+	db, err := receipts.Open(*dir, &receipts.Options{LeaseTTL: *leaseTTL, Logger: log, Observer: metrics})
 	if err != nil {
 		return err
 	}
@@ -69,9 +77,7 @@ func run() error {
 
 	servers := []*http.Server{{Addr: *addr, Handler: api, ReadHeaderTimeout: 10 * time.Second}}
 	if *admin != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
-		servers = append(servers, &http.Server{Addr: *admin, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Addr: *admin, Handler: adminMux(db, metrics), ReadHeaderTimeout: 10 * time.Second})
 	}
 	errc := make(chan error, len(servers))
 	for _, srv := range servers {
@@ -97,4 +103,16 @@ func run() error {
 		_ = srv.Shutdown(shutdown) // in-flight requests finish and record their receipts
 	}
 	return db.Close()
+}
+
+// adminMux serves the read-only receipts admin API and the Prometheus
+// metrics: the store's (metrics, which observes db) and the process's.
+func adminMux(db *receipts.DB, metrics *receiptsprom.Collector) http.Handler {
+	metrics.Watch(db)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptsprom"
 )
 
 func TestService(t *testing.T) {
@@ -66,4 +67,44 @@ func TestService(t *testing.T) {
 	}
 	check(call("GET", first.Header().Get("Location"), "a", "", ""), http.StatusOK, "")
 	check(call("GET", first.Header().Get("Location"), "b", "", ""), http.StatusNotFound, "")
+}
+
+// The admin listener serves /metrics: the store's receipts_* figures,
+// labelled with the operation class, and never a key.
+func TestMetrics(t *testing.T) {
+	metrics := receiptsprom.New(nil)
+	db, err := receipts.Open(t.TempDir(), &receipts.Options{GCInterval: -1, Observer: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := &service{db: db, tokens: map[string]string{"a": "alice"}, now: time.Now}
+	h, err := s.handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := adminMux(db, metrics)
+	for range 2 {
+		r := httptest.NewRequest("POST", "/v1/work-items", strings.NewReader(`{"title":"t"}`))
+		r.Header.Set("Authorization", "Bearer a")
+		r.Header.Set("Idempotency-Key", "op-secret-77")
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	w := httptest.NewRecorder()
+	admin.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	body := w.Body.String()
+	for _, want := range []string{
+		`receipts_claims_total{class="create_work_item",engine="pebble",outcome="claimed"} 1`,
+		`receipts_claims_total{class="create_work_item",engine="pebble",outcome="replayed"} 1`,
+		`receipts_finishes_total{class="create_work_item",engine="pebble",result="succeeded"} 1`,
+		`receipts_waiters{engine="pebble"} 0`,
+		`receipts_pebble_wal_bytes{engine="pebble"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(body, "op-secret-77") || strings.Contains(body, "alice") {
+		t.Errorf("/metrics shows a key:\n%s", body)
+	}
 }

@@ -53,7 +53,7 @@ func (s *service) handler() (http.Handler, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/work-items", idempotent(http.HandlerFunc(s.create)))
+	mux.Handle("POST /v1/work-items", withClass("create_work_item", idempotent(http.HandlerFunc(s.create))))
 	mux.HandleFunc("GET /v1/work-items", s.list)
 	mux.HandleFunc("GET /v1/work-items/{id}", s.get)
 	return mux, nil
@@ -220,4 +220,12 @@ func writeJSON(w http.ResponseWriter, status int, location string, v any) {
 
 func problem(w http.ResponseWriter, status int, title, detail string) {
 	receipthttp.WriteProblem(w, nil, &receipthttp.Problem{Type: "about:blank", Title: title, Status: status, Detail: detail})
+}
+
+// withClass names the operation class of h's requests (receipts_* metrics
+// carry it as the class label).
+func withClass(class string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(receipts.WithOperationClass(r.Context(), class)))
+	})
 }
