@@ -183,15 +183,15 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			return nil, nil, &InProgressError{Key: k, RetryAfter: hint}
 		}
 		if w.c == nil { // registered after this read: read once more before waiting
-			if w.waiters == nil {
+			if w.waiters == nil { // this call starts waiting
 				w.waiters = &db.n.waiters
 				w.waiters.Add(1)
+				if tr != nil {
+					tr.waited, tr.waitStart = true, time.Now()
+				}
 			}
 			w.start(db.eng, req.Key)
 			continue
-		}
-		if tr != nil && !tr.waited {
-			tr.waited, tr.waitStart = true, time.Now()
 		}
 		if err := w.wait(ctx, wait, db.closing); err != nil {
 			if errors.Is(err, ErrClosed) {

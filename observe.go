@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -163,9 +164,9 @@ const (
 	OutcomeOK Outcome = "ok" // a GC run that succeeded
 )
 
-// Event is one transition, as an Observer sees it. It never carries the
-// key's scope or ID, nor the fencing token: KeyHash identifies the key
-// instead.
+// Event is one transition, as an Observer sees it. It exposes neither the
+// key's scope or ID nor the fencing token: KeyHash identifies the key
+// instead, and printing an Event (any fmt verb) shows only that.
 type Event struct {
 	Kind    EventKind
 	Outcome Outcome
@@ -188,15 +189,17 @@ type Event struct {
 	EpochsDropped int
 	BytesFreed    uint64
 
-	// kh computes KeyHash; nil for a GCEvent. A pointer, so that printing
-	// an Event never shows the key.
-	kh *keyHasher
-}
-
-// keyHasher is an event's key and the store's key-hash key.
-type keyHasher struct {
+	// hashKey (nil for a GCEvent) and key compute KeyHash. Format keeps
+	// them out of printed Events.
 	hashKey []byte
 	key     Key
+}
+
+// Format prints e's exported fields and its KeyHash, never its key, for
+// every verb (fmt.Formatter).
+func (e Event) Format(f fmt.State, verb rune) {
+	fmt.Fprintf(f, "{Kind:%s Outcome:%s Engine:%s Class:%q Start:%s Duration:%s Held:%s Attempt:%d Recovered:%t EpochsDropped:%d BytesFreed:%d KeyHash:%s}",
+		e.Kind, e.Outcome, e.Engine, e.Class, e.Start.Format(time.RFC3339Nano), e.Duration, e.Held, e.Attempt, e.Recovered, e.EpochsDropped, e.BytesFreed, e.KeyHash())
 }
 
 // KeyHash identifies the event's key without revealing it: the first 12
@@ -205,10 +208,10 @@ type keyHasher struct {
 // after restarts of the same store, and differs between stores; "" for a
 // GCEvent. It is computed when called.
 func (e Event) KeyHash() string {
-	if e.kh == nil {
+	if e.hashKey == nil {
 		return ""
 	}
-	return keyHash(e.kh.hashKey, e.kh.key)
+	return keyHash(e.hashKey, e.key)
 }
 
 // keyHash is KeyHash for k under hk.
@@ -255,7 +258,7 @@ func (db *DB) tracing(ctx context.Context) bool {
 
 // event starts an Event of kind on k for this store.
 func (db *DB) event(kind EventKind, k Key, class string, start time.Time) Event {
-	return Event{Kind: kind, Engine: db.eng.Name(), Class: class, Start: start, Duration: time.Since(start), kh: &keyHasher{db.hashKey, k}}
+	return Event{Kind: kind, Engine: db.eng.Name(), Class: class, Start: start, Duration: time.Since(start), hashKey: db.hashKey, key: k}
 }
 
 // emit hands e to the observer and logs it.
@@ -297,7 +300,7 @@ func (db *DB) logEvent(ctx context.Context, e *Event) {
 	attrs = append(attrs, slog.String("outcome", string(e.Outcome)))
 	if e.Kind != GCEvent {
 		if db.opts.LogKeys {
-			attrs = append(attrs, slog.String("scope", e.kh.key.Scope), slog.String("id", e.kh.key.ID))
+			attrs = append(attrs, slog.String("scope", e.key.Scope), slog.String("id", e.key.ID))
 		} else {
 			attrs = append(attrs, slog.String("key_hash", e.KeyHash()))
 		}
@@ -444,7 +447,7 @@ func (db *DB) logTakeover(ctx context.Context, l *Lease) {
 		return
 	}
 	e := Event{Kind: ClaimEvent, Outcome: OutcomeTookOver, Engine: db.eng.Name(), Class: OperationClass(ctx),
-		Attempt: l.attempt, Recovered: l.recovered, kh: &keyHasher{db.hashKey, l.key}}
+		Attempt: l.attempt, Recovered: l.recovered, hashKey: db.hashKey, key: l.key}
 	db.logEvent(ctx, &e)
 }
 

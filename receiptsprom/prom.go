@@ -79,6 +79,8 @@ type Collector struct {
 
 	waitersDesc, abandonedDesc *prometheus.Desc
 
+	cache sync.Map // seriesKey -> *series
+
 	mu      sync.Mutex
 	watched []*watched // protected by mu
 	engDesc map[string]*prometheus.Desc
@@ -139,22 +141,92 @@ func New(opts *Options) *Collector {
 	}
 }
 
+// series are the children of the vectors for one engine and class, looked
+// up once: an event then costs an array index and an atomic add, not a
+// hash of its labels.
+type series struct {
+	claimDur, finishDur, attemptDur prometheus.Observer
+	leases                          prometheus.Gauge
+	// claims and finishes hold every documented outcome from the start
+	// (series at zero, as Prometheus advises): read-only after.
+	claims, finishes map[receipts.Outcome]prometheus.Counter
+	mu               sync.Mutex                               // guards waits
+	waits            map[receipts.Outcome]prometheus.Observer // filled as waits end (rare)
+}
+
+var (
+	claimOutcomes = []receipts.Outcome{receipts.OutcomeClaimed, receipts.OutcomeTookOver, receipts.OutcomeReplayed,
+		receipts.OutcomeInProgress, receipts.OutcomeMismatch, receipts.OutcomeCanceled, receipts.OutcomeClosed, receipts.OutcomeError}
+	finishOutcomes = []receipts.Outcome{receipts.OutcomeSucceeded, receipts.OutcomeFailed, receipts.OutcomeReleased,
+		receipts.OutcomeAbandoned, receipts.OutcomeLeaseLost}
+)
+
+type seriesKey struct{ engine, class string }
+
+func (c *Collector) series(engine, class string) *series {
+	k := seriesKey{engine, class}
+	if s, ok := c.cache.Load(k); ok {
+		return s.(*series)
+	}
+	s := &series{
+		claimDur:   c.opDur.WithLabelValues(engine, class, "claim"),
+		finishDur:  c.opDur.WithLabelValues(engine, class, "finish"),
+		attemptDur: c.opDur.WithLabelValues(engine, class, "attempt"),
+		leases:     c.leases.WithLabelValues(engine),
+		claims:     map[receipts.Outcome]prometheus.Counter{},
+		finishes:   map[receipts.Outcome]prometheus.Counter{},
+		waits:      map[receipts.Outcome]prometheus.Observer{},
+	}
+	for _, o := range claimOutcomes {
+		s.claims[o] = c.claims.WithLabelValues(engine, class, string(o))
+	}
+	for _, o := range finishOutcomes {
+		s.finishes[o] = c.finishes.WithLabelValues(engine, class, string(o))
+	}
+	got, _ := c.cache.LoadOrStore(k, s)
+	return got.(*series)
+}
+
+// counter is the child of vec for out: from m, or (an outcome this
+// version does not list) looked up.
+func (s *series) counter(m map[receipts.Outcome]prometheus.Counter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) prometheus.Counter {
+	if ctr, ok := m[out]; ok {
+		return ctr
+	}
+	return vec.WithLabelValues(k.engine, k.class, string(out))
+}
+
+func (s *series) wait(vec *prometheus.HistogramVec, k seriesKey, out receipts.Outcome) prometheus.Observer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.waits[out]
+	if !ok {
+		o = vec.WithLabelValues(k.engine, k.class, string(out))
+		s.waits[out] = o
+	}
+	return o
+}
+
 // Observe counts e (receipts.Observer).
 func (c *Collector) Observe(_ context.Context, e receipts.Event) {
+	k := seriesKey{e.Engine, e.Class}
 	switch e.Kind {
 	case receipts.ClaimEvent:
-		c.claims.WithLabelValues(e.Engine, e.Class, string(e.Outcome)).Inc()
-		c.opDur.WithLabelValues(e.Engine, e.Class, "claim").Observe(e.Duration.Seconds())
+		s := c.series(e.Engine, e.Class)
+		s.counter(s.claims, c.claims, k, e.Outcome).Inc()
+		s.claimDur.Observe(e.Duration.Seconds())
 		if e.Outcome == receipts.OutcomeClaimed || e.Outcome == receipts.OutcomeTookOver {
-			c.leases.WithLabelValues(e.Engine).Inc()
+			s.leases.Inc()
 		}
 	case receipts.WaitEvent:
-		c.waitDur.WithLabelValues(e.Engine, e.Class, string(e.Outcome)).Observe(e.Duration.Seconds())
+		s := c.series(e.Engine, e.Class)
+		s.wait(c.waitDur, k, e.Outcome).Observe(e.Duration.Seconds())
 	case receipts.FinishEvent:
-		c.finishes.WithLabelValues(e.Engine, e.Class, string(e.Outcome)).Inc()
-		c.opDur.WithLabelValues(e.Engine, e.Class, "finish").Observe(e.Duration.Seconds())
-		c.opDur.WithLabelValues(e.Engine, e.Class, "attempt").Observe(e.Held.Seconds())
-		c.leases.WithLabelValues(e.Engine).Dec()
+		s := c.series(e.Engine, e.Class)
+		s.counter(s.finishes, c.finishes, k, e.Outcome).Inc()
+		s.finishDur.Observe(e.Duration.Seconds())
+		s.attemptDur.Observe(e.Held.Seconds())
+		s.leases.Dec()
 	case receipts.GCEvent:
 		c.gcRuns.WithLabelValues(e.Engine, string(e.Outcome)).Inc()
 		c.opDur.WithLabelValues(e.Engine, "", "gc").Observe(e.Duration.Seconds())

@@ -111,7 +111,7 @@ func TestMetricsFollowTheWorkload(t *testing.T) {
 		// A wait that times out, an abandoned claim, a takeover, a lost lease.
 		held, _, err := db.Claim(bg, k("2"), []byte("fp"))
 		require.NoError(t, err)
-		_, _, err = db.Claim(bg, k("2"), []byte("fp"), receipts.WaitAtMost(10*time.Millisecond))
+		_, _, err = db.Claim(bg, k("2"), []byte("fp"), receipts.WaitAtMost(200*time.Millisecond))
 		require.ErrorIs(t, err, receipts.ErrInProgress)
 		require.Equal(t, uint64(1), histCount(t, reg, "receipts_wait_duration_seconds", map[string]string{"engine": eng, "class": "", "result": "in_progress"}))
 		require.Equal(t, 0.0, gauge("receipts_abandoned_claims"))
