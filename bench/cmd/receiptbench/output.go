@@ -153,6 +153,8 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
 	case d < 10*time.Millisecond:
 		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1fs", d.Seconds())
 	default:
 		return fmt.Sprintf("%.1fms", float64(d)/1e6)
 	}

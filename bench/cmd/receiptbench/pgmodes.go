@@ -337,11 +337,11 @@ func wakeSamples(ctx context.Context, a, b *receipts.DB, n int) (wakeResult, err
 		var returned atomic.Int64
 		go func() {
 			r, err := b.Do(ctx, key, fp, func(context.Context, *receipts.Lease) ([]byte, error) {
-				return nil, receipts.NotPerformed(errors.New("B ran the effect: it did not wait"))
+				return nil, receipts.NotPerformed(errors.New("node B ran the effect: it did not wait"))
 			})
 			returned.Store(time.Now().UnixNano())
 			if err == nil && r.State != receipts.Succeeded {
-				err = fmt.Errorf("B got a %s receipt", r.State)
+				err = fmt.Errorf("node B got a %s receipt", r.State)
 			}
 			done <- err
 		}()
@@ -357,7 +357,7 @@ func wakeSamples(ctx context.Context, a, b *receipts.DB, n int) (wakeResult, err
 				return wakeResult{}, err
 			}
 		case <-time.After(10 * time.Second):
-			return wakeResult{}, errors.New("B was not woken within 10s")
+			return wakeResult{}, errors.New("node B was not woken within 10s")
 		}
 		lat = append(lat, time.Duration(returned.Load()-t0.UnixNano()))
 	}
