@@ -147,6 +147,12 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg", false)
 		case "receipts-pg-tx":
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_tx", true)
+		case "receipts-pg-lookup":
+			var ps *engine.PGStore
+			if ps, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_lookup", false); err == nil {
+				ps.LookupReplay = true
+				s = ps
+			}
 		}
 		if err != nil {
 			rep.Skipped[name] = "open failed: " + err.Error()

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -22,6 +23,10 @@ type PGStore struct {
 	// Tx: first calls and retries go through pgstore.DoTx (claim, effect and receipt in
 	// one transaction); otherwise through DB.Do (a claim and a commit, two flushes).
 	Tx bool
+	// LookupReplay: Replay reads with DB.Lookup (pgstore's plain MVCC read) instead of
+	// DB.Do. Not a path callers take for a retry: it measures what a lookup-first claim
+	// would pay for a replay.
+	LookupReplay bool
 	// Firsts counts operations whose fn ran.
 	Firsts atomic.Uint64
 }
@@ -57,6 +62,9 @@ func OpenPG(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool) (*P
 
 // Name is the row label in reports.
 func (s *PGStore) Name() string {
+	if s.LookupReplay {
+		return "receipts-pg-lookup"
+	}
 	if s.Tx {
 		return "receipts-pg-tx"
 	}
@@ -92,11 +100,17 @@ func (s *PGStore) Replay(ctx context.Context, k workload.Key, fp []byte) error {
 	key := receipts.Key{Scope: k.Scope, ID: k.ID}
 	var r *receipts.Receipt
 	var err error
-	if s.Tx {
+	switch {
+	case s.LookupReplay:
+		r, err = s.DB.Lookup(ctx, key)
+		if err == nil && !bytes.Equal(r.Fingerprint, fp) {
+			return stores.ErrMismatch
+		}
+	case s.Tx:
 		r, err = pgstore.DoTx(ctx, s.DB, key, fp, func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
 			return nil, receipts.NotPerformed(errReplayRan)
 		})
-	} else {
+	default:
 		r, err = s.DB.Do(ctx, key, fp, func(context.Context, *receipts.Lease) ([]byte, error) {
 			return nil, receipts.NotPerformed(errReplayRan)
 		})
