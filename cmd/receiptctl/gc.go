@@ -27,8 +27,9 @@ records no retention: give the service's with --retention.
 On PostgreSQL (--pg), gc runs one pass of the service's own partition
 maintenance: it drops every partition whose records are all past retention
 (DETACH CONCURRENTLY and DROP), under the maintenance lease, so it is safe
-while the service runs (a pass that finds another node holding the lease
-does nothing).`,
+while the service runs. One node at a time holds that lease (for a minute
+after its pass): if another node or an earlier gc holds it, gc says so and
+exits with code 1, having done nothing.`,
 		Example: `  receiptctl --dir ./data gc
   receiptctl --pg postgres://app@db/app gc --json
   receiptctl --dir ./data gc --retention 168h --compact --json
@@ -38,29 +39,27 @@ does nothing).`,
 			if err := a.needDir("gc"); err != nil {
 				return err
 			}
-			var db *receipts.DB
-			closeDB := func() error { return db.Close() }
+			var st receipts.GCStats
 			if a.pg != "" {
 				if compact {
 					return usagef("--compact is for a store directory (Pebble) only")
 				}
-				s, _, err := a.openPG(cmd.Context(), true)
+				var err error
+				if st, err = a.gcPG(cmd.Context()); err != nil {
+					return err
+				}
+			} else {
+				db, _, err := openResolved(a.dir, a.settings, false, compact, true, a.stderr)
 				if err != nil {
 					return err
 				}
-				db, closeDB = s.db, s.close
-			} else {
-				var err error
-				if db, _, err = openResolved(a.dir, a.settings, false, compact, true, a.stderr); err != nil {
+				st, err = db.GC(cmd.Context())
+				if cerr := db.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
 					return err
 				}
-			}
-			st, gcErr := db.GC(cmd.Context())
-			if err := closeDB(); gcErr == nil {
-				gcErr = err
-			}
-			if gcErr != nil {
-				return gcErr
 			}
 			if a.json {
 				return writeJSON(a.stdout, receipts.NewAdminGCStats(st))

@@ -138,6 +138,53 @@ func openPGOn(ctx context.Context, pool *pgxpool.Pool, schema string, f retentio
 	return &pgStore{db: db, pool: pool}, src, nil
 }
 
+// maintUntil reads when the schema's maintenance lease runs out (zero if no
+// node holds one). pgstore runs GC under that lease, one node at a time: a
+// pass that finds another holder's lease unexpired does nothing.
+func (s *pgStore) maintUntil(ctx context.Context, schema string) (time.Time, error) {
+	var until *time.Time
+	err := s.pool.QueryRow(ctx, `SELECT maint_until FROM `+pgx.Identifier{schema}.Sanitize()+`.meta`).Scan(&until)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the maintenance lease: %w", err)
+	}
+	if until == nil {
+		return time.Time{}, nil
+	}
+	return *until, nil
+}
+
+// gcPG runs one GC pass on the store in --schema, and reports a pass that
+// did nothing because another node (or an earlier gc) holds the
+// maintenance lease.
+func (a *app) gcPG(ctx context.Context) (receipts.GCStats, error) {
+	s, _, err := a.openPG(ctx, true)
+	if err != nil {
+		return receipts.GCStats{}, err
+	}
+	before, err := s.maintUntil(ctx, a.schema)
+	if err != nil {
+		_ = s.close()
+		return receipts.GCStats{}, err
+	}
+	st, gcErr := s.db.GC(ctx)
+	var after time.Time
+	if gcErr == nil {
+		after, gcErr = s.maintUntil(ctx, a.schema)
+	}
+	if err := s.close(); gcErr == nil {
+		gcErr = err
+	}
+	if gcErr != nil {
+		return st, gcErr
+	}
+	if !before.IsZero() && after.Equal(before) && st.At.Before(before) {
+		return st, fmt.Errorf(`gc did nothing: another node holds the schema's maintenance lease until %s
+(a service node whose GC runs, or an earlier receiptctl gc; one node at a time drops partitions).
+The holder carries on; to run gc here, try again after that`, showTime(before))
+	}
+	return st, nil
+}
+
 // verifyPG checks a store on PostgreSQL: it opens (which checks the schema's
 // format and meta), reads every record back and counts them.
 func (a *app) verifyPG(ctx context.Context) error {

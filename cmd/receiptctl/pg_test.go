@@ -171,3 +171,32 @@ func TestPGUsage(t *testing.T) {
 	r = cli(t, "gc").requireCode(t, exitUsage)
 	require.Contains(t, r.stderr, "--dir DIR or --pg DSN")
 }
+
+// TestPGOverrideRetention: a service with a 7-day retention wrote receipts 3
+// days ago; gc --override-retention 1h drops them (warned) and records 1h as
+// the schema's retention, as on a directory.
+func TestPGOverrideRetention(t *testing.T) {
+	then := time.Now().Add(-72 * time.Hour)
+	st := newPGFixture(t, receipts.Options{Retention: 7 * 24 * time.Hour, LeaseTTL: time.Minute, Now: func() time.Time { return then }})
+	require.Len(t, lsIDs(t, st...), 6)
+	r := cli(t, pgArgs(st, "gc", "--override-retention", "1h")...).requireCode(t, exitOK)
+	require.Contains(t, r.stderr, "WARNING: using retention 1h0m0s (--override-retention) instead of the store's recorded 168h0m0s")
+	require.NotContains(t, r.out, "dropped 0 epochs")
+	require.Empty(t, lsIDs(t, st...))
+	r = cli(t, pgArgs(st, "stats", "--json")...).requireCode(t, exitOK)
+	var s receipts.AdminStats
+	require.NoError(t, json.Unmarshal([]byte(r.out), &s), r.out)
+	require.Equal(t, "1h0m0s", s.Retention)
+}
+
+// TestPGGCLeaseHeld: pgstore runs GC one node at a time, under a maintenance
+// lease that its holder keeps for a while after its pass. A gc that finds it
+// held does nothing, and says so (exit 1) instead of reporting 0 dropped.
+func TestPGGCLeaseHeld(t *testing.T) {
+	st := newPGFixture(t, receipts.Options{})
+	r := cli(t, pgArgs(st, "gc")...).requireCode(t, exitOK)
+	require.Contains(t, r.out, "dropped 0 epochs")
+	r = cli(t, pgArgs(st, "gc")...).requireCode(t, exitProblem)
+	require.Contains(t, r.stderr, "gc did nothing: another node holds the schema's maintenance lease until")
+	require.Empty(t, r.out)
+}
