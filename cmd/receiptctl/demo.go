@@ -79,7 +79,8 @@ var (
 )
 
 func (a *app) demoCmd() *cobra.Command {
-	return &cobra.Command{
+	var pg string
+	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Play an agent whose tool calls are retried, raced and crashed, on a fresh store",
 		Long: `demo plays an AI agent's tool runtime against a fresh store and a naive
@@ -96,18 +97,44 @@ performing it again.
 It ends with a report: calls attempted, effects performed, duplicate effects
 (0, or exit code 1), and receipts by state. The store is kept: look at it with
 the ls command the report prints. The directory is new, under the system's
-temporary directory, unless --dir names one (which must not exist or be empty).`,
+temporary directory, unless --dir names one (which must not exist or be empty).
+
+With --pg, the demo runs on PostgreSQL (pgstore), on two nodes of one service
+that share a database, each with its own pool and LISTEN session: a retry
+that lands on the other node is answered with the stored receipt, racing
+calls on both nodes run the effect once (the others wait across nodes), and a
+third node, a child process, crashes mid-action; node B takes its claim over.
+--pg DSN uses that server, in a new schema (or --schema, which must hold no
+store); --pg alone starts a throwaway cluster from the installed server
+binaries, stopped and removed at the end. --dir then holds only the
+provider's log.`,
 		Example: `  receiptctl demo
   receiptctl demo --dir /tmp/demo && receiptctl --dir /tmp/demo ls
+  receiptctl demo --pg postgres://postgres@127.0.0.1:5432/postgres
+  receiptctl demo --pg      # a throwaway cluster
   go run ./cmd/receiptctl demo --json`,
-		Args: cobra.NoArgs,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 || len(args) == 1 && pg == demoPGAuto {
+				return nil // demo --pg DSN: the flag takes an optional value
+			}
+			return usagef("demo takes no arguments (give a DSN as --pg DSN)")
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if a.addr != "" {
-				return usagef("demo runs on a fresh directory: --addr does not apply")
+				return usagef("demo runs on a fresh store: --addr does not apply")
+			}
+			if len(args) == 1 {
+				pg = args[0]
+			}
+			if pg != "" {
+				return a.demoPG(cmd.Context(), pg, cmd.Flags().Changed("schema"))
 			}
 			return a.demo(cmd.Context())
 		},
 	}
+	cmd.Flags().StringVar(&pg, "pg", "", "play the demo on PostgreSQL, on two nodes sharing one database: --pg DSN, or --pg alone for a throwaway cluster")
+	cmd.Flags().Lookup("pg").NoOptDefVal = demoPGAuto
+	return cmd
 }
 
 // demo is one run of the demo.

@@ -34,11 +34,21 @@ func (a *app) demoChildCmd() *cobra.Command {
 }
 
 func (a *app) demoChild(ctx context.Context) error {
-	db, err := openDemoStore(a.dir, a.stderr)
-	if err != nil {
-		return err
+	var db *receipts.DB
+	if a.pg != "" { // demo --pg: a third node on the shared database
+		n, err := openDemoNode(ctx, "C", a.pg, a.schema, a.stderr)
+		if err != nil {
+			return err
+		}
+		defer n.close()
+		db = n.db
+	} else {
+		var err error
+		if db, err = openDemoStore(a.dir, a.stderr); err != nil {
+			return err
+		}
+		defer db.Close()
 	}
-	defer db.Close()
 	p := &provider{path: filepath.Join(a.dir, providerLog)}
 	fp, err := transferOut.fingerprint()
 	if err != nil {

@@ -22,8 +22,16 @@ with), never another one silently: --retention, if given, must match it.
 for good, and records that retention as the store's (the service's next
 open with its own Options.Retention sets it back; a service that leaves
 Options.Retention zero keeps it). A store written by an older version
-records no retention: give the service's with --retention.`,
+records no retention: give the service's with --retention.
+
+On PostgreSQL (--pg), gc runs one pass of the service's own partition
+maintenance: it drops every partition whose records are all past retention
+(DETACH CONCURRENTLY and DROP), under the maintenance lease, so it is safe
+while the service runs. One node at a time holds that lease (for a minute
+after its pass): if another node or an earlier gc holds it, gc says so and
+exits with code 1, having done nothing.`,
 		Example: `  receiptctl --dir ./data gc
+  receiptctl --pg postgres://app@db/app gc --json
   receiptctl --dir ./data gc --retention 168h --compact --json
   receiptctl --dir ./data gc --override-retention 1h   # drops what is older than 1h`,
 		Args: cobra.NoArgs,
@@ -31,16 +39,27 @@ records no retention: give the service's with --retention.`,
 			if err := a.needDir("gc"); err != nil {
 				return err
 			}
-			db, _, err := openResolved(a.dir, a.settings, false, compact, true, a.stderr)
-			if err != nil {
-				return err
-			}
-			st, gcErr := db.GC(cmd.Context())
-			if err := db.Close(); gcErr == nil {
-				gcErr = err
-			}
-			if gcErr != nil {
-				return gcErr
+			var st receipts.GCStats
+			if a.pg != "" {
+				if compact {
+					return usagef("--compact is for a store directory (Pebble) only")
+				}
+				var err error
+				if st, err = a.gcPG(cmd.Context()); err != nil {
+					return err
+				}
+			} else {
+				db, _, err := openResolved(a.dir, a.settings, false, compact, true, a.stderr)
+				if err != nil {
+					return err
+				}
+				st, err = db.GC(cmd.Context())
+				if cerr := db.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					return err
+				}
 			}
 			if a.json {
 				return writeJSON(a.stdout, receipts.NewAdminGCStats(st))

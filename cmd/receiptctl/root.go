@@ -34,10 +34,13 @@ var errProblems = errors.New("problems found")
 // between runs.
 type app struct {
 	stdout, stderr io.Writer
-	started        bool // a command's RunE was reached: later errors are not usage errors
+	started        bool            // a command's RunE was reached: later errors are not usage errors
+	ctx            context.Context // the command's context (set when it starts)
 
 	dir      string
 	addr     string
+	pg       string // --pg: a PostgreSQL DSN (pgstore)
+	schema   string // --schema: the pgstore schema
 	json     bool
 	settings retentionFlags  // --retention, --override-retention
 	src      retentionSource // offline: where the retention in force came from
@@ -50,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr}
+	a := &app{stdout: stdout, stderr: stderr, ctx: ctx}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -74,7 +77,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "receiptctl",
-		Short: "Inspect a receipts store, offline (--dir) or in a running service (--addr)",
+		Short: "Inspect a receipts store: a directory (--dir), PostgreSQL (--pg) or a running service (--addr)",
 		Long: `receiptctl shows what a receipts store holds: which operations ran, which
 were replayed, and which claims were abandoned with an unknown outcome.
 
@@ -83,16 +86,22 @@ service holds is locked: inspect that service live instead, through the
 receipts.AdminHandler it mounts (--addr), or open a copy made with
 DB.Checkpoint. Live access is read-only (get, ls, stats, export).
 
+On PostgreSQL (pgstore), --pg DSN opens the store in --schema of that
+database, next to the service's running nodes: ls, get, stats, verify, gc and
+export work there as on a directory.
+
 Results are shown as text when they are printable UTF-8, else as base64.
 Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 		Example: `  receiptctl demo
   receiptctl --dir ./data ls --state pending
+  receiptctl --pg postgres://app@db/app --schema receipts stats
   receiptctl --addr http://127.0.0.1:8081/admin/receipts stats`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			a.started = true
+			a.ctx = cmd.Context()
 			for _, name := range []string{"retention", "override-retention"} {
 				if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "0s" {
 					return usagef("--%s 0s: want at least 1ms", name)
@@ -110,6 +119,8 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.dir, "dir", "", "store directory (offline; the directory must not be held by a running process)")
+	pf.StringVar(&a.pg, "pg", "", "PostgreSQL DSN of a store on pgstore (postgres://user@host:5432/db)")
+	pf.StringVar(&a.schema, "schema", defaultSchema, "with --pg: the schema that holds the store (pgstore.Options.Schema)")
 	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receipts.AdminHandler (live, read-only)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of tables")
 	pf.DurationVar(&a.settings.retention, "retention", 0,
@@ -121,8 +132,8 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 	return root
 }
 
-// source is where the read-only commands read from: a store directory or a
-// running service.
+// source is where the read-only commands read from: a store directory, a
+// store on PostgreSQL or a running service.
 type source interface {
 	get(ctx context.Context, k receipts.Key) (receipts.AdminReceipt, error)
 	// list calls each for every record f selects, and returns the time of
@@ -132,13 +143,21 @@ type source interface {
 	close() error
 }
 
-// openSource opens the store named by --dir or --addr.
+// openSource opens the store named by --dir, --pg or --addr.
 func (a *app) openSource() (source, error) {
+	if err := a.oneStore(); err != nil {
+		return nil, err
+	}
 	switch {
-	case a.dir != "" && a.addr != "":
-		return nil, usagef("give --dir or --addr, not both")
 	case a.addr != "":
 		return newClient(a.addr)
+	case a.pg != "":
+		s, src, err := a.openPG(a.ctx, false)
+		if err != nil {
+			return nil, err
+		}
+		a.src = src
+		return &offline{db: s.db, src: src, closeFn: s.close}, nil
 	case a.dir != "":
 		db, src, err := a.openStore()
 		if err != nil {
@@ -147,16 +166,34 @@ func (a *app) openSource() (source, error) {
 		a.src = src
 		return &offline{db: db, src: src}, nil
 	}
-	return nil, usagef("give --dir DIR (a store directory) or --addr URL (a service's receipts.AdminHandler)")
+	return nil, usagef("give --dir DIR (a store directory), --pg DSN (a store on PostgreSQL) or --addr URL (a service's receipts.AdminHandler)")
 }
 
-// needDir checks that the command runs on a directory.
+// oneStore checks that at most one of --dir, --pg and --addr is given.
+func (a *app) oneStore() error {
+	n := 0
+	for _, s := range []string{a.dir, a.pg, a.addr} {
+		if s != "" {
+			n++
+		}
+	}
+	if n > 1 {
+		return usagef("give one of --dir, --pg and --addr")
+	}
+	return nil
+}
+
+// needDir checks that the command runs on a store it opens itself: a
+// directory or PostgreSQL.
 func (a *app) needDir(cmd string) error {
+	if err := a.oneStore(); err != nil {
+		return err
+	}
 	switch {
 	case a.addr != "":
-		return usagef("%s works on a store directory (--dir) only: the admin endpoint is read-only", cmd)
-	case a.dir == "":
-		return usagef("%s needs --dir DIR", cmd)
+		return usagef("%s works on a store directory (--dir) or PostgreSQL (--pg) only: the admin endpoint is read-only", cmd)
+	case a.dir == "" && a.pg == "":
+		return usagef("%s needs --dir DIR or --pg DSN", cmd)
 	}
 	return nil
 }
@@ -217,10 +254,11 @@ func looksLikeStore(dir string) bool {
 	return false
 }
 
-// offline reads a store directory.
+// offline reads a store that receiptctl opened: a directory, or PostgreSQL.
 type offline struct {
-	db  *receipts.DB
-	src retentionSource // where the retention in force came from
+	db      *receipts.DB
+	src     retentionSource // where the retention in force came from
+	closeFn func() error    // closes db and what it runs on; nil: db.Close
 }
 
 func (o *offline) get(ctx context.Context, k receipts.Key) (receipts.AdminReceipt, error) {
@@ -260,7 +298,12 @@ func (o *offline) stats(context.Context) (receipts.AdminStats, error) {
 	return s, nil
 }
 
-func (o *offline) close() error { return o.db.Close() }
+func (o *offline) close() error {
+	if o.closeFn != nil {
+		return o.closeFn()
+	}
+	return o.db.Close()
+}
 
 // notFound reports whether err means "no such record".
 func notFound(err error) bool { return errors.Is(err, receipts.ErrNotFound) }

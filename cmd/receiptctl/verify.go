@@ -55,6 +55,9 @@ are any. It works offline only (it reads the raw keys).`,
 			if err := a.needDir("verify"); err != nil {
 				return err
 			}
+			if a.pg != "" {
+				return a.verifyPG(cmd.Context())
+			}
 			rep := &verifyReport{Dir: a.dir, Problems: []verifyProblem{}}
 			db, _, err := a.openStore()
 			switch {

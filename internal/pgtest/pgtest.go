@@ -28,9 +28,12 @@ var (
 	skipOnce sync.Once
 )
 
+// M is what Main runs: a *testing.M, or a wrapper of one (a leak check around its Run).
+type M interface{ Run() int }
+
 // Main runs the package's tests (call it from TestMain) and stops the throwaway cluster, if
 // one was started, when they are done.
-func Main(m *testing.M) {
+func Main(m M) {
 	code := m.Run()
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/receiptstore/receipts/bench/internal/engine"
 	"github.com/receiptstore/receipts/bench/internal/pgtemp"
 	"github.com/receiptstore/receipts/bench/internal/stores"
@@ -31,6 +33,7 @@ type result struct {
 	Mean         time.Duration `json:"mean_ns"`
 	RatioToFloor float64       `json:"ratio_to_floor,omitempty"`
 	RatioToPG    float64       `json:"ratio_to_postgres,omitempty"`
+	RatioToPGFl  float64       `json:"ratio_to_pg_floor,omitempty"`
 	FirstCalls   uint64        `json:"first_calls,omitempty"`
 	Error        string        `json:"error,omitempty"`
 }
@@ -66,7 +69,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 		rep.Machine.CPU, rep.Machine.CPUs, rep.Machine.GOMAXPROCS, rep.Machine.Go, fmtDur(rep.Machine.FsyncP50), cfg.duration, cfg.cacheMiB)
 
 	dsn := cfg.dsn
-	if cfg.stores["postgres"] {
+	if cfg.anyPG() {
 		switch {
 		case dsn != "":
 			rep.Postgres = "given DSN"
@@ -75,11 +78,9 @@ func runCompare(ctx context.Context, cfg *config) error {
 			c, err := pgtemp.Start(ctx)
 			switch {
 			case errors.Is(err, pgtemp.ErrNoServer):
-				rep.Skipped["postgres"] = "no -dsn given and no PostgreSQL server binaries found (Debian: apt-get install postgresql)"
-				progress("postgres: skipped: %s", rep.Skipped["postgres"])
+				cfg.skipPG(rep, "no -dsn given and no PostgreSQL server binaries found (Debian: apt-get install postgresql)")
 			case err != nil:
-				rep.Skipped["postgres"] = "throwaway cluster failed to start: " + err.Error()
-				progress("postgres: skipped: %s", rep.Skipped["postgres"])
+				cfg.skipPG(rep, "throwaway cluster failed to start: "+err.Error())
 			default:
 				defer func() {
 					if err := c.Stop(); err != nil {
@@ -104,9 +105,21 @@ func runCompare(ctx context.Context, cfg *config) error {
 			}
 		}
 	}()
+	var pool *pgxpool.Pool // the PostgreSQL stores but "postgres" share it
+	defer func() {
+		if pool != nil {
+			pool.Close()
+		}
+	}()
 	for _, name := range allStores {
 		if !cfg.stores[name] || rep.Skipped[name] != "" {
 			continue
+		}
+		if pool == nil && slices.Contains(pgStores, name) && name != "postgres" {
+			if pool, err = stores.OpenPGPool(ctx, dsn, maxConc+8); err != nil {
+				cfg.skipPG(rep, "connect: "+err.Error())
+				continue
+			}
 		}
 		dir := filepath.Join(base, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -126,6 +139,20 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = stores.OpenSQLite(dir, maxConc)
 		case "postgres":
 			s, err = stores.OpenPostgres(ctx, dsn, maxConc)
+		case "pg-floor":
+			s, err = stores.OpenPGFloor(ctx, pool)
+		case "fgi-style":
+			s, err = stores.OpenFGIStyle(ctx, pool)
+		case "receipts-pg":
+			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg", false)
+		case "receipts-pg-tx":
+			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_tx", true)
+		case "receipts-pg-lookup":
+			var ps *engine.PGStore
+			if ps, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_lookup", false); err == nil {
+				ps.LookupReplay = true
+				s = ps
+			}
 		}
 		if err != nil {
 			rep.Skipped[name] = "open failed: " + err.Error()
@@ -299,6 +326,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 func ratios(rs []result) {
 	floor := map[string]float64{}
 	pg := map[string]float64{}
+	pgFloor := map[string]float64{}
 	for _, r := range rs {
 		if r.Error != "" {
 			continue
@@ -308,6 +336,8 @@ func ratios(rs []result) {
 			floor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		case "postgres":
 			pg[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
+		case "pg-floor":
+			pgFloor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		}
 	}
 	for i := range rs {
@@ -320,6 +350,9 @@ func ratios(rs []result) {
 		}
 		if p := pg[g]; p > 0 {
 			rs[i].RatioToPG = rs[i].OpsPerSec / p
+		}
+		if p := pgFloor[g]; p > 0 {
+			rs[i].RatioToPGFl = rs[i].OpsPerSec / p
 		}
 	}
 }
@@ -346,4 +379,19 @@ func measureFsync(dir string) (time.Duration, error) {
 		h.Record(time.Since(t0))
 	}
 	return h.Quantile(0.5), nil
+}
+
+// anyPG reports whether a PostgreSQL store is selected.
+func (c *config) anyPG() bool {
+	return slices.ContainsFunc(pgStores, func(s string) bool { return c.stores[s] })
+}
+
+// skipPG marks every selected PostgreSQL store skipped, for why.
+func (c *config) skipPG(rep *report, why string) {
+	for _, s := range pgStores {
+		if c.stores[s] && rep.Skipped[s] == "" {
+			rep.Skipped[s] = why
+			progress("%s: skipped: %s", s, why)
+		}
+	}
 }

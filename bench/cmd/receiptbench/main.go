@@ -9,6 +9,8 @@
 //	go run ./cmd/receiptbench -json > out.json
 //	go run ./cmd/receiptbench -mem                 # memory: load 1M receipts, RSS and disk
 //	go run ./cmd/receiptbench -mem=10M             # the same with 10M receipts
+//	go run ./cmd/receiptbench -purge               # PostgreSQL: GC of 1M expired receipts vs DELETE
+//	go run ./cmd/receiptbench -wake                # PostgreSQL: cross-node wake-up latency
 //
 // Without -dsn, PostgreSQL runs as a throwaway cluster (initdb in a temp dir, a server on
 // 127.0.0.1 at a free port, stopped and removed at the end) when its server binaries are
@@ -53,6 +55,9 @@ type config struct {
 	cpuProf   string
 	cacheMiB  int
 	fromJSON  string
+	purge     memFlag // -purge: reclaim this many expired receipts on PostgreSQL
+	wake      bool    // -wake: cross-node wake-up latency on PostgreSQL
+	wakeN     int
 }
 
 func main() {
@@ -80,6 +85,10 @@ func main() {
 		err = printSaved(cfg)
 	case cfg.mem > 0:
 		err = runMem(ctx, cfg)
+	case cfg.purge > 0:
+		err = runPurge(ctx, cfg)
+	case cfg.wake:
+		err = runWake(ctx, cfg)
 	default:
 		err = runCompare(ctx, cfg)
 	}
@@ -90,7 +99,14 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres"}
+var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup"}
+
+// defaultStores run unless -stores names others: all but receipts-pg-lookup (a measurement
+// of pgstore's plain read, not a path a retry takes).
+var defaultStores = allStores[:len(allStores)-1]
+
+// pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {
@@ -103,7 +119,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.settle, "settle", true, "flush and compact the floor and receipts before the replay rows (false: replays read whatever the earlier workloads left in memtables and L0)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&concs, "conc", "1,8,64", "concurrencies (goroutines), comma-separated")
-	fs.StringVar(&storeList, "stores", strings.Join(allStores, ","), "stores to run, comma-separated")
+	fs.StringVar(&storeList, "stores", strings.Join(defaultStores, ","), "stores to run, comma-separated (also: receipts-pg-lookup, replays through DB.Lookup, pgstore's plain read)")
 	fs.StringVar(&workloadList, "workloads", strings.Join(allWorkloads, ","),
 		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys, 1 first call per 32), hot-retry (64 goroutines on 16 committed keys)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
@@ -112,6 +128,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
 	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.Var(&cfg.purge, "purge", "PostgreSQL purge mode: N expired receipts (-purge alone: 1M) reclaimed by pgstore's GC vs a batched DELETE: time and WAL bytes")
+	fs.BoolVar(&cfg.wake, "wake", false, "PostgreSQL wake mode: how soon a waiter on node B returns after node A commits, with LISTEN and poll-only (p50/p99)")
+	fs.IntVar(&cfg.wakeN, "wake-samples", 100, "wake mode: samples per mode")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: receiptbench [flags]\n\n")
@@ -134,6 +153,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if cfg.replayN < 1 {
 		return nil, errors.New("-replay-keys must be positive")
+	}
+	if cfg.wakeN < 1 {
+		return nil, errors.New("-wake-samples must be positive")
 	}
 	if cfg.duration <= 0 {
 		return nil, errors.New("-duration must be positive")

@@ -62,6 +62,10 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 	if hasPG {
 		t.header = append(t.header, "x postgres")
 	}
+	hasPGFloor := slices.ContainsFunc(rows, func(r result) bool { return r.RatioToPGFl > 0 })
+	if hasPGFloor {
+		t.header = append(t.header, "x pg-floor")
+	}
 	prev := ""
 	for _, r := range rows {
 		group := r.Workload + "/" + fmt.Sprint(r.Conc)
@@ -77,6 +81,9 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		row := []string{r.Workload, fmt.Sprint(r.Conc), r.Store, fmtOps(r.OpsPerSec), fmtDur(r.P50), fmtDur(r.P99), ratio}
 		if hasPG {
 			row = append(row, ratioString(r.RatioToPG))
+		}
+		if hasPGFloor {
+			row = append(row, ratioString(r.RatioToPGFl))
 		}
 		t.rows = append(t.rows, row)
 	}
@@ -146,6 +153,8 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
 	case d < 10*time.Millisecond:
 		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1fs", d.Seconds())
 	default:
 		return fmt.Sprintf("%.1fms", float64(d)/1e6)
 	}

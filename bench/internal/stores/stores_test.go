@@ -3,8 +3,13 @@ package stores
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts/bench/internal/pgtemp"
 	"github.com/receiptstore/receipts/bench/internal/workload"
@@ -37,31 +42,28 @@ func TestStores(t *testing.T) {
 			return s
 		},
 		"postgres": func(t *testing.T) Store {
-			if testing.Short() {
-				t.Skip("starts a PostgreSQL cluster")
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			c, err := pgtemp.Start(ctx)
-			if errors.Is(err, pgtemp.ErrNoServer) {
-				t.Skip(err)
-			}
+			s, err := OpenPostgres(context.Background(), pgDSN(t), 4)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() {
-				if err := c.Stop(); err != nil {
-					t.Error(err)
-				}
-			})
-			s, err := OpenPostgres(ctx, c.DSN, 4)
+			return s
+		},
+		"pg-floor": func(t *testing.T) Store {
+			s, err := OpenPGFloor(context.Background(), pgPool(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"fgi-style": func(t *testing.T) Store {
+			s, err := OpenFGIStyle(context.Background(), pgPool(t))
 			if err != nil {
 				t.Fatal(err)
 			}
 			return s
 		},
 	}
-	for _, name := range []string{"pebble-floor", "bbolt", "sqlite", "postgres"} {
+	for _, name := range []string{"pebble-floor", "bbolt", "sqlite", "postgres", "pg-floor", "fgi-style"} {
 		t.Run(name, func(t *testing.T) {
 			s := open[name](t)
 			defer func() {
@@ -96,4 +98,54 @@ func TestStores(t *testing.T) {
 			}
 		})
 	}
+}
+
+var (
+	pgOnce    sync.Once
+	pgCluster *pgtemp.Cluster
+	pgErr     error
+)
+
+// TestMain stops the PostgreSQL cluster the tests started, if any.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if pgCluster != nil {
+		if err := pgCluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// pgDSN returns the DSN of a throwaway cluster shared by the tests (started on first use),
+// or skips t in -short mode or without the server binaries.
+func pgDSN(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster")
+	}
+	pgOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		pgCluster, pgErr = pgtemp.Start(ctx)
+	})
+	if errors.Is(pgErr, pgtemp.ErrNoServer) {
+		t.Skip(pgErr)
+	}
+	if pgErr != nil {
+		t.Fatal(pgErr)
+	}
+	return pgCluster.DSN
+}
+
+// pgPool returns a pool on the shared cluster, closed when t ends.
+func pgPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := OpenPGPool(context.Background(), pgDSN(t), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/bench/internal/stores"
+	"github.com/receiptstore/receipts/bench/internal/workload"
+	"github.com/receiptstore/receipts/pgstore"
+)
+
+// PGStore is receipts on PostgreSQL (pgstore) behind the stores.Store interface.
+type PGStore struct {
+	DB *receipts.DB
+	// Tx: first calls and retries go through pgstore.DoTx (claim, effect and receipt in
+	// one transaction); otherwise through DB.Do (a claim and a commit, two flushes).
+	Tx bool
+	// LookupReplay: Replay reads with DB.Lookup (pgstore's plain MVCC read) instead of
+	// DB.Do. Not a path callers take for a retry: it measures what a lookup-first claim
+	// would pay for a replay.
+	LookupReplay bool
+	// Firsts counts operations whose fn ran.
+	Firsts atomic.Uint64
+}
+
+// PGOptions are the options PostgreSQL benchmarks open pgstore with: a 1h retention,
+// background GC off, poll-only (no LISTEN session: nothing waits across nodes here),
+// quiet logging. now may be nil (the database's clock).
+func PGOptions(schema string, now func() time.Time) *pgstore.Options {
+	return &pgstore.Options{
+		Options: receipts.Options{
+			Retention:  time.Hour,
+			LeaseTTL:   30 * time.Second,
+			GCInterval: -1,
+			Now:        now,
+			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		},
+		Schema: schema,
+	}
+}
+
+// OpenPG opens (creating) a pgstore store in schema of pool's database, dropping what an
+// earlier run left there first. The pool stays the caller's.
+func OpenPG(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool) (*PGStore, error) {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return nil, err
+	}
+	db, err := pgstore.Open(ctx, pool, PGOptions(schema, nil))
+	if err != nil {
+		return nil, err
+	}
+	return &PGStore{DB: db, Tx: tx}, nil
+}
+
+// Name is the row label in reports.
+func (s *PGStore) Name() string {
+	if s.LookupReplay {
+		return "receipts-pg-lookup"
+	}
+	if s.Tx {
+		return "receipts-pg-tx"
+	}
+	return "receipts-pg"
+}
+
+// Close closes the DB (not the pool).
+func (s *PGStore) Close() error { return s.DB.Close() }
+
+// Do performs k once.
+func (s *PGStore) Do(ctx context.Context, k workload.Key, fp, result []byte) (bool, error) {
+	key := receipts.Key{Scope: k.Scope, ID: k.ID}
+	ran := false
+	var err error
+	if s.Tx {
+		_, err = pgstore.DoTx(ctx, s.DB, key, fp, func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+			ran = true
+			s.Firsts.Add(1)
+			return result, nil
+		})
+	} else {
+		_, err = s.DB.Do(ctx, key, fp, func(context.Context, *receipts.Lease) ([]byte, error) {
+			ran = true
+			s.Firsts.Add(1)
+			return result, nil
+		})
+	}
+	return !ran, err
+}
+
+// Replay answers a retry of the committed key k through the same call as Do.
+func (s *PGStore) Replay(ctx context.Context, k workload.Key, fp []byte) error {
+	key := receipts.Key{Scope: k.Scope, ID: k.ID}
+	var r *receipts.Receipt
+	var err error
+	switch {
+	case s.LookupReplay:
+		r, err = s.DB.Lookup(ctx, key)
+		if err == nil && !bytes.Equal(r.Fingerprint, fp) {
+			return stores.ErrMismatch
+		}
+	case s.Tx:
+		r, err = pgstore.DoTx(ctx, s.DB, key, fp, func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+			return nil, receipts.NotPerformed(errReplayRan)
+		})
+	default:
+		r, err = s.DB.Do(ctx, key, fp, func(context.Context, *receipts.Lease) ([]byte, error) {
+			return nil, receipts.NotPerformed(errReplayRan)
+		})
+	}
+	if err != nil {
+		return err
+	}
+	if r.State != receipts.Succeeded {
+		return stores.ErrNotCommitted
+	}
+	return nil
+}
