@@ -170,20 +170,20 @@ type AdminGCStats struct {
 	Duration      string    `json:"duration"`
 }
 
-// NewAdminStats returns the JSON form of s, taken at now.
-func NewAdminStats(s Stats, now time.Time) AdminStats {
+// NewAdminStats returns the JSON form of s and c, taken at now.
+func NewAdminStats(s Stats, c Counts, now time.Time) AdminStats {
 	a := AdminStats{
 		Now:        utc(now),
 		Retention:  s.Retention.String(),
 		LeaseTTL:   s.LeaseTTL.String(),
 		EpochWidth: s.EpochWidth.String(),
-		LiveEpochs: s.LiveEpochs,
-		Pending:    s.Pending,
-		Abandoned:  s.Abandoned,
-		Succeeded:  s.Succeeded,
-		Failed:     s.Failed,
-		Expired:    s.Expired,
-		Corrupt:    s.Corrupt,
+		LiveEpochs: c.LiveEpochs,
+		Pending:    c.Pending,
+		Abandoned:  c.Abandoned,
+		Succeeded:  c.Succeeded,
+		Failed:     c.Failed,
+		Expired:    c.Expired,
+		Corrupt:    c.Corrupt,
 		DiskBytes:  s.DiskBytes,
 
 		ReplayCacheEntries: s.ReplayCacheEntries,
@@ -338,8 +338,12 @@ func (h *adminHandler) stats(w http.ResponseWriter, r *http.Request) {
 		adminError(w, adminStatus(err), err)
 		return
 	}
-	s := h.db.Stats()
-	writeJSON(w, NewAdminStats(s, now))
+	c, err := h.db.Count(r.Context())
+	if err != nil {
+		adminError(w, adminStatus(err), err)
+		return
+	}
+	writeJSON(w, NewAdminStats(h.db.Stats(), c, now))
 }
 
 // adminStatus maps an engine error to an HTTP status.

@@ -198,7 +198,7 @@ func TestCorruptRecords(t *testing.T) {
 						}
 					}
 				}
-				require.Equal(t, int64(1), db.Stats().Corrupt, "Stats.Corrupt")
+				require.Equal(t, int64(1), countOf(t, db).Corrupt, "Counts.Corrupt")
 
 				// Nothing overwrote the bytes.
 				require.Equal(t, garbage, s.raw(t, key), "corrupt record rewritten")

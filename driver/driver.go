@@ -113,19 +113,25 @@ type GCStats struct {
 	Duration      time.Duration
 }
 
-// Stats are an engine's figures for receipts.DB.Stats: record counts from a scan of what
-// is stored, and the engine's own gauges. Counters of calls are kept by the root.
+// Stats are an engine's gauges for receipts.DB.Stats, read without a scan and without a
+// round trip to a server. Counters of calls are kept by the root; record counts are Count's.
 type Stats struct {
-	LiveEpochs int // epochs (partitions) holding records
-	// Visible records by state; Abandoned is the part of Pending whose lease has run out.
-	Pending, Abandoned, Succeeded, Failed int64
-	Expired                               int64  // records past retention not reclaimed yet
-	Corrupt                               int64  // records that do not decode
-	DiskBytes                             uint64 // the engine's disk usage
+	// DiskBytes is the engine's disk usage (Pebble: the store's directory; PostgreSQL: the
+	// schema's tables and indexes as measured by the last Count, 0 before the first).
+	DiskBytes uint64
 	// The replay cache (Pebble): hits since open, entries and bytes held now.
 	ReplayCacheHits    uint64
 	ReplayCacheEntries int
 	ReplayCacheBytes   int64
+}
+
+// Counts are what one pass over the stored records finds (receipts.DB.Count).
+type Counts struct {
+	LiveEpochs int // epochs (partitions) holding records
+	// Visible records by state; Abandoned is the part of Pending whose lease has run out.
+	Pending, Abandoned, Succeeded, Failed int64
+	Expired                               int64 // records past retention not reclaimed yet
+	Corrupt                               int64 // records that do not decode
 }
 
 // Config is what the root hands an engine's constructor (see receipts.OpenEngine): the
@@ -199,8 +205,10 @@ type Engine interface {
 	Watch(k Key) (c <-chan struct{}, done func())
 	// Scan iterates visible records matching f (operator use), durable only.
 	Scan(ctx context.Context, f Filter) iter.Seq2[Record, error]
-	// Stats counts the stored records (a scan) and reports the engine's gauges.
-	Stats(ctx context.Context) (Stats, error)
+	// Stats reports the engine's gauges: cheap, no scan, no I/O that can block.
+	Stats() Stats
+	// Count counts the stored records (a pass over all of them, durable ones only).
+	Count(ctx context.Context) (Counts, error)
 	// GC reclaims space of records past retention by dropping whole epochs/partitions.
 	GC(ctx context.Context) (GCStats, error)
 	// Secret is a per-store random secret (created with the store, stable forever): ProviderKey is

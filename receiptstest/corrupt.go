@@ -85,7 +85,7 @@ func testCorrupt(t *testing.T, s Store, overClaim bool) {
 				}
 			}
 		}
-		require.Equal(t, int64(1), e.db.Stats().Corrupt, "Stats.Corrupt")
+		require.Equal(t, int64(1), e.count().Corrupt, "Counts.Corrupt")
 
 		// Every other key is served.
 		for _, k := range good {

@@ -252,8 +252,12 @@ func (o *offline) list(ctx context.Context, f receipts.Filter, each func(receipt
 	return now, problems, nil
 }
 
-func (o *offline) stats(context.Context) (receipts.AdminStats, error) {
-	s := receipts.NewAdminStats(o.db.Stats(), time.Now())
+func (o *offline) stats(ctx context.Context) (receipts.AdminStats, error) {
+	c, err := o.db.Count(ctx)
+	if err != nil {
+		return receipts.AdminStats{}, err
+	}
+	s := receipts.NewAdminStats(o.db.Stats(), c, time.Now())
 	if o.src != fromStore {
 		s.LeaseTTL = "" // receiptctl's own, not the service's
 	}
