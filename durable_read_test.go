@@ -25,6 +25,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
 
@@ -86,8 +87,8 @@ func countView(db *receipts.DB) readerView {
 
 func adminListView(db *receipts.DB) readerView {
 	rec := httptest.NewRecorder()
-	receipts.AdminHandler(db).ServeHTTP(rec, httptest.NewRequest("GET", "/admin/list", nil))
-	var l receipts.AdminList
+	receiptadmin.Handler(db).ServeHTTP(rec, httptest.NewRequest("GET", "/admin/list", nil))
+	var l receiptadmin.List
 	if err := json.Unmarshal(rec.Body.Bytes(), &l); err != nil {
 		return readerView{name: "admin list", records: []string{"error: " + err.Error()}}
 	}

@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -43,7 +43,7 @@ records no retention: give the service's with --retention.`,
 				return gcErr
 			}
 			if a.json {
-				return writeJSON(a.stdout, receipts.NewAdminGCStats(st))
+				return writeJSON(a.stdout, receiptadmin.NewGCStats(st))
 			}
 			fmt.Fprintf(a.stdout, "dropped %d %s (~%s), %d %s, took %s\n", st.EpochsDropped, plural(st.EpochsDropped, "epoch", "epochs"),
 				showSize(st.BytesFreed), st.Writes, plural(st.Writes, "write", "writes"), st.Duration)

@@ -10,7 +10,7 @@
 //	  -d '{"title":"Write the report"}'
 //
 // Callers are fixed demo tokens: alice-token (alice) and bob-token (bob).
-// A read-only receipts.AdminHandler listens on -admin for receiptctl:
+// A read-only receiptadmin.Handler listens on -admin for receiptctl:
 //
 //	go run ./cmd/receiptctl --addr http://127.0.0.1:8081/admin/receipts ls
 package main
@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 )
 
 func main() {
@@ -70,7 +71,7 @@ func run() error {
 	servers := []*http.Server{{Addr: *addr, Handler: api, ReadHeaderTimeout: 10 * time.Second}}
 	if *admin != "" {
 		mux := http.NewServeMux()
-		mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
+		mux.Handle("/admin/receipts/", receiptadmin.Handler(db))
 		servers = append(servers, &http.Server{Addr: *admin, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
 	}
 	errc := make(chan error, len(servers))
