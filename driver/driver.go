@@ -218,6 +218,43 @@ type Engine interface {
 	Close() error
 }
 
+// Checker is implemented by an engine that can check its store's integrity
+// (receipts.DB.Check). An engine without it makes Check return
+// receipts.ErrUnsupported.
+type Checker interface {
+	// Check reads every stored record and the store's own data (meta,
+	// counters) from one consistent view, and reports what is wrong. A
+	// problem found is a Problem, not an error; the error is for what stops
+	// the check (ctx, I/O).
+	Check(ctx context.Context) (CheckReport, error)
+}
+
+// CheckReport is what Checker.Check found.
+type CheckReport struct {
+	Records int // record keys (rows) read
+	Epochs  int // distinct epochs (partitions) holding records
+	Expired int // records past retention, waiting for GC
+	// EpochWidth is the store's as its meta records it (0 if unreadable).
+	EpochWidth time.Duration
+	// GCFloor: epochs below it were dropped by GC. TokenCeiling: no token
+	// at or above it was handed out.
+	GCFloor, TokenCeiling uint64
+	Problems              []Problem
+}
+
+// Problem is one thing wrong in a store.
+type Problem struct {
+	// Key names what is wrong: a record's key as Key.String formats it, a
+	// stored key that does not parse (Go-quoted), or a part of the store
+	// ("meta", "token ceiling", "gc floor", a table).
+	Key string
+	// Epoch is the epoch (partition) the record is stored in; -1 if the
+	// problem is not in one.
+	Epoch int64
+	// What is wrong, for people.
+	What string
+}
+
 // LeaseInfo is what identifies a lease to its engine: what receipts.Lease.Raw hands an engine
 // package's own ways of finishing a lease (pgstore.CommitTx).
 type LeaseInfo struct {

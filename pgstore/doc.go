@@ -24,4 +24,7 @@
 // runs in poll-only mode: waiters on a node learn of other nodes' commits by re-reading every
 // PollInterval (and by the waiting loop's own re-check), not within a notify flush. NOTIFY
 // itself works through any pooler, so nodes that do listen are still woken by poll-only ones.
+//
+// DB.Check (the integrity check) returns receipts.ErrUnsupported on this engine: the
+// columns are typed and constrained, so rows cannot fail to decode as Pebble's records can.
 package pgstore

@@ -60,6 +60,7 @@ func topics() []struct {
 		{"Scan", scanTests},
 		{"Stats", statsTests},
 		{"Corrupt", corruptTests},
+		{"Check", checkTests},
 		{"Concurrency", concurrencyTests},
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
@@ -260,6 +261,27 @@ func (e *env) count() receipts.Counts {
 	n, err := e.db.Count(bg)
 	require.NoError(e.t, err, "Count")
 	return n
+}
+
+// check is the store's Check, nil if the engine does not support it.
+func (e *env) check() *receipts.CheckReport {
+	e.t.Helper()
+	rep, err := e.db.Check(bg)
+	if errors.Is(err, receipts.ErrUnsupported) {
+		return nil
+	}
+	require.NoError(e.t, err, "Check")
+	require.NotNil(e.t, rep)
+	return rep
+}
+
+// wantCheckOK requires Check (where the engine supports it) to find
+// nothing wrong.
+func (e *env) wantCheckOK() {
+	e.t.Helper()
+	if rep := e.check(); rep != nil {
+		require.True(e.t, rep.OK(), "Check found problems in a sound store: %+v", rep.Problems)
+	}
 }
 
 // expired is how many records are past retention but not collected yet
