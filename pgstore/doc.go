@@ -25,6 +25,8 @@
 // PollInterval (and by the waiting loop's own re-check), not within a notify flush. NOTIFY
 // itself works through any pooler, so nodes that do listen are still woken by poll-only ones.
 //
-// DB.Check (the integrity check) returns receipts.ErrUnsupported on this engine: the
-// columns are typed and constrained, so rows cannot fail to decode as Pebble's records can.
+// DB.Check reads meta, token_seq and every row of records in one read-only snapshot and
+// reports rows that break the engine's invariants (a state, fingerprint, attempts, token or
+// lease that the engine never writes; a row outside the partition of its last write; a key
+// visible in two partitions) and live partitions that were detached.
 package pgstore
