@@ -16,13 +16,23 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/pgtest"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain stops the throwaway PostgreSQL cluster, if a test started one;
+// goroutine leaks are checked per test (leakCheck), so the cluster's own
+// helpers never count.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func leakCheck(t *testing.T) {
+	t.Helper()
+	opts := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
+}
 
 var bg = context.Background()
 
@@ -36,6 +46,7 @@ type testStore struct {
 
 func newTestStore(t *testing.T, mod func(*receipts.Options)) *testStore {
 	t.Helper()
+	leakCheck(t)
 	s := &testStore{clock: receiptstest.NewClock(time.Time{})}
 	o := receipts.Options{
 		Retention:  time.Hour,
