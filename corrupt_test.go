@@ -198,7 +198,14 @@ func TestCorruptRecords(t *testing.T) {
 						}
 					}
 				}
-				require.Equal(t, int64(1), db.Stats().Corrupt, "Stats.Corrupt")
+				require.Equal(t, int64(1), countOf(t, db).Corrupt, "Counts.Corrupt")
+				rep, err := db.Check(ctx)
+				require.NoError(t, err, "Check")
+				require.Len(t, rep.Problems, 1, "Check: %+v", rep.Problems)
+				require.Equal(t, bad.String(), rep.Problems[0].Key, "Check names the corrupt record")
+				require.Contains(t, rep.Problems[0].What, "does not decode")
+				epoch, _ := keys.Epoch(key)
+				require.Equal(t, int64(epoch), rep.Problems[0].Epoch)
 
 				// Nothing overwrote the bytes.
 				require.Equal(t, garbage, s.raw(t, key), "corrupt record rewritten")

@@ -853,7 +853,9 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 		maxTok = max(maxTok, r.Token)
 	}
 	if withStats {
-		if st := db.Stats(); st.Corrupt != 0 {
+		if st, err := db.Count(context.Background()); err != nil {
+			bad.addf("check %d: Count: %v", gen, err)
+		} else if st.Corrupt != 0 {
 			bad.addf("check %d: %d corrupt records", gen, st.Corrupt)
 		}
 	}

@@ -224,7 +224,7 @@ func (sc *script) run(line string) string {
 		sc.s.reopen()
 		return "ok"
 	case "stats":
-		st := db.Stats()
+		st := countOf(sc.t, db)
 		return fmt.Sprintf("epochs=%d pending=%d abandoned=%d succeeded=%d failed=%d expired=%d",
 			st.LiveEpochs, st.Pending, st.Abandoned, st.Succeeded, st.Failed, st.Expired)
 	}

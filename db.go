@@ -87,6 +87,18 @@ func (db *DB) Checkpoint(dir string) error {
 	return db.peb.Checkpoint(dir)
 }
 
+// Now returns the store's clock: the time its leases and retention are
+// judged by (Options.Now for Pebble, or the database's clock for
+// PostgreSQL), which decides Receipt.Abandoned. It returns ErrClosed after
+// Close.
+func (db *DB) Now(ctx context.Context) (time.Time, error) {
+	if err := db.enter(); err != nil {
+		return time.Time{}, err
+	}
+	defer db.exit()
+	return db.now(ctx)
+}
+
 // now is the engine's clock.
 func (db *DB) now(ctx context.Context) (time.Time, error) { return db.eng.Now(ctx) }
 

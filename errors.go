@@ -83,7 +83,7 @@ var (
 
 	// ErrLocked is returned by Open when another process (or another DB in
 	// this process) holds the directory. Inspect a running service through
-	// its AdminHandler, or open a Checkpoint of it.
+	// its admin handler (package receiptadmin), or open a Checkpoint of it.
 	ErrLocked = pebbleengine.ErrLocked
 
 	// ErrUnsupported is returned by a method the store's engine cannot

@@ -144,3 +144,40 @@ func nextItemID(db *receipts.DB) int {
 	}
 	return n + 1
 }
+
+// Stats is cheap (settings, gauges, counters); Count reads every record to
+// count them by state; Check reads every record to verify the store.
+func ExampleDB_Check() {
+	dir, _ := os.MkdirTemp("", "receipts-example")
+	defer os.RemoveAll(dir)
+	db, err := receipts.Open(dir, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	for _, id := range []string{"op-1", "op-2"} {
+		_, _ = db.Do(ctx, receipts.Key{Scope: "acct", ID: id}, []byte("fp"),
+			func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("done"), nil })
+	}
+	_, _, _ = db.Claim(ctx, receipts.Key{Scope: "acct", ID: "op-3"}, []byte("fp"))
+
+	fmt.Println("commits:", db.Stats().Commits)
+	c, err := db.Count(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("succeeded:", c.Succeeded, "pending:", c.Pending)
+	rep, err := db.Check(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("records:", rep.Records, "ok:", rep.OK())
+	for _, p := range rep.Problems {
+		fmt.Println(p.Key, p.Epoch, p.What)
+	}
+	// Output:
+	// commits: 2
+	// succeeded: 2 pending: 1
+	// records: 3 ok: true
+}

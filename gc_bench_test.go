@@ -231,7 +231,7 @@ func benchGCOnce(b *testing.B, n int, how string, compact bool) {
 	s.fill(b, how, "live-", live, width/4) // epoch 4
 	fillTime := time.Since(fillStart)
 	before := s.settle(b)
-	if st := s.db.Stats(); st.Succeeded+st.Expired != int64(n+live) || st.LiveEpochs != 5 {
+	if st := countOf(b, s.db); st.Succeeded+st.Expired != int64(n+live) || st.LiveEpochs != 5 {
 		b.Fatalf("filled %d receipts in %d epochs, want %d in 5", st.Succeeded+st.Expired, st.LiveEpochs, n+live)
 	}
 
@@ -249,7 +249,7 @@ func benchGCOnce(b *testing.B, n int, how string, compact bool) {
 		b.Fatalf("GC: %+v", st)
 	}
 	afterCompaction := s.settle(b)
-	if got := s.db.Stats(); got.Succeeded != int64(live) || got.Expired != 0 {
+	if got := countOf(b, s.db); got.Succeeded != int64(live) || got.Expired != 0 {
 		b.Fatalf("after GC: %d visible, %d expired; want %d and 0", got.Succeeded, got.Expired, live)
 	}
 

@@ -128,7 +128,7 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 			require.Equal(t, receipts.Succeeded, r.State)
 		}
 		if n <= 10_000 { // a full scan: slow under -race
-			require.Equal(t, int64(n+4), db.Stats().Succeeded)
+			require.Equal(t, int64(n+4), countOf(t, db).Succeeded)
 		}
 		// A survivor, in epoch 4.
 		s.clock.Advance(retW/2 + 1)
@@ -150,10 +150,10 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 			require.ErrorIs(t, err, receipts.ErrNotFound)
 		}
 		retVisible(t, db, live, receipts.Succeeded)
-		stats := db.Stats()
-		require.Equal(t, 1, stats.LiveEpochs)
-		require.Zero(t, stats.Expired)
-		require.Equal(t, st, stats.LastGC)
+		counts := countOf(t, db)
+		require.Equal(t, 1, counts.LiveEpochs)
+		require.Zero(t, counts.Expired)
+		require.Equal(t, st, db.Stats().LastGC)
 		return result{writes: st.Writes, walBytes: after.WAL.BytesIn - before.WAL.BytesIn, dropped: st.EpochsDropped}
 	}
 	small := run(t, 10_000)
@@ -296,7 +296,7 @@ func TestGCIntervalDisablesOrDefaults(t *testing.T) {
 				// Nothing collects the expired receipt but an explicit GC.
 				retCommit(t, s.db, key("acct", "a"), "x")
 				s.clock.Advance(2 * retR)
-				require.Equal(t, int64(1), s.db.Stats().Expired)
+				require.Equal(t, int64(1), countOf(t, s.db).Expired)
 				require.Zero(t, s.db.Stats().LastGC.At)
 				require.Equal(t, 1, retGC(t, s.db).EpochsDropped)
 			}
@@ -313,7 +313,7 @@ func TestGCStatsReportsEpochsStatesAndLastGC(t *testing.T) {
 	require.Equal(t, retR, st.Retention)
 	require.Equal(t, retTTL, st.LeaseTTL)
 	require.Equal(t, retW, st.EpochWidth)
-	require.Zero(t, st.LiveEpochs)
+	require.Zero(t, countOf(t, db).LiveEpochs)
 	require.Zero(t, st.LastGC)
 
 	// Epoch 0: a success, a failure, a claim whose holder crashed.
@@ -333,28 +333,29 @@ func TestGCStatsReportsEpochsStatesAndLastGC(t *testing.T) {
 	_, _, err = db.Claim(bg, key("c", "live-2"), retFP)
 	require.NoError(t, err)
 
+	c := countOf(t, db)
+	require.Equal(t, 3, c.LiveEpochs)
+	require.Equal(t, int64(2), c.Pending)
+	require.Equal(t, int64(1), c.Abandoned)
+	require.Equal(t, int64(3), c.Succeeded)
+	require.Equal(t, int64(1), c.Failed)
+	require.Zero(t, c.Expired)
 	st = db.Stats()
-	require.Equal(t, 3, st.LiveEpochs)
-	require.Equal(t, int64(2), st.Pending)
-	require.Equal(t, int64(1), st.Abandoned)
-	require.Equal(t, int64(3), st.Succeeded)
-	require.Equal(t, int64(1), st.Failed)
-	require.Zero(t, st.Expired)
 	require.Positive(t, st.DiskBytes)
 	require.Zero(t, st.LastGC)
 
 	// t0+61m: epoch 0's records have expired, the claim's lease has run
 	// out; GC can drop epoch 0 once it ended Retention ago (t0+75m).
 	s.clock.Advance(26 * time.Minute)
-	st = db.Stats()
-	require.Equal(t, 3, st.LiveEpochs)
-	require.Equal(t, int64(3), st.Expired)
-	require.Equal(t, int64(1), st.Pending)
-	require.Equal(t, int64(1), st.Abandoned)
-	require.Equal(t, int64(2), st.Succeeded)
-	require.Zero(t, st.Failed)
+	c = countOf(t, db)
+	require.Equal(t, 3, c.LiveEpochs)
+	require.Equal(t, int64(3), c.Expired)
+	require.Equal(t, int64(1), c.Pending)
+	require.Equal(t, int64(1), c.Abandoned)
+	require.Equal(t, int64(2), c.Succeeded)
+	require.Zero(t, c.Failed)
 	require.Zero(t, retGC(t, db).EpochsDropped, "epoch 0 is not dead yet")
-	require.Equal(t, 3, db.Stats().LiveEpochs)
+	require.Equal(t, 3, countOf(t, db).LiveEpochs)
 
 	s.clock.Advance(retW) // t0+76m
 	require.NoError(t, db.Pebble().Flush())
@@ -364,19 +365,19 @@ func TestGCStatsReportsEpochsStatesAndLastGC(t *testing.T) {
 	require.Positive(t, gst.BytesFreed)
 	require.Equal(t, s.clock.Now(), gst.At)
 	require.False(t, gst.Compacted)
-	st = db.Stats()
-	require.Equal(t, gst, st.LastGC)
-	require.Equal(t, 2, st.LiveEpochs)
-	require.Zero(t, st.Expired)
-	require.Equal(t, int64(1), st.Pending)
-	require.Equal(t, int64(2), st.Succeeded)
+	require.Equal(t, gst, db.Stats().LastGC)
+	c = countOf(t, db)
+	require.Equal(t, 2, c.LiveEpochs)
+	require.Zero(t, c.Expired)
+	require.Equal(t, int64(1), c.Pending)
+	require.Equal(t, int64(2), c.Succeeded)
 
 	// Counts survive a reopen; LastGC is since Open.
 	s.reopen()
-	st = s.db.Stats()
-	require.Equal(t, 2, st.LiveEpochs)
-	require.Equal(t, int64(2), st.Succeeded)
-	require.Zero(t, st.LastGC)
+	c = countOf(t, s.db)
+	require.Equal(t, 2, c.LiveEpochs)
+	require.Equal(t, int64(2), c.Succeeded)
+	require.Zero(t, s.db.Stats().LastGC)
 }
 
 // TestGCConcurrentWithClaims runs GC in a loop while claims and commits go

@@ -89,3 +89,11 @@ func (s *testStore) reopen() {
 var bg = context.Background()
 
 func key(scope, id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
+
+// countOf is db.Count, which must not fail.
+func countOf(t testing.TB, db *receipts.DB) receipts.Counts {
+	t.Helper()
+	c, err := db.Count(context.Background())
+	require.NoError(t, err, "Count")
+	return c
+}

@@ -1,7 +1,7 @@
 package receipts_test
 
 // Model-based property test: random sequences of Claim, Commit, Fail,
-// CommitWith, Release, Renew, Lookup, Scan, Stats, GC, clock jumps (forward,
+// CommitWith, Release, Renew, Lookup, Scan, Count, GC, clock jumps (forward,
 // onto lease and retention boundaries, and backwards), reopen and power-loss
 // crash, run against the real engine and against an in-memory model of the
 // contract the package documents (doc.go and the README's "What it
@@ -547,10 +547,11 @@ func (m *modelSM) scan(t *rapid.T, f receipts.Filter) {
 	require.Equal(t, n, len(seen), "scan %+v: records", f)
 }
 
-func (m *modelSM) Stats(t *rapid.T) {
+func (m *modelSM) Count(t *rapid.T) {
 	now := m.tick()
-	st := m.db.Stats()
-	m.synced() // so does Stats
+	st, err := m.db.Count(modelCtx)
+	require.NoError(t, err, "count")
+	m.synced() // so does Count
 	var pending, abandoned, succeeded, failed int64
 	for _, k := range modelKeys {
 		r := m.visible(k, now)
@@ -568,7 +569,7 @@ func (m *modelSM) Stats(t *rapid.T) {
 		}
 	}
 	require.Equal(t, []int64{pending, abandoned, succeeded, failed, 0},
-		[]int64{st.Pending, st.Abandoned, st.Succeeded, st.Failed, st.Corrupt}, "stats: pending, abandoned, succeeded, failed, corrupt")
+		[]int64{st.Pending, st.Abandoned, st.Succeeded, st.Failed, st.Corrupt}, "count: pending, abandoned, succeeded, failed, corrupt")
 }
 
 func (m *modelSM) GC(t *rapid.T) {
@@ -755,7 +756,7 @@ func modelActions(m *modelSM) map[string]func(*rapid.T) {
 		"Renew":              m.Renew,
 		"Lookup":             m.Lookup,
 		"Scan":               m.Scan,
-		"Stats":              m.Stats,
+		"Count":              m.Count,
 		"GC":                 m.GC,
 		"BadInput":           m.BadInput,
 		"ClockSmall":         m.ClockSmall,

@@ -25,8 +25,13 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 	return r, nil
 }
 
-// inspect is Lookup for operators: it does not call Options.BeforeReplay.
-func (db *DB) inspect(ctx context.Context, k Key) (*Receipt, error) {
+// Inspect is Lookup for operators, as Scan is: it returns the visible record
+// of k in any state (ErrNotFound if there is none) without calling
+// Options.BeforeReplay. It writes nothing and counts no call (like Lookup,
+// it may be answered from the replay cache, and fill it). Use it in tools that show every
+// scope's records, such as the admin handler (package receiptadmin), and
+// keep them behind the service's operator authentication.
+func (db *DB) Inspect(ctx context.Context, k Key) (*Receipt, error) {
 	if err := db.enter(); err != nil {
 		return nil, err
 	}

@@ -175,14 +175,14 @@ func TestRetentionVisibleUntilWindowEndsGoneAfter(t *testing.T) {
 				return nil, nil
 			})
 			require.ErrorIs(t, err, receipts.ErrFailed)
-			require.Equal(t, int64(1), db.Stats().Succeeded)
+			require.Equal(t, int64(1), countOf(t, db).Succeeded)
 
 			// One nanosecond later: gone, and the key starts afresh.
 			s.clock.Advance(1)
 			gc()
 			retGone(t, db, k)
 			retGone(t, db, failed)
-			st := db.Stats()
+			st := countOf(t, db)
 			require.Zero(t, st.Succeeded+st.Failed+st.Pending)
 			if !withGC {
 				require.Equal(t, int64(2), st.Expired, "expired, not yet collected")
@@ -237,7 +237,7 @@ func TestRetentionAbandonedClaimKeptForWindow(t *testing.T) {
 			r := retVisible(t, db, k, receipts.Pending)
 			require.True(t, r.Abandoned(s.clock.Now()))
 		}
-		st := db.Stats()
+		st := countOf(t, db)
 		require.Equal(t, int64(3), st.Pending)
 		require.Equal(t, int64(3), st.Abandoned)
 		n := 0

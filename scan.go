@@ -17,7 +17,11 @@ type Filter struct {
 	Limit     int    // 0 = no limit
 }
 
-func (f *Filter) validate() error {
+// Validate reports a Filter that Scan rejects: a scope over MaxKeyPartLen
+// (ErrInvalidKey), an unknown state or a negative limit
+// (ErrInvalidArgument). Scan calls it; a caller that must fail before it
+// starts answering (an HTTP handler) can call it first.
+func (f Filter) Validate() error {
 	if len(f.Scope) > MaxKeyPartLen {
 		return fmt.Errorf("%w: filter scope of %d bytes", ErrInvalidKey, len(f.Scope))
 	}
@@ -48,7 +52,7 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 			return
 		}
 		defer db.exit()
-		if err := f.validate(); err != nil {
+		if err := f.Validate(); err != nil {
 			yield(nil, err)
 			return
 		}

@@ -113,19 +113,25 @@ type GCStats struct {
 	Duration      time.Duration
 }
 
-// Stats are an engine's figures for receipts.DB.Stats: record counts from a scan of what
-// is stored, and the engine's own gauges. Counters of calls are kept by the root.
+// Stats are an engine's gauges for receipts.DB.Stats, read without a scan and without a
+// round trip to a server. Counters of calls are kept by the root; record counts are Count's.
 type Stats struct {
-	LiveEpochs int // epochs (partitions) holding records
-	// Visible records by state; Abandoned is the part of Pending whose lease has run out.
-	Pending, Abandoned, Succeeded, Failed int64
-	Expired                               int64  // records past retention not reclaimed yet
-	Corrupt                               int64  // records that do not decode
-	DiskBytes                             uint64 // the engine's disk usage
+	// DiskBytes is the engine's disk usage (Pebble: the store's directory; PostgreSQL: the
+	// schema's tables and indexes as measured by the last Count, 0 before the first).
+	DiskBytes uint64
 	// The replay cache (Pebble): hits since open, entries and bytes held now.
 	ReplayCacheHits    uint64
 	ReplayCacheEntries int
 	ReplayCacheBytes   int64
+}
+
+// Counts are what one pass over the stored records finds (receipts.DB.Count).
+type Counts struct {
+	LiveEpochs int // epochs (partitions) holding records
+	// Visible records by state; Abandoned is the part of Pending whose lease has run out.
+	Pending, Abandoned, Succeeded, Failed int64
+	Expired                               int64 // records past retention not reclaimed yet
+	Corrupt                               int64 // records that do not decode
 }
 
 // Config is what the root hands an engine's constructor (see receipts.OpenEngine): the
@@ -199,8 +205,10 @@ type Engine interface {
 	Watch(k Key) (c <-chan struct{}, done func())
 	// Scan iterates visible records matching f (operator use), durable only.
 	Scan(ctx context.Context, f Filter) iter.Seq2[Record, error]
-	// Stats counts the stored records (a scan) and reports the engine's gauges.
-	Stats(ctx context.Context) (Stats, error)
+	// Stats reports the engine's gauges: cheap, no scan, no I/O that can block.
+	Stats() Stats
+	// Count counts the stored records (a pass over all of them, durable ones only).
+	Count(ctx context.Context) (Counts, error)
 	// GC reclaims space of records past retention by dropping whole epochs/partitions.
 	GC(ctx context.Context) (GCStats, error)
 	// Secret is a per-store random secret (created with the store, stable forever): ProviderKey is
@@ -208,6 +216,43 @@ type Engine interface {
 	Secret() []byte
 	// Close releases the engine's resources (background goroutines, listener connections).
 	Close() error
+}
+
+// Checker is implemented by an engine that can check its store's integrity
+// (receipts.DB.Check). An engine without it makes Check return
+// receipts.ErrUnsupported.
+type Checker interface {
+	// Check reads every stored record and the store's own data (meta,
+	// counters) from one consistent view, and reports what is wrong. A
+	// problem found is a Problem, not an error; the error is for what stops
+	// the check (ctx, I/O).
+	Check(ctx context.Context) (CheckReport, error)
+}
+
+// CheckReport is what Checker.Check found.
+type CheckReport struct {
+	Records int // record keys (rows) read
+	Epochs  int // distinct epochs (partitions) holding records
+	Expired int // records past retention, waiting for GC
+	// EpochWidth is the store's as its meta records it (0 if unreadable).
+	EpochWidth time.Duration
+	// GCFloor: epochs below it were dropped by GC. TokenCeiling: no token
+	// at or above it was handed out.
+	GCFloor, TokenCeiling uint64
+	Problems              []Problem
+}
+
+// Problem is one thing wrong in a store.
+type Problem struct {
+	// Key names what is wrong: a record's key as Key.String formats it, a
+	// stored key that does not parse (Go-quoted), or a part of the store
+	// ("meta", "token ceiling", "gc floor", a table).
+	Key string
+	// Epoch is the epoch (partition) the record is stored in; -1 if the
+	// problem is not in one.
+	Epoch int64
+	// What is wrong, for people.
+	What string
 }
 
 // LeaseInfo is what identifies a lease to its engine: what receipts.Lease.Raw hands an engine

@@ -24,4 +24,9 @@
 // runs in poll-only mode: waiters on a node learn of other nodes' commits by re-reading every
 // PollInterval (and by the waiting loop's own re-check), not within a notify flush. NOTIFY
 // itself works through any pooler, so nodes that do listen are still woken by poll-only ones.
+//
+// DB.Check reads meta, token_seq and every row of records in one read-only snapshot and
+// reports rows that break the engine's invariants (a state, fingerprint, attempts, token or
+// lease that the engine never writes; a row outside the partition of its last write; a key
+// visible in two partitions) and live partitions that were detached.
 package pgstore

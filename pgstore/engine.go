@@ -147,6 +147,8 @@ type engine struct {
 	skew atomic.Int64
 	hwm  atomic.Int64 // Now never runs backwards
 
+	diskBytes atomic.Uint64 // the schema's disk usage, as the last Count measured it
+
 	hub      hub
 	notifier notifier
 	listenUp atomic.Bool

@@ -46,6 +46,7 @@ func testCorrupt(t *testing.T, s Store, overClaim bool) {
 	} else {
 		e.commit(bad, "fp", "r")
 	}
+	e.wantCheckOK()
 	c.Corrupt(t, e.db, bad)
 
 	check := func() {
@@ -85,7 +86,12 @@ func testCorrupt(t *testing.T, s Store, overClaim bool) {
 				}
 			}
 		}
-		require.Equal(t, int64(1), e.db.Stats().Corrupt, "Stats.Corrupt")
+		require.Equal(t, int64(1), e.count().Corrupt, "Counts.Corrupt")
+		if rep := e.check(); rep != nil {
+			require.Len(t, rep.Problems, 1, "Check: %+v", rep.Problems)
+			require.Equal(t, bad.String(), rep.Problems[0].Key, "Check names the corrupt record")
+			require.Equal(t, len(good)+1, rep.Records, "Check reads every record")
+		}
 
 		// Every other key is served.
 		for _, k := range good {

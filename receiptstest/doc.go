@@ -15,8 +15,8 @@
 //
 // Run runs each contract test as a subtest named Topic/Behaviour (topics:
 // Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tokens, Restart,
-// BadInput, Close, Scan, Stats, Corrupt, Concurrency, Isolation, Pebble,
-// Issue12), so one topic or one behaviour can be selected with go test
+// BadInput, Close, Scan, Stats, Corrupt, Check, Concurrency, Isolation,
+// Pebble, Issue12), so one topic or one behaviour can be selected with go test
 // -run. Each test opens its own store with Retention 1h, LeaseTTL 30s,
 // background GC off, and Options.Now set to a Clock of its own: time moves
 // only when the test moves it, so leases run out and receipts expire without
@@ -27,7 +27,8 @@
 // to run under -race.
 //
 // The Corrupt topic runs only if the Store also implements Corrupter (it
-// damages a stored record). Tests of the Pebble-only methods
+// damages a stored record). The Check topic skips on an engine whose
+// DB.Check returns receipts.ErrUnsupported. Tests of the Pebble-only methods
 // (Lease.CommitWith, DB.DoBatch, DB.Pebble) skip on an engine whose
 // DB.Pebble returns nil. Tests of behaviours that issue 12 is changing start
 // with t.Skip("pending issue 12 item N") until the fix is merged (see

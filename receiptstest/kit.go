@@ -60,6 +60,7 @@ func topics() []struct {
 		{"Scan", scanTests},
 		{"Stats", statsTests},
 		{"Corrupt", corruptTests},
+		{"Check", checkTests},
 		{"Concurrency", concurrencyTests},
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
@@ -231,10 +232,7 @@ func (e *env) gc() receipts.GCStats {
 type counts struct{ Pending, Abandoned, Succeeded, Failed int64 }
 
 // wantCounts requires the store's visible records to be c, counted by Scan
-// and reported by Stats.
-//
-// Stats is being redesigned (issue 13 item 4: cheap counters, a separate
-// counting call with ctx): this is the one place to follow it.
+// and by Count.
 func (e *env) wantCounts(c counts) {
 	e.t.Helper()
 	var got counts
@@ -254,13 +252,42 @@ func (e *env) wantCounts(c counts) {
 		}
 	}
 	require.Equal(e.t, c, got, "records counted by Scan")
-	st := e.db.Stats()
-	require.Equal(e.t, c, counts{st.Pending, st.Abandoned, st.Succeeded, st.Failed}, "records counted by Stats")
+	n := e.count()
+	require.Equal(e.t, c, counts{n.Pending, n.Abandoned, n.Succeeded, n.Failed}, "records counted by Count")
+}
+
+// count is the store's Count.
+func (e *env) count() receipts.Counts {
+	e.t.Helper()
+	n, err := e.db.Count(bg)
+	require.NoError(e.t, err, "Count")
+	return n
+}
+
+// check is the store's Check, nil if the engine does not support it.
+func (e *env) check() *receipts.CheckReport {
+	e.t.Helper()
+	rep, err := e.db.Check(bg)
+	if errors.Is(err, receipts.ErrUnsupported) {
+		return nil
+	}
+	require.NoError(e.t, err, "Check")
+	require.NotNil(e.t, rep)
+	return rep
+}
+
+// wantCheckOK requires Check (where the engine supports it) to find
+// nothing wrong.
+func (e *env) wantCheckOK() {
+	e.t.Helper()
+	if rep := e.check(); rep != nil {
+		require.True(e.t, rep.OK(), "Check found problems in a sound store: %+v", rep.Problems)
+	}
 }
 
 // expired is how many records are past retention but not collected yet
-// (Stats.Expired; see wantCounts).
-func (e *env) expired() int64 { return e.db.Stats().Expired }
+// (Counts.Expired; see wantCounts).
+func (e *env) expired() int64 { return e.count().Expired }
 
 // sameReceipt requires got to be the receipt want: every field, times
 // compared as instants.

@@ -11,6 +11,39 @@ import (
 
 var statsTests = []test{
 	{"Counters", testStatsCounters},
+	{"Count", testCount},
+}
+
+// Count counts the visible records by state (Abandoned within Pending) and
+// those past retention; it honours ctx and returns ErrClosed after Close.
+// Stats reads no record: it answers with the settings and counters, after
+// Close too.
+func testCount(t *testing.T, s Store) {
+	e := newEnv(t, s, nil)
+	e.wantCounts(counts{})
+	e.commit(key("a", "ok"), "fp", "r")
+	l := e.claim(key("a", "failed"), "fp")
+	_, err := l.Fail(bg, []byte("no"))
+	require.NoError(t, err)
+	e.claim(key("b", "held"), "fp")
+	e.wantCounts(counts{Pending: 1, Succeeded: 1, Failed: 1})
+	e.clock.Advance(leaseTTL)
+	e.wantCounts(counts{Pending: 1, Abandoned: 1, Succeeded: 1, Failed: 1})
+	c := e.count()
+	require.Positive(t, c.LiveEpochs)
+	require.Zero(t, c.Expired+c.Corrupt)
+
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	_, err = e.db.Count(ctx)
+	require.ErrorIs(t, err, context.Canceled, "Count with a cancelled ctx")
+
+	require.NoError(t, e.db.Close())
+	_, err = e.db.Count(bg)
+	require.ErrorIs(t, err, receipts.ErrClosed, "Count after Close")
+	st := e.db.Stats()
+	require.Equal(t, e.db.Options().Retention, st.Retention)
+	require.EqualValues(t, 3, st.Claims)
 }
 
 // Stats counts calls since Open: claims (a lease handed out, takeovers

@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,7 +39,7 @@ func TestGet(t *testing.T) {
 	require.Contains(t, r.out, "state          pending (lease live")
 
 	r = cli(t, "--dir", dir, "--json", "get", "acct_1", "op-bin").requireCode(t, exitOK)
-	var a receipts.AdminReceipt
+	var a receiptadmin.Receipt
 	require.NoError(t, json.Unmarshal([]byte(r.out), &a))
 	require.Equal(t, []byte{0, 1, 2, 0xff}, a.Result)
 	require.Equal(t, "succeeded", a.State)
@@ -56,7 +57,7 @@ func TestGet(t *testing.T) {
 func lsIDs(t *testing.T, args ...string) []string {
 	t.Helper()
 	r := cli(t, append([]string{"ls", "--json"}, args...)...).requireCode(t, exitOK)
-	var l receipts.AdminList
+	var l receiptadmin.List
 	require.NoError(t, json.Unmarshal([]byte(r.out), &l), r.out)
 	require.Empty(t, l.Errors)
 	require.False(t, l.Now.IsZero())
@@ -112,7 +113,7 @@ func TestStats(t *testing.T) {
 	require.Regexp(t, `(?m)^retention\s+24h0m0s \(recorded in the store\)$`, r.out)
 
 	r = cli(t, "stats", "--json", "--dir", dir, "--override-retention", "48h").requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s))
 	require.Equal(t, int64(3), s.Succeeded)
 	require.Equal(t, int64(2), s.Pending)
@@ -128,9 +129,9 @@ func TestExport(t *testing.T) {
 	dir := newFixture(t)
 	r := cli(t, "--dir", dir, "export").requireCode(t, exitOK)
 	sc := bufio.NewScanner(strings.NewReader(r.out))
-	got := map[string]receipts.AdminReceipt{}
+	got := map[string]receiptadmin.Receipt{}
 	for sc.Scan() {
-		var a receipts.AdminReceipt
+		var a receiptadmin.Receipt
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &a), sc.Text())
 		got[a.Key().ID] = a
 	}
@@ -155,7 +156,7 @@ func TestGC(t *testing.T) {
 	require.Empty(t, lsIDs(t, "--dir", dir))
 	require.Len(t, lsIDs(t, "--dir", dir, "--override-retention", "72h"), 6)
 	r := cli(t, "--dir", dir, "stats", "--json").requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s))
 	require.Equal(t, int64(6), s.Expired)
 
@@ -164,7 +165,7 @@ func TestGC(t *testing.T) {
 	require.Len(t, lsIDs(t, "--dir", dir), 6)
 
 	r = cli(t, "--dir", dir, "gc", "--override-retention", "24h", "--compact", "--json").requireCode(t, exitOK)
-	var g receipts.AdminGCStats
+	var g receiptadmin.GCStats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &g))
 	require.Equal(t, 1, g.EpochsDropped)
 	require.True(t, g.Compacted)

@@ -13,9 +13,10 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 )
 
-// client reads a running service through the receipts.AdminHandler it
+// client reads a running service through the receiptadmin.Handler it
 // mounts at base.
 type client struct {
 	base *url.URL
@@ -32,7 +33,7 @@ func newClient(addr string) (*client, error) {
 		return nil, usagef("--addr %q: %v", addr, err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usagef("--addr %q: want http://HOST:PORT[/PATH] where the service mounts receipts.AdminHandler", addr)
+		return nil, usagef("--addr %q: want http://HOST:PORT[/PATH] where the service mounts receiptadmin.Handler", addr)
 	}
 	u.RawQuery, u.Fragment = "", ""
 	tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -77,7 +78,7 @@ func (c *client) call(ctx context.Context, endpoint string, q url.Values) (*http
 	switch resp.StatusCode {
 	case http.StatusNotFound:
 		if e.Error == "" { // not the admin handler's own 404
-			return nil, fmt.Errorf("%s: 404 Not Found: is receipts.AdminHandler mounted there? (%s)", u.Redacted(), msg)
+			return nil, fmt.Errorf("%s: 404 Not Found: is receiptadmin.Handler mounted there? (%s)", u.Redacted(), msg)
 		}
 		return nil, fmt.Errorf("%w (%s)", receipts.ErrNotFound, msg)
 	case http.StatusBadRequest:
@@ -86,8 +87,8 @@ func (c *client) call(ctx context.Context, endpoint string, q url.Values) (*http
 	return nil, fmt.Errorf("%s: %s: %s", u.Redacted(), resp.Status, msg)
 }
 
-func (c *client) get(ctx context.Context, k receipts.Key) (receipts.AdminReceipt, error) {
-	var r receipts.AdminReceipt
+func (c *client) get(ctx context.Context, k receipts.Key) (receiptadmin.Receipt, error) {
+	var r receiptadmin.Receipt
 	resp, err := c.call(ctx, "get", url.Values{"scope": {k.Scope}, "id": {k.ID}})
 	if err != nil {
 		return r, err
@@ -117,8 +118,8 @@ func filterQuery(f receipts.Filter) url.Values {
 	return q
 }
 
-// list streams the service's receipts.AdminList answer.
-func (c *client) list(ctx context.Context, f receipts.Filter, each func(receipts.AdminReceipt) error) (now time.Time, problems []string, err error) {
+// list streams the service's receiptadmin.List answer.
+func (c *client) list(ctx context.Context, f receipts.Filter, each func(receiptadmin.Receipt) error) (now time.Time, problems []string, err error) {
 	resp, err := c.call(ctx, "list", filterQuery(f))
 	if err != nil {
 		return now, nil, err
@@ -144,7 +145,7 @@ func (c *client) list(ctx context.Context, f receipts.Filter, each func(receipts
 				break
 			}
 			for dec.More() {
-				var r receipts.AdminReceipt
+				var r receiptadmin.Receipt
 				if err := dec.Decode(&r); err != nil {
 					return now, problems, bad(err)
 				}
@@ -181,8 +182,8 @@ func expectDelim(dec *json.Decoder, d json.Delim) error {
 	return nil
 }
 
-func (c *client) stats(ctx context.Context) (receipts.AdminStats, error) {
-	var s receipts.AdminStats
+func (c *client) stats(ctx context.Context) (receiptadmin.Stats, error) {
+	var s receiptadmin.Stats
 	resp, err := c.call(ctx, "stats", nil)
 	if err != nil {
 		return s, err

@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 
-	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -14,7 +14,7 @@ func (a *app) exportCmd() *cobra.Command {
 		Use:   "export",
 		Short: "Write records as JSON lines, one receipt a line, results in base64",
 		Long: `export writes every visible record (or those the filters select) to stdout as
-JSON lines: one receipts.AdminReceipt a line, results in base64. It shows
+JSON lines: one receiptadmin.Receipt a line, results in base64. It shows
 progress on stderr when stderr is a terminal. Records that cannot be read
 are reported on stderr (exit code 1).`,
 		Example: `  receiptctl --dir ./data export > receipts.jsonl
@@ -33,7 +33,7 @@ are reported on stderr (exit code 1).`,
 			p := a.newProgress("exported")
 			bw := bufio.NewWriter(a.stdout)
 			enc := json.NewEncoder(bw)
-			_, problems, err := src.list(cmd.Context(), f, func(r receipts.AdminReceipt) error {
+			_, problems, err := src.list(cmd.Context(), f, func(r receiptadmin.Receipt) error {
 				p.add()
 				return enc.Encode(r)
 			})

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -76,7 +77,7 @@ func showTime(t time.Time) string {
 }
 
 // showLease describes a record's lease at now.
-func showLease(r *receipts.AdminReceipt, now time.Time) string {
+func showLease(r *receiptadmin.Receipt, now time.Time) string {
 	switch {
 	case r.State != receipts.Pending.String():
 		return "-"

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -62,7 +63,7 @@ exits with code 1, having done nothing.`,
 				}
 			}
 			if a.json {
-				return writeJSON(a.stdout, receipts.NewAdminGCStats(st))
+				return writeJSON(a.stdout, receiptadmin.NewGCStats(st))
 			}
 			fmt.Fprintf(a.stdout, "dropped %d %s (~%s), %d %s, took %s\n", st.EpochsDropped, plural(st.EpochsDropped, "epoch", "epochs"),
 				showSize(st.BytesFreed), st.Writes, plural(st.Writes, "write", "writes"), st.Duration)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -46,7 +47,7 @@ unknown until the next attempt reconciles it. Exit code 1 if there is none.`,
 }
 
 // printReceipt shows one record, a field a line.
-func printReceipt(a *app, r *receipts.AdminReceipt, now time.Time) {
+func printReceipt(a *app, r *receiptadmin.Receipt, now time.Time) {
 	const pad = "               " // the width of a label column
 	line := func(label, format string, args ...any) {
 		fmt.Fprintf(a.stdout, "%-15s%s\n", label, indent(fmt.Sprintf(format, args...), pad))

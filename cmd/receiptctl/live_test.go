@@ -8,11 +8,12 @@ import (
 	"testing"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
 
 // TestAddr runs the read-only commands against a running service that mounts
-// AdminHandler, and checks they show what the offline commands show.
+// receiptadmin.Handler, and checks they show what the offline commands show.
 func TestAddr(t *testing.T) {
 	offlineDir := newFixture(t)
 	db, err := receipts.Open(t.TempDir(), &receipts.Options{GCInterval: -1})
@@ -21,7 +22,7 @@ func TestAddr(t *testing.T) {
 	fillFixture(t, db)
 
 	mux := http.NewServeMux()
-	mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
+	mux.Handle("/admin/receipts/", receiptadmin.Handler(db))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	addr := srv.URL + "/admin/receipts"
@@ -30,7 +31,7 @@ func TestAddr(t *testing.T) {
 	r := cli(t, "--addr", addr, "get", "acct_1", "op-bin").requireCode(t, exitOK)
 	require.Contains(t, r.out, "result         base64:AAEC/w==\n")
 	r = cli(t, "get", "--addr", addr, "acct_2", "tab\tid", "--json").requireCode(t, exitOK)
-	var a receipts.AdminReceipt
+	var a receiptadmin.Receipt
 	require.NoError(t, json.Unmarshal([]byte(r.out), &a))
 	require.Equal(t, receipts.Key{Scope: "acct_2", ID: "tab\tid"}, a.Key())
 	require.Equal(t, []byte("multi\nline"), a.Result)
@@ -53,7 +54,7 @@ func TestAddr(t *testing.T) {
 
 	// stats, with the service's counters.
 	r = cli(t, "--addr", addr, "stats", "--json").requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s))
 	require.Equal(t, int64(3), s.Succeeded)
 	require.Equal(t, int64(1), s.Abandoned)
@@ -69,7 +70,7 @@ func TestAddr(t *testing.T) {
 
 	// Wrong address: not the admin handler, or nothing listening.
 	r = cli(t, "--addr", srv.URL+"/elsewhere", "ls").requireCode(t, exitProblem)
-	require.Contains(t, r.stderr, "AdminHandler")
+	require.Contains(t, r.stderr, "receiptadmin.Handler")
 	srv.Close()
 	r = cli(t, "--addr", addr, "stats").requireCode(t, exitProblem)
 	require.Contains(t, r.stderr, "cannot reach the service")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -47,7 +48,7 @@ func (a *app) lsTable(cmd *cobra.Command, src source, f receipts.Filter) error {
 	p := a.newProgress("listed")
 	tw := newTable(a.stdout)
 	n := 0
-	_, problems, err := src.list(cmd.Context(), f, func(r receipts.AdminReceipt) error {
+	_, problems, err := src.list(cmd.Context(), f, func(r receiptadmin.Receipt) error {
 		if n == 0 {
 			fmt.Fprintln(tw, "SCOPE\tID\tSTATE\tATTEMPTS\tUPDATED\tLEASE\tRESULT")
 		}
@@ -73,13 +74,13 @@ func (a *app) lsTable(cmd *cobra.Command, src source, f receipts.Filter) error {
 	return a.reportProblems(problems)
 }
 
-// lsJSON streams a receipts.AdminList, as the admin endpoint does.
+// lsJSON streams a receiptadmin.List, as the admin endpoint does.
 func (a *app) lsJSON(cmd *cobra.Command, src source, f receipts.Filter) error {
 	bw := bufio.NewWriter(a.stdout)
 	defer bw.Flush()
 	bw.WriteString("{\n  \"receipts\": [")
 	sep := "\n    "
-	now, problems, err := src.list(cmd.Context(), f, func(r receipts.AdminReceipt) error {
+	now, problems, err := src.list(cmd.Context(), f, func(r receiptadmin.Receipt) error {
 		b, err := json.Marshal(r)
 		if err != nil {
 			return err

@@ -1,5 +1,5 @@
 // Command receiptctl inspects a receipts store: offline on its directory
-// (--dir), or live in a running service that mounts receipts.AdminHandler
+// (--dir), or live in a running service that mounts receiptadmin.Handler
 // (--addr). Its demo command plays an agent whose tool calls are retried,
 // raced and crashed against a fresh store.
 //

@@ -186,7 +186,8 @@ The holder carries on; to run gc here, try again after that`, showTime(before))
 }
 
 // verifyPG checks a store on PostgreSQL: it opens (which checks the schema's
-// format and meta), reads every record back and counts them.
+// format and meta) and prints DB.Check (meta, token sequence, every row and
+// partition).
 func (a *app) verifyPG(ctx context.Context) error {
 	s, _, err := a.openPG(ctx, false)
 	switch {
@@ -198,34 +199,8 @@ func (a *app) verifyPG(ctx context.Context) error {
 	}
 	defer s.close()
 	rep := &verifyReport{Dir: describeDSN(a.pg) + " schema " + a.schema, Problems: []verifyProblem{}}
-	p := a.newProgress("verified")
-	for r, err := range s.db.Scan(ctx, receipts.Filter{}) {
-		if err != nil {
-			if ctx.Err() != nil {
-				p.done()
-				return err
-			}
-			rep.Problems = append(rep.Problems, verifyProblem{Key: "record", Problem: err.Error()})
-			continue
-		}
-		rep.Records++
-		p.add()
-		name := r.Key.String()
-		switch {
-		case r.Attempts == 0:
-			rep.Problems = append(rep.Problems, verifyProblem{Key: name, Problem: "attempts is 0"})
-		case r.CreatedAt.After(r.UpdatedAt):
-			rep.Problems = append(rep.Problems, verifyProblem{Key: name, Problem: "created after its last write"})
-		case r.State == receipts.Pending && r.LeaseExpiresAt.IsZero():
-			rep.Problems = append(rep.Problems, verifyProblem{Key: name, Problem: "pending without a lease expiry"})
-		}
-	}
-	p.done()
-	st := s.db.Stats()
-	rep.Epochs, rep.Expired = st.LiveEpochs, int(st.Expired)
-	rep.EpochWidth = st.EpochWidth.String()
-	if st.Corrupt > 0 {
-		rep.Problems = append(rep.Problems, verifyProblem{Key: "store", Problem: fmt.Sprintf("%d records do not decode", st.Corrupt)})
+	if err := a.verify(ctx, s.db, rep); err != nil {
+		return err
 	}
 	return a.finishVerify(rep)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
 	"github.com/receiptstore/receipts/pgstore"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
 
@@ -72,7 +73,7 @@ func TestPGCommands(t *testing.T) {
 	r = cli(t, pgArgs(st, "get", "acct_2", "op-lost")...).requireCode(t, exitOK)
 	require.Contains(t, r.out, "state          pending (abandoned")
 	r = cli(t, pgArgs(st, "--json", "get", "acct_1", "op-bin")...).requireCode(t, exitOK)
-	var a receipts.AdminReceipt
+	var a receiptadmin.Receipt
 	require.NoError(t, json.Unmarshal([]byte(r.out), &a))
 	require.Equal(t, []byte{0, 1, 2, 0xff}, a.Result)
 	require.Equal(t, receipts.Key{Scope: "acct_1", ID: "op-bin"}, a.Key())
@@ -81,7 +82,7 @@ func TestPGCommands(t *testing.T) {
 
 	// stats: what the schema records, counts by state.
 	r = cli(t, pgArgs(st, "stats", "--json")...).requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s), r.out)
 	require.Equal(t, "24h0m0s", s.Retention)
 	require.Equal(t, "30s", s.LeaseTTL)
@@ -95,7 +96,7 @@ func TestPGCommands(t *testing.T) {
 	sc := bufio.NewScanner(strings.NewReader(r.out))
 	n := 0
 	for sc.Scan() {
-		var a receipts.AdminReceipt
+		var a receiptadmin.Receipt
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &a), sc.Text())
 		n++
 	}
@@ -116,7 +117,7 @@ func TestPGCommands(t *testing.T) {
 
 	// gc: nothing is past retention.
 	r = cli(t, pgArgs(st, "gc", "--json")...).requireCode(t, exitOK)
-	var g receipts.AdminGCStats
+	var g receiptadmin.GCStats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &g), r.out)
 	require.Zero(t, g.EpochsDropped)
 	require.ElementsMatch(t, []string{"op-ok", "op-bin", "op-failed", "op-lost", "op-live", "tab\tid"}, lsIDs(t, st...))
@@ -131,7 +132,7 @@ func TestPGGCDropsExpired(t *testing.T) {
 	st := newPGFixture(t, receipts.Options{Retention: time.Hour, LeaseTTL: time.Minute, Now: func() time.Time { return then }})
 
 	r := cli(t, pgArgs(st, "stats", "--json")...).requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s), r.out)
 	require.Equal(t, "1h0m0s", s.Retention)
 	require.Equal(t, int64(6), s.Expired, r.out)
@@ -142,7 +143,7 @@ func TestPGGCDropsExpired(t *testing.T) {
 	cli(t, pgArgs(st, "ls", "--override-retention", "1000h")...).requireCode(t, exitUsage)
 
 	r = cli(t, pgArgs(st, "gc", "--retention", "1h", "--json")...).requireCode(t, exitOK)
-	var g receipts.AdminGCStats
+	var g receiptadmin.GCStats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &g), r.out)
 	require.Positive(t, g.EpochsDropped, r.out)
 	r = cli(t, pgArgs(st, "stats", "--json")...).requireCode(t, exitOK)
@@ -184,7 +185,7 @@ func TestPGOverrideRetention(t *testing.T) {
 	require.NotContains(t, r.out, "dropped 0 epochs")
 	require.Empty(t, lsIDs(t, st...))
 	r = cli(t, pgArgs(st, "stats", "--json")...).requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s), r.out)
 	require.Equal(t, "1h0m0s", s.Retention)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,7 +26,7 @@ func TestOfflineUsesStoredRetention(t *testing.T) {
 	r := cli(t, "--dir", dir, "get", "acct_1", "op-ok").requireCode(t, exitOK)
 	require.Contains(t, r.out, "state          succeeded\n")
 	r = cli(t, "--dir", dir, "stats", "--json").requireCode(t, exitOK)
-	var s receipts.AdminStats
+	var s receiptadmin.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.out), &s))
 	require.Equal(t, "168h0m0s", s.Retention)
 	require.Equal(t, "1m0s", s.LeaseTTL)
@@ -49,7 +50,7 @@ func TestOfflineUsesStoredRetention(t *testing.T) {
 	// --override-retention is heard, and warned about.
 	r = cli(t, "--dir", dir, "ls", "--json", "--override-retention", "24h").requireCode(t, exitOK)
 	require.Contains(t, r.stderr, "WARNING: using retention 24h0m0s (--override-retention) instead of the store's recorded 168h0m0s")
-	var l receipts.AdminList
+	var l receiptadmin.List
 	require.NoError(t, json.Unmarshal([]byte(r.out), &l))
 	require.Empty(t, l.Receipts)
 	require.ElementsMatch(t, all, lsIDs(t, "--dir", dir)) // a read-only override records nothing

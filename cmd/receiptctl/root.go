@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -83,7 +84,7 @@ were replayed, and which claims were abandoned with an unknown outcome.
 
 Offline, it opens the store's directory (--dir). A directory that a running
 service holds is locked: inspect that service live instead, through the
-receipts.AdminHandler it mounts (--addr), or open a copy made with
+receiptadmin.Handler it mounts (--addr), or open a copy made with
 DB.Checkpoint. Live access is read-only (get, ls, stats, export).
 
 On PostgreSQL (pgstore), --pg DSN opens the store in --schema of that
@@ -121,7 +122,7 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 	pf.StringVar(&a.dir, "dir", "", "store directory (offline; the directory must not be held by a running process)")
 	pf.StringVar(&a.pg, "pg", "", "PostgreSQL DSN of a store on pgstore (postgres://user@host:5432/db)")
 	pf.StringVar(&a.schema, "schema", defaultSchema, "with --pg: the schema that holds the store (pgstore.Options.Schema)")
-	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receipts.AdminHandler (live, read-only)")
+	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receiptadmin.Handler (live, read-only)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of tables")
 	pf.DurationVar(&a.settings.retention, "retention", 0,
 		"offline: check that the store records this retention (a store that records another is refused); for a store written by an older version, which records none, the service's Options.Retention (default 24h)")
@@ -135,11 +136,11 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 // source is where the read-only commands read from: a store directory, a
 // store on PostgreSQL or a running service.
 type source interface {
-	get(ctx context.Context, k receipts.Key) (receipts.AdminReceipt, error)
+	get(ctx context.Context, k receipts.Key) (receiptadmin.Receipt, error)
 	// list calls each for every record f selects, and returns the time of
 	// the read and the records that could not be read.
-	list(ctx context.Context, f receipts.Filter, each func(receipts.AdminReceipt) error) (now time.Time, problems []string, err error)
-	stats(ctx context.Context) (receipts.AdminStats, error)
+	list(ctx context.Context, f receipts.Filter, each func(receiptadmin.Receipt) error) (now time.Time, problems []string, err error)
+	stats(ctx context.Context) (receiptadmin.Stats, error)
 	close() error
 }
 
@@ -166,7 +167,7 @@ func (a *app) openSource() (source, error) {
 		a.src = src
 		return &offline{db: db, src: src}, nil
 	}
-	return nil, usagef("give --dir DIR (a store directory), --pg DSN (a store on PostgreSQL) or --addr URL (a service's receipts.AdminHandler)")
+	return nil, usagef("give --dir DIR (a store directory), --pg DSN (a store on PostgreSQL) or --addr URL (a service's receiptadmin.Handler)")
 }
 
 // oneStore checks that at most one of --dir, --pg and --addr is given.
@@ -207,7 +208,7 @@ type lockedError struct {
 func (e *lockedError) Error() string {
 	return fmt.Sprintf(`%s is held by a running process (the store is locked).
 Inspect that service live with --addr instead, pointed at the URL where it mounts
-receipts.AdminHandler (for example: receiptctl --addr http://127.0.0.1:8081/admin/receipts ls),
+receiptadmin.Handler (for example: receiptctl --addr http://127.0.0.1:8081/admin/receipts ls),
 or make a copy with DB.Checkpoint and open the checkpoint: receiptctl --dir CHECKPOINT_DIR ls`, e.dir)
 }
 
@@ -261,15 +262,15 @@ type offline struct {
 	closeFn func() error    // closes db and what it runs on; nil: db.Close
 }
 
-func (o *offline) get(ctx context.Context, k receipts.Key) (receipts.AdminReceipt, error) {
+func (o *offline) get(ctx context.Context, k receipts.Key) (receiptadmin.Receipt, error) {
 	r, err := o.db.Lookup(ctx, k)
 	if err != nil {
-		return receipts.AdminReceipt{}, err
+		return receiptadmin.Receipt{}, err
 	}
-	return receipts.NewAdminReceipt(r, time.Now()), nil
+	return receiptadmin.NewReceipt(r, time.Now()), nil
 }
 
-func (o *offline) list(ctx context.Context, f receipts.Filter, each func(receipts.AdminReceipt) error) (time.Time, []string, error) {
+func (o *offline) list(ctx context.Context, f receipts.Filter, each func(receiptadmin.Receipt) error) (time.Time, []string, error) {
 	now := time.Now()
 	var problems []string
 	for r, err := range o.db.Scan(ctx, f) {
@@ -283,15 +284,19 @@ func (o *offline) list(ctx context.Context, f receipts.Filter, each func(receipt
 			problems = append(problems, err.Error())
 			continue
 		}
-		if err := each(receipts.NewAdminReceipt(r, now)); err != nil {
+		if err := each(receiptadmin.NewReceipt(r, now)); err != nil {
 			return now, problems, err
 		}
 	}
 	return now, problems, nil
 }
 
-func (o *offline) stats(context.Context) (receipts.AdminStats, error) {
-	s := receipts.NewAdminStats(o.db.Stats(), time.Now())
+func (o *offline) stats(ctx context.Context) (receiptadmin.Stats, error) {
+	c, err := o.db.Count(ctx)
+	if err != nil {
+		return receiptadmin.Stats{}, err
+	}
+	s := receiptadmin.NewStats(o.db.Stats(), c, time.Now())
 	if o.src != fromStore {
 		s.LeaseTTL = "" // receiptctl's own, not the service's
 	}

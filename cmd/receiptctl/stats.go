@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/spf13/cobra"
 )
 
@@ -48,7 +48,7 @@ Offline, the retention and lease TTL shown are the ones the store records
 	}
 }
 
-func (a *app) printStats(s *receipts.AdminStats) {
+func (a *app) printStats(s *receiptadmin.Stats) {
 	tw := newTable(a.stdout)
 	retention := s.Retention
 	if a.addr == "" {
@@ -72,7 +72,7 @@ func (a *app) printStats(s *receipts.AdminStats) {
 	} else {
 		fmt.Fprintf(tw, "last gc\tnone since the store was opened\n")
 	}
-	if c := s.Counters; c != (receipts.AdminCounters{}) {
+	if c := s.Counters; c != (receiptadmin.Counters{}) {
 		fmt.Fprintf(tw, "since open\tclaims %d, replays %d, takeovers %d, commits %d, fails %d,\n", c.Claims, c.Replays, c.Takeovers, c.Commits, c.Fails)
 		fmt.Fprintf(tw, "\treleases %d, abandons %d, conflicts %d, mismatches %d\n", c.Releases, c.Abandons, c.Conflicts, c.Mismatches)
 	}

@@ -1,17 +1,12 @@
 package main
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strconv"
-	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/encoding"
-	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/spf13/cobra"
 )
 
@@ -67,7 +62,7 @@ are any. It works offline only (it reads the raw keys).`,
 			case err != nil:
 				return err
 			default:
-				err = a.verify(db, rep, time.Now())
+				err = a.verify(cmd.Context(), db, rep)
 				if cerr := db.Close(); err == nil {
 					err = cerr
 				}
@@ -91,160 +86,24 @@ are any. It works offline only (it reads the raw keys).`,
 	}
 }
 
-// verify checks the raw keys of db into rep.
-func (a *app) verify(db *receipts.DB, rep *verifyReport, now time.Time) error {
-	pdb := db.Pebble()
-	add := func(key string, epoch *uint64, format string, args ...any) {
-		rep.Problems = append(rep.Problems, verifyProblem{Key: key, Epoch: epoch, Problem: fmt.Sprintf(format, args...)})
-	}
-	get := func(k []byte) ([]byte, bool, error) {
-		v, closer, err := pdb.Get(k)
-		if errors.Is(err, pebble.ErrNotFound) {
-			return nil, false, nil
-		}
-		if err != nil {
-			return nil, false, fmt.Errorf("read %q: %w", k, err)
-		}
-		defer closer.Close()
-		return bytes.Clone(v), true, nil
-	}
-
-	// Meta, token ceiling, GC floor.
-	var width int64
-	v, ok, err := get(keys.Meta)
+// verify runs db.Check into rep.
+func (a *app) verify(ctx context.Context, db *receipts.DB, rep *verifyReport) error {
+	c, err := db.Check(ctx)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		add("meta", nil, "no meta record")
-	} else if m, err := encoding.DecodeMeta(v); err != nil {
-		add("meta", nil, "does not decode: %v", err)
-	} else {
-		switch {
-		case m.Format < encoding.MinStoreFormat || m.Format > encoding.StoreFormat:
-			add("meta", nil, "format %d, want %d to %d", m.Format, encoding.MinStoreFormat, encoding.StoreFormat)
-		case m.EpochWidth <= 0:
-			add("meta", nil, "epoch width %d", m.EpochWidth)
-		case m.CreatedAt > now.UnixNano()+m.EpochWidth:
-			add("meta", nil, "created in the future (%s)", time.Unix(0, m.CreatedAt))
-		default:
-			width = m.EpochWidth
-			rep.EpochWidth = time.Duration(width).String()
-		}
+	rep.Records, rep.Epochs, rep.Expired = c.Records, c.Epochs, c.Expired
+	if c.EpochWidth > 0 {
+		rep.EpochWidth = c.EpochWidth.String()
 	}
-	haveCeiling := false
-	if v, ok, err := get(keys.TokenCeiling); err != nil {
-		return err
-	} else if ok {
-		if rep.TokenCeiling, err = encoding.DecodeUint64(v); err != nil {
-			add("token ceiling", nil, "does not decode: %v", err)
-		} else {
-			haveCeiling = true
+	rep.GCFloor, rep.TokenCeiling = c.GCFloor, c.TokenCeiling
+	for _, p := range c.Problems {
+		vp := verifyProblem{Key: p.Key, Problem: p.What}
+		if p.Epoch >= 0 {
+			e := uint64(p.Epoch)
+			vp.Epoch = &e
 		}
-	}
-	if v, ok, err := get(keys.GCFloor); err != nil {
-		return err
-	} else if ok {
-		if rep.GCFloor, err = encoding.DecodeUint64(v); err != nil {
-			add("gc floor", nil, "does not decode: %v", err)
-		}
-	}
-
-	// Every key under the store's prefix.
-	it, err := pdb.NewIter(&pebble.IterOptions{LowerBound: keys.StoreStart, UpperBound: keys.StoreEnd})
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	p := a.newProgress("verified")
-	defer p.done()
-	nowEpoch := uint64(0)
-	if width > 0 {
-		nowEpoch = uint64(now.UnixNano() / width)
-	}
-	retention := db.Options().Retention.Nanoseconds()
-	seed := maphash.MakeSeed()
-	seen := make(map[uint64]uint64) // hash of scope/id -> epoch it was first seen in
-	lastEpoch, anyEpoch := uint64(0), false
-	var rec encoding.Record
-	for valid := it.First(); valid; valid = it.Next() {
-		key := it.Key()
-		switch {
-		case bytes.Equal(key, keys.Meta), bytes.Equal(key, keys.TokenCeiling), bytes.Equal(key, keys.GCFloor), bytes.Equal(key, keys.Clock):
-			continue
-		case !bytes.HasPrefix(key, keys.RecordsStart):
-			add(strconv.Quote(string(key)), nil, "unknown key under the store's reserved prefix")
-			continue
-		}
-		rep.Records++
-		p.add()
-		epoch, scope, id, err := keys.ParseRecord(key)
-		if err != nil {
-			add(strconv.Quote(string(key)), nil, "malformed record key")
-			continue
-		}
-		if !anyEpoch || epoch != lastEpoch {
-			rep.Epochs++
-			lastEpoch, anyEpoch = epoch, true
-		}
-		name := receipts.Key{Scope: scope, ID: id}.String()
-		ep := &epoch
-		if epoch < rep.GCFloor {
-			add(name, ep, "in epoch %d, below the GC floor %d (GC dropped that epoch)", epoch, rep.GCFloor)
-		}
-		if width > 0 && epoch > nowEpoch+1 {
-			add(name, ep, "in epoch %d, more than one epoch ahead of now (epoch %d)", epoch, nowEpoch)
-		}
-		h := maphash.String(seed, keys.LockKey(scope, id))
-		if first, dup := seen[h]; dup {
-			other := bytes.Clone(key)
-			keys.SetEpoch(other, first)
-			// An older copy past retention is harmless (a claim after it
-			// expired supersedes it without looking that far back; GC drops
-			// it): only two visible copies are a problem.
-			if v, ok, err := get(other); err != nil {
-				return err
-			} else if ok {
-				var older encoding.Record
-				if encoding.DecodeRecordInto(&older, v) != nil || now.UnixNano() < older.UpdatedAt+retention {
-					add(name, ep, "stored twice, also in epoch %d", first)
-				}
-			}
-		} else {
-			seen[h] = epoch
-		}
-		value, err := it.ValueAndErr()
-		if err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		if err := encoding.DecodeRecordInto(&rec, value); err != nil {
-			add(name, ep, "does not decode: %v", err)
-			continue
-		}
-		if width > 0 {
-			if e := uint64(max(rec.UpdatedAt, 0) / width); epoch < e || epoch > max(e, rep.GCFloor) {
-				add(name, ep, "last written at %s (epoch %d) but stored in epoch %d", time.Unix(0, rec.UpdatedAt).UTC().Format(time.RFC3339Nano), e, epoch)
-			}
-		}
-		switch {
-		case rec.Attempts == 0:
-			add(name, ep, "attempts is 0")
-		case rec.CreatedAt > rec.UpdatedAt:
-			add(name, ep, "created after its last write")
-		case rec.State == encoding.StatePending && rec.LeaseExpiresAt == 0:
-			add(name, ep, "pending without a lease expiry")
-		}
-		if !haveCeiling {
-			add(name, ep, "token %d, but the store has no token ceiling", rec.Token)
-		} else if rec.Token >= rep.TokenCeiling {
-			add(name, ep, "token %d not below the token ceiling %d (a restart could hand it out again)", rec.Token, rep.TokenCeiling)
-		}
-		if rec.UpdatedAt+retention <= now.UnixNano() {
-			rep.Expired++
-		}
-	}
-	if err := it.Error(); err != nil {
-		return fmt.Errorf("scan: %w", err)
+		rep.Problems = append(rep.Problems, vp)
 	}
 	return nil
 }

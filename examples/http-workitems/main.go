@@ -10,7 +10,7 @@
 //	  -d '{"title":"Write the report"}'
 //
 // Callers are fixed demo tokens: alice-token (alice) and bob-token (bob).
-// A read-only receipts.AdminHandler listens on -admin for receiptctl, with
+// A read-only receiptadmin.Handler listens on -admin for receiptctl, with
 // the store's Prometheus metrics (package receiptsprom) at /metrics:
 //
 //	go run ./cmd/receiptctl --addr http://127.0.0.1:8081/admin/receipts ls
@@ -36,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
@@ -112,7 +113,7 @@ func adminMux(db *receipts.DB, metrics *receiptsprom.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
-	mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
+	mux.Handle("/admin/receipts/", receiptadmin.Handler(db))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
 }

@@ -52,7 +52,7 @@ func (e *Engine) Scan(ctx context.Context, f driver.Filter) iter.Seq2[driver.Rec
 // WAL but before that write's fsync returns, so an iterator can see a claim
 // or a receipt that a power loss then takes away. The key lock covers the
 // readers that take it (Claim, Lookup: writers hold it across their sync);
-// the readers that iterate (Scan and so the admin handler's list, Stats)
+// the readers that iterate (Scan and so the admin handler's list, Count)
 // take no key lock. The WAL is written in sequence order and synced in
 // order (a log is synced before the next one is used), so once a record
 // written after every batch the iterator can see is synced, every one of

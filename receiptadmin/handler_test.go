@@ -1,4 +1,4 @@
-package receipts_test
+package receiptadmin_test
 
 import (
 	"context"
@@ -16,8 +16,59 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/receiptadmin"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
+
+// TestMain stops the throwaway PostgreSQL cluster, if a test started one;
+// goroutine leaks are checked per test (leakCheck), so the cluster's own
+// helpers never count.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func leakCheck(t *testing.T) {
+	t.Helper()
+	opts := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
+}
+
+var bg = context.Background()
+
+func key(scope, id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
+
+// testStore is a Pebble store on an in-memory FS with a fake clock.
+type testStore struct {
+	db    *receipts.DB
+	clock *receiptstest.Clock
+}
+
+func newTestStore(t *testing.T, mod func(*receipts.Options)) *testStore {
+	t.Helper()
+	leakCheck(t)
+	s := &testStore{clock: receiptstest.NewClock(time.Time{})}
+	o := receipts.Options{
+		Retention:  time.Hour,
+		LeaseTTL:   30 * time.Second,
+		EpochWidth: 15 * time.Minute,
+		GCInterval: -1,
+		Now:        s.clock.Now,
+		Pebble:     &pebble.Options{FS: vfs.NewMem()},
+	}
+	if mod != nil {
+		mod(&o)
+	}
+	db, err := receipts.Open("db", &o)
+	require.NoError(t, err)
+	s.db = db
+	t.Cleanup(func() {
+		if s.db != nil {
+			require.NoError(t, s.db.Close())
+		}
+	})
+	return s
+}
 
 // adminFixture fills s with one record of each kind: two succeeded (one
 // binary result), one failed, one live claim, one abandoned claim, and a
@@ -66,12 +117,12 @@ type adminErr struct {
 	Error string `json:"error"`
 }
 
-func TestAdminHandlerGet(t *testing.T) {
+func TestHandlerGet(t *testing.T) {
 	s := newTestStore(t, nil)
 	adminFixture(t, s)
-	h := receipts.AdminHandler(s.db)
+	h := receiptadmin.Handler(s.db)
 
-	var r receipts.AdminReceipt
+	var r receiptadmin.Receipt
 	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_1&id=op-ok", &r))
 	require.Equal(t, "succeeded", r.State)
 	require.Equal(t, []byte("ok:1"), r.Result)
@@ -81,24 +132,24 @@ func TestAdminHandlerGet(t *testing.T) {
 	require.True(t, r.LeaseExpiresAt.IsZero())
 	require.Equal(t, time.UTC, r.UpdatedAt.Location())
 
-	var bin receipts.AdminReceipt
+	var bin receiptadmin.Receipt
 	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_1&id=op-bin", &bin))
 	require.Equal(t, []byte{0, 1, 2, 0xff}, bin.Result)
 
-	var lost receipts.AdminReceipt
+	var lost receiptadmin.Receipt
 	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_2&id=op-lost", &lost))
 	require.Equal(t, "pending", lost.State)
 	require.True(t, lost.Abandoned)
 	require.Nil(t, lost.Result)
 
-	var live receipts.AdminReceipt
+	var live receiptadmin.Receipt
 	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_2&id=op-live", &live))
 	require.Equal(t, "pending", live.State)
 	require.False(t, live.Abandoned)
 	require.False(t, live.LeaseExpiresAt.IsZero())
 
 	// A key that is not UTF-8 comes back exactly, through the base64 forms.
-	var odd receipts.AdminReceipt
+	var odd receiptadmin.Receipt
 	q := url.Values{"scope": {"\xff\xfe"}, "id": {"id\x00"}}
 	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?"+q.Encode(), &odd))
 	require.Equal(t, key("\xff\xfe", "id\x00"), odd.Key())
@@ -112,7 +163,7 @@ func TestAdminHandlerGet(t *testing.T) {
 	require.Contains(t, e.Error, "invalid key")
 }
 
-func TestAdminHandlerSkipsBeforeReplay(t *testing.T) {
+func TestHandlerSkipsBeforeReplay(t *testing.T) {
 	s := newTestStore(t, func(o *receipts.Options) {
 		o.BeforeReplay = func(context.Context, *receipts.Receipt) error { return errors.New("forbidden") }
 	})
@@ -122,18 +173,18 @@ func TestAdminHandlerSkipsBeforeReplay(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.db.Lookup(bg, key("a", "b"))
 	require.ErrorContains(t, err, "forbidden")
-	var r receipts.AdminReceipt
-	require.Equal(t, http.StatusOK, adminGet(t, receipts.AdminHandler(s.db), "GET", "/get?scope=a&id=b", &r))
+	var r receiptadmin.Receipt
+	require.Equal(t, http.StatusOK, adminGet(t, receiptadmin.Handler(s.db), "GET", "/get?scope=a&id=b", &r))
 	require.Equal(t, []byte("x"), r.Result)
 }
 
-func TestAdminHandlerList(t *testing.T) {
+func TestHandlerList(t *testing.T) {
 	s := newTestStore(t, nil)
 	adminFixture(t, s)
-	h := receipts.AdminHandler(s.db)
+	h := receiptadmin.Handler(s.db)
 	ids := func(target string) []string {
 		t.Helper()
-		var l receipts.AdminList
+		var l receiptadmin.List
 		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", target, &l))
 		require.Empty(t, l.Errors)
 		require.False(t, l.Now.IsZero())
@@ -162,7 +213,7 @@ func TestAdminHandlerList(t *testing.T) {
 	}
 }
 
-func TestAdminHandlerListCorrupt(t *testing.T) {
+func TestHandlerListCorrupt(t *testing.T) {
 	s := newTestStore(t, nil)
 	adminFixture(t, s)
 	// Overwrite the first record's value with garbage.
@@ -179,20 +230,20 @@ func TestAdminHandlerListCorrupt(t *testing.T) {
 	require.NotNil(t, k)
 	require.NoError(t, s.db.Pebble().Set(k, []byte("garbage"), nil))
 
-	var l receipts.AdminList
-	require.Equal(t, http.StatusOK, adminGet(t, receipts.AdminHandler(s.db), "GET", "/list", &l))
+	var l receiptadmin.List
+	require.Equal(t, http.StatusOK, adminGet(t, receiptadmin.Handler(s.db), "GET", "/list", &l))
 	require.Len(t, l.Receipts, 5)
 	require.Len(t, l.Errors, 1)
 	require.Contains(t, l.Errors[0], "corrupt")
 }
 
-func TestAdminHandlerStats(t *testing.T) {
+func TestHandlerStats(t *testing.T) {
 	s := newTestStore(t, nil)
 	adminFixture(t, s)
 	_, err := s.db.GC(bg)
 	require.NoError(t, err)
-	var st receipts.AdminStats
-	require.Equal(t, http.StatusOK, adminGet(t, receipts.AdminHandler(s.db), "GET", "/admin/receipts/stats", &st))
+	var st receiptadmin.Stats
+	require.Equal(t, http.StatusOK, adminGet(t, receiptadmin.Handler(s.db), "GET", "/admin/receipts/stats", &st))
 	require.Equal(t, int64(2), st.Pending)
 	require.Equal(t, int64(1), st.Abandoned)
 	require.Equal(t, int64(3), st.Succeeded)
@@ -208,9 +259,9 @@ func TestAdminHandlerStats(t *testing.T) {
 	require.Equal(t, uint64(1), st.Counters.Abandons)
 }
 
-func TestAdminHandlerErrors(t *testing.T) {
+func TestHandlerErrors(t *testing.T) {
 	s := newTestStore(t, nil)
-	h := receipts.AdminHandler(s.db)
+	h := receiptadmin.Handler(s.db)
 	var e adminErr
 	require.Equal(t, http.StatusMethodNotAllowed, adminGet(t, h, "POST", "/list", &e))
 	require.Equal(t, http.StatusNotFound, adminGet(t, h, "GET", "/delete", &e))
@@ -240,7 +291,7 @@ func TestAdminHandlerErrors(t *testing.T) {
 
 // A service mounts the admin handler on its admin listener; receiptctl
 // --addr (or any HTTP client) reads it.
-func ExampleAdminHandler() {
+func ExampleHandler() {
 	db, err := receipts.Open("db", &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	if err != nil {
 		panic(err)
@@ -251,7 +302,7 @@ func ExampleAdminHandler() {
 		func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("charged"), nil })
 
 	mux := http.NewServeMux()
-	mux.Handle("/admin/receipts/", receipts.AdminHandler(db))
+	mux.Handle("/admin/receipts/", receiptadmin.Handler(db))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	// receiptctl --addr <srv.URL>/admin/receipts get acct_7 op-42
@@ -260,7 +311,7 @@ func ExampleAdminHandler() {
 		panic(err)
 	}
 	defer resp.Body.Close()
-	var r receipts.AdminReceipt
+	var r receiptadmin.Receipt
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
 		panic(err)
 	}
