@@ -23,6 +23,8 @@ import (
 // receipts.AdminHandler answered before it moved to this package
 // (testdata/*.json were written by that handler on this fixture), so that
 // receiptctl --addr and other clients of a running service keep working.
+// The one change since is an added field, "waiters" in the stats (a client
+// that does not know it ignores it).
 // Only the disk usage and the GC's duration, which vary, are masked.
 func TestGoldenJSON(t *testing.T) {
 	s := newTestStore(t, nil)

@@ -110,6 +110,10 @@ type Stats struct {
 	// ReplayCacheEntries and ReplayCacheBytes: what the replay cache holds.
 	ReplayCacheEntries int   `json:"replay_cache_entries"`
 	ReplayCacheBytes   int64 `json:"replay_cache_bytes"`
+	// Waiters is the number of claims waiting now for another caller's
+	// attempt (added after the format the golden files were first taken
+	// from; older clients ignore it).
+	Waiters int64 `json:"waiters"`
 	// LastGC is nil if no garbage collection ran since the store was opened.
 	LastGC *GCStats `json:"last_gc,omitempty"`
 	// Counters count calls since the store was opened.
@@ -159,6 +163,7 @@ func NewStats(s receipts.Stats, c receipts.Counts, now time.Time) Stats {
 
 		ReplayCacheEntries: s.ReplayCacheEntries,
 		ReplayCacheBytes:   s.ReplayCacheBytes,
+		Waiters:            s.Waiters,
 		Counters: Counters{
 			Claims: s.Claims, Replays: s.Replays, Takeovers: s.Takeovers,
 			Commits: s.Commits, Fails: s.Fails, Releases: s.Releases,

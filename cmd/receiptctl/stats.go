@@ -66,6 +66,7 @@ func (a *app) printStats(s *receiptadmin.Stats) {
 	fmt.Fprintf(tw, "expired\t%d\t(waiting for GC)\n", s.Expired)
 	fmt.Fprintf(tw, "corrupt\t%d\n", s.Corrupt)
 	fmt.Fprintf(tw, "disk\t%s\n", showSize(s.DiskBytes))
+	fmt.Fprintf(tw, "waiters\t%d\t(claims waiting now for another caller's attempt)\n", s.Waiters)
 	if g := s.LastGC; g != nil {
 		fmt.Fprintf(tw, "last gc\t%s: dropped %d %s (~%s), %d writes, took %s\n", showTime(g.At),
 			g.EpochsDropped, plural(g.EpochsDropped, "epoch", "epochs"), showSize(g.BytesFreed), g.Writes, g.Duration)
