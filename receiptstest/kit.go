@@ -48,6 +48,7 @@ func topics() []struct {
 	}{
 		{"Claim", claimTests},
 		{"Lease", leaseTests},
+		{"LeaseFor", leaseForTests},
 		{"Wait", waitTests},
 		{"Do", doTests},
 		{"Lookup", lookupTests},
