@@ -59,6 +59,30 @@
 // receipt (Lease.RunBatch), so the effect and its receipt are durable
 // together or not at all.
 //
+// # Fencing downstream writes
+//
+// A handler's claim can be taken over while the handler still runs: its
+// process stalled past the lease (a GC pause, a partition), or its response
+// could not be recorded. The middleware's lease is fenced (a stale holder
+// records nothing), but a write the handler makes to another system is not,
+// unless that system checks the token. Attempt.Token is the claim's fencing
+// token: it is larger for every later attempt. Keep, next to the data an
+// operation writes, the largest token that wrote it, and apply a write only
+// while its token is larger:
+//
+//	a, _ := receipthttp.AttemptFrom(r.Context())
+//	tag, err := conn.Exec(ctx, `UPDATE work_items SET title = $1, fence = $2
+//	                              WHERE id = $3 AND fence < $2`, title, a.Token, id)
+//	if err == nil && tag.RowsAffected() == 0 {
+//		// A newer attempt has written: this one is stale; stop.
+//	}
+//
+// (For a row that may not exist yet: INSERT ... ON CONFLICT (id) DO UPDATE
+// SET ... WHERE work_items.fence < EXCLUDED.fence.) A stale attempt's writes
+// then change nothing, whenever they land; see the example of Attempt. The
+// effects staged with Attempt.AddEffect need no fence: they commit with the
+// receipt, which is fenced.
+//
 // # Disconnects
 //
 // Once the key is claimed the handler runs under a context that the

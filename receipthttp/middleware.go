@@ -215,7 +215,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 // renews the lease, keeps Close waiting and records the outcome) and settles
 // the claim according to Config.Policy before the client sees the response.
 func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipts.Lease) {
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey(), fx: new(effects)}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), fx: new(effects)}
 	// From here on the effect may start: the client leaving must not cut the
 	// handler short or keep the outcome from being recorded.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), attemptKey{}, a)

@@ -143,7 +143,7 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			panic("no attempt in context")
 		}
-		c.attempts <- receipthttp.Attempt{Key: a.Key, Number: a.Number, Recovered: a.Recovered, ProviderKey: a.ProviderKey}
+		c.attempts <- receipthttp.Attempt{Key: a.Key, Number: a.Number, Recovered: a.Recovered, Token: a.Token, ProviderKey: a.ProviderKey}
 	}
 	if c.started != nil {
 		c.started <- struct{}{}
@@ -517,8 +517,11 @@ func TestServerErrorLeavesOutcomeUnknown(t *testing.T) {
 			e := newEnv(t, receipthttp.Config{}, app)
 			wantStatus(t, e.post("alice", "k1", "x"), http.StatusInternalServerError)
 			a1 := <-app.attempts
-			if a1.Number != 1 || a1.Recovered || !strings.HasPrefix(a1.ProviderKey, "rk_") {
+			if a1.Number != 1 || a1.Recovered || !strings.HasPrefix(a1.ProviderKey, "rk_") || a1.Token == 0 {
 				t.Fatalf("first attempt = %+v", a1)
+			}
+			if r, err := e.db.Lookup(context.Background(), a1.Key); err != nil || r.Token != a1.Token {
+				t.Fatalf("first attempt's token %d, the claim's: %+v, %v", a1.Token, r, err)
 			}
 			if restart {
 				e.restart()
@@ -528,6 +531,12 @@ func TestServerErrorLeavesOutcomeUnknown(t *testing.T) {
 			a2 := <-app.attempts
 			if a2.Number != 2 || !a2.Recovered || a2.ProviderKey != a1.ProviderKey {
 				t.Fatalf("retry attempt = %+v, want number 2, recovered, provider key %s", a2, a1.ProviderKey)
+			}
+			if a2.Token <= a1.Token {
+				t.Fatalf("retry's token %d, want more than the first attempt's %d", a2.Token, a1.Token)
+			}
+			if r, err := e.db.Lookup(context.Background(), a1.Key); err != nil || r.Token != a2.Token {
+				t.Fatalf("receipt %+v, %v: want the retry's token %d", r, err, a2.Token)
 			}
 			again := e.post("alice", "k1", "x")
 			if again.Header().Get(receipthttp.ReplayedHeader) != "true" {

@@ -195,7 +195,7 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 //   - any other error, or a panic, abandons it: the outcome is unknown.
 func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest, lease *receipts.Lease) (mcp.Result, error) {
 	tool := req.Params.Name
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey()}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey()}
 	// From here on the effect may start: the client going away must neither
 	// cut the handler short nor keep its outcome from being recorded.
 	hctx := context.WithValue(context.WithoutCancel(ctx), attemptKey{}, a)

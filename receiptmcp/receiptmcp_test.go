@@ -79,6 +79,7 @@ type seen struct {
 	OK          bool
 	Number      uint32
 	Recovered   bool
+	Token       uint64
 	ProviderKey string
 	Scope       string
 }
@@ -228,7 +229,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 func (f *fixture) record(ctx context.Context) {
 	var s seen
 	if a, ok := receiptmcp.AttemptFrom(ctx); ok {
-		s = seen{OK: true, Number: a.Number, Recovered: a.Recovered, ProviderKey: a.ProviderKey, Scope: a.Key.Scope}
+		s = seen{OK: true, Number: a.Number, Recovered: a.Recovered, Token: a.Token, ProviderKey: a.ProviderKey, Scope: a.Key.Scope}
 	}
 	f.mu.Lock()
 	f.attempts = append(f.attempts, s)
@@ -811,6 +812,12 @@ func TestCrashLeavesOutcomeUncertain(t *testing.T) {
 	a := f.lastAttempt()
 	if !a.Recovered || a.Number != 2 || a.ProviderKey != lease.ProviderKey() {
 		t.Fatalf("attempt after a crash: %+v (provider key of the first %q)", a, lease.ProviderKey())
+	}
+	if a.Token <= lease.Token() {
+		t.Fatalf("takeover's token %d, want more than the dead holder's %d", a.Token, lease.Token())
+	}
+	if r, err := f.db.Lookup(ctx, receipts.Key{Scope: "local", ID: key}); err != nil || r.Token != a.Token {
+		t.Fatalf("receipt %+v, %v: want the takeover's token %d", r, err, a.Token)
 	}
 	if _, err := lease.Commit(ctx, []byte("late")); !errors.Is(err, receipts.ErrLeaseLost) {
 		t.Fatalf("the dead holder's commit: %v, want ErrLeaseLost", err)
