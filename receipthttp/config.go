@@ -18,8 +18,20 @@ const (
 	DefaultHeader = "Idempotency-Key"
 	// DefaultMaxBodyBytes bounds the request body the middleware reads (1 MiB).
 	DefaultMaxBodyBytes = 1 << 20
-	// ReplayedHeader is set to "true" on every response served from a receipt.
+	// ReplayedHeader is set to "true" on every response served from a
+	// receipt, as Stripe's API does.
 	ReplayedHeader = "Idempotent-Replayed"
+	// RecordedAtHeader, on every response served from a receipt, is when
+	// the original response was recorded (the receipt's UpdatedAt), as an
+	// HTTP-date (RFC 9110, like Last-Modified; whole seconds, rounded down).
+	RecordedAtHeader = "Idempotency-Recorded-At"
+	// ExpiresAtHeader, on every response served from a receipt, is until
+	// when the key stays protected: until then every retry with this key
+	// gets this response replayed (the receipt's ExpiresAt, the recording
+	// plus the store's Retention), as an HTTP-date rounded down. After it,
+	// a request with the key is a new request. It answers the IETF httpapi
+	// idempotency draft's question of how long a key is kept (issue #35).
+	ExpiresAtHeader = "Idempotency-Expires-At"
 )
 
 // defaultMethods are the methods guarded when Config.Methods is nil.

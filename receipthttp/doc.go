@@ -20,7 +20,7 @@
 //     and only then sent, so a client never sees a response a crash could
 //     take back.
 //   - Retry with the same key and payload: the stored response is replayed
-//     without running the handler, with "Idempotent-Replayed: true".
+//     without running the handler, with the headers of a replay (below).
 //   - Same key, different payload (method, path or body by default; see
 //     Config.Fingerprint): 422.
 //   - Same key while the first request is still running: 409 with
@@ -32,6 +32,28 @@
 //   - Body over Config.MaxBodyBytes: 413. The body is read in full before
 //     the handler runs (the fingerprint needs it); the handler gets a copy.
 //   - Unauthenticated (Config.Scope fails): 401, or the *Problem it returns.
+//
+// # Replays
+//
+// A response served from a receipt carries, besides the stored status,
+// headers and body:
+//
+//	Idempotent-Replayed: true
+//	Idempotency-Recorded-At: Fri, 02 Jan 2026 03:04:05 GMT
+//	Idempotency-Expires-At: Sat, 03 Jan 2026 03:04:05 GMT
+//
+// Idempotent-Replayed (ReplayedHeader) is Stripe's name for the same mark.
+// Idempotency-Recorded-At (RecordedAtHeader) is when the original response
+// was recorded, so a client can tell how old the answer is.
+// Idempotency-Expires-At (ExpiresAtHeader) is until when the key stays
+// protected: until then every retry with it is answered from this receipt;
+// after it (the store's Options.Retention past the recording) a request
+// with the key runs as a new one. The IETF draft defines no response header
+// for this (its issue #35 asks for one), so the names follow the draft's
+// Idempotency- prefix; both are HTTP-dates (RFC 9110, the format of
+// Last-Modified and Expires), rounded down to the second. They are set by
+// the middleware on every replay and override stored headers of the same
+// names.
 //
 // A store's Options.BeforeReplay runs before every replay; an error it
 // returns answers 500, or, when the error is (or wraps) a *Problem, that

@@ -205,6 +205,8 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 		hdr[name] = vs
 	}
 	hdr.Set(ReplayedHeader, "true")
+	hdr.Set(RecordedAtHeader, rec.UpdatedAt.UTC().Format(http.TimeFormat))
+	hdr.Set(ExpiresAtHeader, rec.ExpiresAt.UTC().Format(http.TimeFormat))
 	w.WriteHeader(resp.Status)
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(resp.Body)

@@ -57,8 +57,14 @@
 //   - Fingerprint: the tool name and the canonical form of the parsed
 //     arguments (see Fingerprint), never the raw request.
 //   - A finished result, isError included, is stored and replayed unchanged
-//     to every retry, with _meta["dev.receipts/replayed"] = true. isError
-//     results are stored as Failed receipts.
+//     to every retry, with _meta["dev.receipts/replayed"] = true, and two
+//     more _meta entries that say how old the result is and how long it
+//     lasts: "dev.receipts/recordedAt", when it was recorded, and
+//     "dev.receipts/expiresAt", until when the key stays protected (every
+//     retry until then gets this result; after it, a call with the key runs
+//     the tool anew), both RFC 3339 timestamps in UTC (RecordedAtMetaKey,
+//     ExpiresAtMetaKey; over HTTP, receipthttp sends the same facts as
+//     headers). isError results are stored as Failed receipts.
 //   - A result that still needs input (multi round-trip input requests) is
 //     not stored: the claim is released, and the call with the answers
 //     runs the tool again under the same key.

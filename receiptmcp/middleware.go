@@ -180,9 +180,11 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 	}
 	meta := maps.Clone(res.Meta)
 	if meta == nil {
-		meta = make(mcp.Meta, 1)
+		meta = make(mcp.Meta, 3)
 	}
 	meta[m.cfg.ReplayMetaKey] = true
+	meta[RecordedAtMetaKey] = rec.UpdatedAt.UTC().Format(time.RFC3339Nano)
+	meta[ExpiresAtMetaKey] = rec.ExpiresAt.UTC().Format(time.RFC3339Nano)
 	res.Meta = meta
 	return &res, nil
 }

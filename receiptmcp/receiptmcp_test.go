@@ -355,7 +355,7 @@ func isReplay(res *mcp.CallToolResult) bool {
 }
 
 // comparable strips what legitimately differs between an answer and its
-// replay: the replay flag.
+// replay: the replay's _meta entries.
 func comparable(res *mcp.CallToolResult) map[string]any {
 	b, err := json.Marshal(res)
 	if err != nil {
@@ -367,6 +367,8 @@ func comparable(res *mcp.CallToolResult) map[string]any {
 	}
 	if meta, ok := m["_meta"].(map[string]any); ok {
 		delete(meta, receiptmcp.DefaultReplayMetaKey)
+		delete(meta, receiptmcp.RecordedAtMetaKey)
+		delete(meta, receiptmcp.ExpiresAtMetaKey)
 		if len(meta) == 0 {
 			delete(m, "_meta")
 		}
