@@ -49,6 +49,7 @@ func topics() []struct {
 		{"Claim", claimTests},
 		{"Lease", leaseTests},
 		{"LeaseFor", leaseForTests},
+		{"TakeOver", takeOverTests},
 		{"Wait", waitTests},
 		{"Do", doTests},
 		{"Lookup", lookupTests},
