@@ -50,6 +50,7 @@ func topics() []struct {
 		{"Lease", leaseTests},
 		{"LeaseFor", leaseForTests},
 		{"TakeOver", takeOverTests},
+		{"Reconciler", reconcilerTests},
 		{"Wait", waitTests},
 		{"Do", doTests},
 		{"Lookup", lookupTests},
