@@ -31,7 +31,7 @@ func ExampleReconciler() {
 		panic(err)
 	}
 	charged[l.ProviderKey()] = `{"charge":"ch_1"}` // the charge went through...
-	_ = l.Abandon(ctx)                              // ...and the response was lost
+	_ = l.Abandon(ctx)                             // ...and the response was lost
 
 	rc, err := db.NewReconciler(receipts.ReconcilerOptions{
 		Interval: -1, // no background passes: this example calls Run

@@ -280,7 +280,9 @@ func testReconcilePanic(t *testing.T, s Store) {
 	e.abandoned(k, "fp")
 	var got receipts.Settlement
 	rc := e.reconciler(receipts.ReconcilerOptions{
-		Check:    func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) { panic("provider client bug") },
+		Check: func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) {
+			panic("provider client bug")
+		},
 		OnSettle: func(s receipts.Settlement) { got = s },
 	})
 	st := e.pass(rc)
