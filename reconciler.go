@@ -308,15 +308,15 @@ func (rc *Reconciler) loop() {
 // Passes do not overlap: a Run waits for the one in progress. The error is
 // the listing's (ctx, ErrClosed, the store's); what became of each claim
 // is in the stats and OnSettle. After Close it returns ErrClosed.
-func (rc *Reconciler) Run(ctx context.Context) (ReconcileStats, error) {
+func (rc *Reconciler) Run(ctx context.Context) (st ReconcileStats, err error) {
 	rc.runMu.Lock()
 	defer rc.runMu.Unlock()
 	if rc.closed.Load() {
 		return ReconcileStats{}, ErrClosed
 	}
 	start := time.Now()
-	st := ReconcileStats{Passes: 1}
-	defer func() {
+	st = ReconcileStats{Passes: 1}
+	defer func() { // st is named: Duration lands in the result
 		st.Duration = time.Since(start)
 		rc.mu.Lock()
 		rc.total.add(st)

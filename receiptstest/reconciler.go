@@ -99,6 +99,7 @@ func testReconcileEachWay(t *testing.T, s Store) {
 		},
 	})
 	st := e.pass(rc)
+	require.Positive(t, st.Duration, "a pass reports its time")
 	require.Equal(t, receipts.ReconcileStats{Passes: 1, Listed: 4, Checked: 4, Committed: 1, Failed: 1, Forgotten: 1, Unknown: 1}, counted(st))
 
 	r := e.replay(key("a", "commit"), "fp-commit")
