@@ -150,6 +150,13 @@ type Config struct {
 	// duplicate gets 409 with Retry-After.
 	Wait time.Duration
 
+	// LeaseFor is the lease length of each request's claim
+	// (receipts.LeaseFor), renewed every third of it while the handler
+	// runs; zero means the store's Options.LeaseTTL. Set it for handlers
+	// that take much longer (or less) than that. It must be less than the
+	// store's Retention: New checks.
+	LeaseFor time.Duration
+
 	// ErrorResponder writes the responses the middleware makes itself
 	// (400, 401, 409, 413, 422, 5xx). Default: WriteProblem.
 	ErrorResponder func(w http.ResponseWriter, r *http.Request, p *Problem)

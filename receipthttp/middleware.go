@@ -25,7 +25,8 @@ import (
 // check at startup.
 //
 // While a handler runs, its claim's lease is renewed in the background
-// (every LeaseTTL/3), and db.Close waits for it and for its response to be
+// (every third of its length: Config.LeaseFor, or the store's LeaseTTL),
+// and db.Close waits for it and for its response to be
 // recorded (receipts.Lease.Run).
 func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if db == nil {
@@ -35,7 +36,16 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.LeaseFor < 0 || (c.LeaseFor > 0 && c.LeaseFor >= db.Options().Retention) {
+		return nil, fmt.Errorf("receipthttp: Config.LeaseFor %s must be positive (or zero) and less than the store's Retention %s", c.LeaseFor, db.Options().Retention)
+	}
 	m := &middleware{db: db, cfg: c}
+	if c.LeaseFor > 0 {
+		m.claimOpts = append(m.claimOpts, receipts.LeaseFor(c.LeaseFor))
+	}
+	if c.Wait > 0 {
+		m.claimOpts = append(m.claimOpts, receipts.WaitAtMost(c.Wait))
+	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("receipthttp: nil http.Handler")
@@ -46,8 +56,9 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 
 // middleware is what the handlers made by one New share.
 type middleware struct {
-	db  *receipts.DB
-	cfg *config
+	db        *receipts.DB
+	cfg       *config
+	claimOpts []receipts.ClaimOption // Config.LeaseFor and Config.Wait
 }
 
 type handler struct {
@@ -141,13 +152,11 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Pro
 	return body, nil
 }
 
-// claim claims key, or returns its receipt. It waits, Config.Wait at most,
-// for a request in progress under the same key (receipts.WaitAtMost).
+// claim claims key, or returns its receipt, with a lease of Config.LeaseFor.
+// It waits, Config.Wait at most, for a request in progress under the same
+// key (receipts.WaitAtMost).
 func (h *handler) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
-	if h.cfg.Wait <= 0 {
-		return h.db.Claim(ctx, key, fp)
-	}
-	return h.db.Claim(ctx, key, fp, receipts.WaitAtMost(h.cfg.Wait))
+	return h.db.Claim(ctx, key, fp, h.claimOpts...)
 }
 
 // claimProblem maps an error from Claim to the response the client gets.

@@ -285,6 +285,43 @@ func TestConcurrentDuplicateGets409(t *testing.T) {
 	}
 }
 
+// Config.LeaseFor gives each request's claim its own lease: a duplicate
+// that comes after the store's 30s LeaseTTL finds the first request still
+// in progress (Retry-After from the 10-minute lease), not abandoned.
+func TestLeaseForHoldsTheClaim(t *testing.T) {
+	app := &counter{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	e := newEnv(t, receipthttp.Config{LeaseFor: 10 * time.Minute}, app)
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.post("alice", "k1", "x") }()
+	waitStarted(t, app.started, done)
+	defer func() {
+		select {
+		case <-app.gate:
+		default:
+			close(app.gate)
+			<-done
+		}
+	}()
+	r, err := e.db.Lookup(context.Background(), receipts.Key{Scope: "alice", ID: "k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := e.clk.Now().Add(10 * time.Minute); !r.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("LeaseExpiresAt %s, want %s", r.LeaseExpiresAt, want)
+	}
+	e.clk.Advance(time.Minute) // past the store's LeaseTTL
+	dup := e.post("alice", "k1", "x")
+	wantProblem(t, dup, http.StatusConflict, receipthttp.ProblemInProgress)
+	if got := dup.Header().Get("Retry-After"); got != "540" {
+		t.Fatalf("Retry-After = %q, want 540 (9 of the 10 minutes left)", got)
+	}
+	close(app.gate)
+	wantStatus(t, <-done, http.StatusCreated)
+	if n := app.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
 func Test64ConcurrentDuplicates(t *testing.T) {
 	const n = 64
 	for _, wait := range []time.Duration{0, 10 * time.Second} {
@@ -798,6 +835,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative wait":     {Scope: callerScope, Wait: -time.Second},
 		"bad stored header": {Scope: callerScope, StoredHeaders: []string{"a:b"}},
 		"empty method":      {Scope: callerScope, Methods: []string{""}},
+		"negative lease":    {Scope: callerScope, LeaseFor: -time.Second},
+		"lease ≥ retention": {Scope: callerScope, LeaseFor: receipts.DefaultRetention},
 	} {
 		if _, err := receipthttp.New(db, cfg); err == nil {
 			t.Errorf("%s: New succeeded, want an error", name)

@@ -145,6 +145,13 @@ type Config struct {
 	// DefaultWait; negative means do not wait.
 	Wait time.Duration
 
+	// LeaseFor is the lease length of each call's claim
+	// (receipts.LeaseFor), renewed every third of it while the tool runs;
+	// zero means the store's Options.LeaseTTL. Set it for tools that take
+	// much longer (or less) than that. It must be less than the store's
+	// Retention: Middleware panics otherwise.
+	LeaseFor time.Duration
+
 	// Logger receives what cannot be returned to the client: a receipt that
 	// could not be recorded, a claim that could not be released. Default
 	// slog.Default().

@@ -826,6 +826,46 @@ func TestCrashLeavesOutcomeUncertain(t *testing.T) {
 	}
 }
 
+// Config.LeaseFor gives each call's claim its own lease: a duplicate that
+// comes after the store's 30s LeaseTTL finds the first call in progress.
+func TestLeaseForHoldsTheClaim(t *testing.T) {
+	f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: -1, LeaseFor: 10 * time.Minute})
+	started, gate := make(chan struct{}, 1), make(chan struct{})
+	f.mu.Lock()
+	f.started, f.gate = started, gate
+	f.mu.Unlock()
+	cs := f.connect(nil)
+	ctx := context.Background()
+	key := receiptmcp.NewOperationKey()
+	args := map[string]any{"title": "a"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, key, "create_item", args)
+		done <- err
+	}()
+	recv(t, started)
+	r, err := f.db.Lookup(ctx, receipts.Key{Scope: "local", ID: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := f.clk.Now().Add(10 * time.Minute); !r.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("LeaseExpiresAt %s, want %s", r.LeaseExpiresAt, want)
+	}
+	f.clk.Advance(time.Minute)
+	_, err = call(ctx, cs, key, "create_item", args)
+	data := wantError(t, err, receiptmcp.CodeInProgress, receiptmcp.TypeInProgress)
+	if data.RetryAfterMs != (9 * time.Minute).Milliseconds() {
+		t.Fatalf("retryAfterMs %d, want 9 minutes", data.RetryAfterMs)
+	}
+	close(gate)
+	if err := recv(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.runCount("create_item"); n != 1 {
+		t.Fatalf("tool ran %d times", n)
+	}
+}
+
 func TestUnknownErrorLeavesOutcomeUncertain(t *testing.T) {
 	f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: -1})
 	cs := f.connect(nil)
@@ -972,6 +1012,16 @@ func TestConfigValidation(t *testing.T) {
 		}()
 	}
 	receiptmcp.Middleware(db, receiptmcp.Config{MetaKey: "com.example.tools/opKey"})
+	for _, d := range []time.Duration{-time.Second, receipts.DefaultRetention} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("LeaseFor %s accepted", d)
+				}
+			}()
+			receiptmcp.Middleware(db, receiptmcp.Config{LeaseFor: d})
+		}()
+	}
 
 	for tool, want := range map[*mcp.Tool]receiptmcp.Policy{
 		{Name: "a"}: receiptmcp.Required,
