@@ -38,6 +38,8 @@ type claimConfig struct {
 	bounded bool          // with wait: give up after maxWait (otherwise only ctx bounds it)
 	maxWait time.Duration // with bounded: how long to wait (<= 0: look once)
 	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
+	ttlSet  bool          // LeaseFor was given
+	ttl     time.Duration // with ttlSet: this claim's lease length
 }
 
 // WaitForResult makes Claim block, bounded by its context, while another
@@ -57,6 +59,36 @@ func WaitAtMost(d time.Duration) ClaimOption {
 	return func(c *claimConfig) { c.wait, c.bounded, c.maxWait = true, true, d }
 }
 
+// LeaseFor gives this claim a lease of d instead of Options.LeaseTTL: for an
+// operation whose effect takes much longer (or much less) than the store's
+// usual lease, so that it neither renews all the time nor expires early. d
+// must be positive and less than Options.Retention; Claim and Do refuse
+// anything else with ErrInvalidOptions and change nothing.
+//
+// The length is the claim's own: the engine writes LeaseExpiresAt = now + d
+// on the claim (or takeover), Lease.Renew and the background renewal of Do
+// and Lease.Run extend it by d (every d/3), and a takeover by another
+// caller happens only once it has run out. A caller that takes an abandoned
+// claim over gets the lease length it asks for, not the earlier holder's.
+// The RetryAfter of an *InProgressError answered while the claim is held
+// is bounded by its lease's end and counts the attempt's time from its last
+// claim or renewal, so it follows d too.
+func LeaseFor(d time.Duration) ClaimOption {
+	return func(c *claimConfig) { c.ttlSet, c.ttl = true, d }
+}
+
+// leaseTTL is the lease length of a claim made with cfg: LeaseFor's, checked
+// against Retention, or Options.LeaseTTL.
+func (db *DB) leaseTTL(cfg *claimConfig) (time.Duration, error) {
+	if !cfg.ttlSet {
+		return db.ttl, nil
+	}
+	if cfg.ttl <= 0 || cfg.ttl >= db.opts.Retention {
+		return 0, fmt.Errorf("%w: LeaseFor %s must be positive and less than Retention %s", ErrInvalidOptions, cfg.ttl, db.opts.Retention)
+	}
+	return cfg.ttl, nil
+}
+
 // Claim claims k for the caller with the intent's fingerprint. Exactly one
 // of lease and receipt is non-nil when err is nil:
 //   - a lease: the caller must run the effect, then Commit, Fail or Release
@@ -68,7 +100,8 @@ func WaitAtMost(d time.Duration) ClaimOption {
 // Errors: ErrIntentMismatch if k was used with another fingerprint;
 // *InProgressError (ErrInProgress) while another caller holds a live lease,
 // unless WaitForResult is given; ErrInvalidKey, ErrInvalidFingerprint,
-// ErrCorrupt, ErrClosed, or the context's error.
+// ErrInvalidOptions (a LeaseFor out of bounds), ErrCorrupt, ErrClosed, or
+// the context's error.
 func (db *DB) Claim(ctx context.Context, k Key, fingerprint []byte, opts ...ClaimOption) (*Lease, *Receipt, error) {
 	if err := db.enter(); err != nil {
 		return nil, nil, err
@@ -138,10 +171,14 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 	if err := validateFingerprint(fp); err != nil {
 		return nil, nil, err
 	}
+	ttl, err := db.leaseTTL(&cfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	req := driver.ClaimRequest{Key: driver.Key(k), Fingerprint: fp, LeaseTTL: db.ttl, NoSync: cfg.noSync}
+	req := driver.ClaimRequest{Key: driver.Key(k), Fingerprint: fp, LeaseTTL: ttl, NoSync: cfg.noSync}
 	var deadline time.Time
 	if cfg.bounded {
 		deadline = time.Now().Add(max(cfg.maxWait, 0))
@@ -166,7 +203,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			return nil, nil, err
 		}
 		if res.Outcome != driver.InProgress {
-			return db.claimed(ctx, k, &res)
+			return db.claimed(ctx, k, ttl, &res)
 		}
 		// InProgress: counted once per call, however long it waits.
 		if !conflict {
@@ -203,7 +240,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 }
 
 // claimed turns a claim decision other than InProgress into Claim's answer.
-func (db *DB) claimed(ctx context.Context, k Key, res *driver.ClaimResult) (*Lease, *Receipt, error) {
+func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver.ClaimResult) (*Lease, *Receipt, error) {
 	switch res.Outcome {
 	case driver.Claimed, driver.TookOver:
 		db.hot.Claims.Add(1)
@@ -211,7 +248,7 @@ func (db *DB) claimed(ctx context.Context, k Key, res *driver.ClaimResult) (*Lea
 		if recovered {
 			db.n.takeovers.Add(1)
 		}
-		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, claimedAt: db.clock()}, nil, nil
+		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock()}, nil, nil
 	case driver.Replay:
 		r, err := db.replay(ctx, newReceipt(&res.Record))
 		return nil, r, err

@@ -28,20 +28,23 @@ import (
 //     whose commit fails: the effect may have happened.
 //
 // Do is Claim with WaitForResult followed by Lease.Run, in one call that
-// Close waits for. A Failed receipt, the first time or replayed, comes back
+// Close waits for. opts are Claim's: LeaseFor gives this operation its own
+// lease length (renewed every third of it while fn runs), and WaitAtMost
+// bounds how long Do waits for an in-flight holder (then it returns that
+// holder's *InProgressError) on top of ctx; Do always waits. A Failed receipt, the first time or replayed, comes back
 // with an error wrapping ErrFailed. Once fn has returned, the outcome is recorded on a
 // context detached from ctx, so a caller that goes away right after the
 // effect never loses its receipt. If the lease is lost while fn runs (another
 // caller took the key over), fn's context is cancelled with ErrLeaseLost as
 // its cause, and Do returns an error wrapping ErrLeaseLost.
 func (db *DB) Do(ctx context.Context, k Key, fingerprint []byte,
-	fn func(ctx context.Context, l *Lease) ([]byte, error),
+	fn func(ctx context.Context, l *Lease) ([]byte, error), opts ...ClaimOption,
 ) (*Receipt, error) {
 	if err := db.enter(); err != nil {
 		return nil, err
 	}
 	defer db.exit()
-	return db.do(ctx, k, fingerprint, false, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
+	return db.do(ctx, k, fingerprint, opts, false, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
 		return fn(ctx, l)
 	})
 }
@@ -51,10 +54,10 @@ func (db *DB) Do(ctx context.Context, k Key, fingerprint []byte,
 // the receipt in one synced batch. A crash loses an unsynced claim together
 // with the effect it guarded, so the claim is not synced: one fsync per
 // operation. If fn returns an error, b is discarded (a Failed receipt is
-// written without it). On another engine than Pebble it returns
-// ErrUnsupported.
+// written without it). opts are as for Do. On another engine than Pebble it
+// returns ErrUnsupported.
 func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error), opts ...ClaimOption,
 ) (*Receipt, error) {
 	if err := db.enter(); err != nil {
 		return nil, err
@@ -63,28 +66,30 @@ func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
 	if db.peb == nil {
 		return nil, fmt.Errorf("%w: DoBatch on the %s engine", ErrUnsupported, db.eng.Name())
 	}
-	return db.do(ctx, k, fingerprint, true, fn)
+	return db.do(ctx, k, fingerprint, opts, true, fn)
 }
 
-func (db *DB) do(ctx context.Context, k Key, fp []byte, batch bool,
+func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batch bool,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
 	if db.opts.Observer == nil {
-		r, _, err := db.doOnce(ctx, k, fp, batch, fn)
+		r, _, err := db.doOnce(ctx, k, fp, opts, batch, fn)
 		return r, err
 	}
 	ctx = db.begin(ctx, DoEvent)
 	start := time.Now()
-	r, ran, err := db.doOnce(ctx, k, fp, batch, fn)
+	r, ran, err := db.doOnce(ctx, k, fp, opts, batch, fn)
 	db.observeDo(ctx, k, start, r, err, ran)
 	return r, err
 }
 
 // doOnce is do; ran reports whether an attempt ran (a claim was made).
-func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, batch bool,
+func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batch bool,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (_ *Receipt, ran bool, _ error) {
-	l, r, err := db.claim(ctx, k, fp, claimConfig{wait: true, noSync: batch}, nil)
+	cfg := claimOptions(opts)
+	cfg.wait, cfg.noSync = true, batch
+	l, r, err := db.claim(ctx, k, fp, cfg, nil)
 	if err != nil {
 		return nil, false, err
 	}
@@ -103,7 +108,7 @@ func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, batch bool,
 	return r, true, err
 }
 
-// KeepAlive renews the lease in the background, every third of LeaseTTL,
+// KeepAlive renews the lease in the background, every third of its TTL,
 // until stop is called (stop waits for the renewer to end). Use it with
 // Claim when the effect may take longer than the lease; Do and Lease.Run do
 // it for you (and, unlike KeepAlive, go on renewing while Close waits).
@@ -119,7 +124,7 @@ func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Con
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(max(time.Duration(l.db.ttl)/3, time.Millisecond))
+		t := time.NewTicker(max(l.ttl/3, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {

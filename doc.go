@@ -47,6 +47,21 @@
 //     idempotency key; a takeover reports Recovered so the new holder
 //     reconciles instead of assuming success or failure.
 //
+// # Unknown outcomes
+//
+// A claim whose holder crashed, timed out or failed in an unknown way stays
+// abandoned until someone settles it: the next client retry (Recovered), or
+// the service itself. Scan(Filter{Abandoned: true}) lists them; DB.TakeOver
+// takes over exactly a listed one (fenced: it fails if any other attempt
+// came in since), so the caller can ask the provider by ProviderKey and
+// Commit, Fail, Forget or Abandon. A Reconciler does that in the
+// background: it drives the abandoned claims through a user Check with
+// bounded concurrency and per-claim backoff, stops on Close (its own or the
+// DB's) and reports what it settled (ReconcileStats, OnSettle).
+//
+// Effects differ in length: LeaseFor gives one claim (Claim, Do, TakeOver)
+// its own lease, renewed by its own length.
+//
 // # Storage
 //
 // The store runs on Pebble. All its keys start with the reserved prefix

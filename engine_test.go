@@ -161,3 +161,36 @@ func TestLeaseRawAndClaimWith(t *testing.T) {
 	})
 	require.ErrorIs(t, err, receipts.ErrClosed)
 }
+
+// An engine without driver.AttemptTaker (otherEngine hides the Pebble
+// engine's) cannot take over one given attempt: TakeOver returns
+// ErrUnsupported and writes nothing, and a Reconciler's passes report each
+// claim as an error and leave it abandoned.
+func TestTakeOverNeedsAnAttemptTaker(t *testing.T) {
+	db, _ := openOtherEngine(t, &receipts.Options{GCInterval: -1})
+	ctx := context.Background()
+	k := receipts.Key{Scope: "acct", ID: "op-1"}
+	l, _, err := db.Claim(ctx, k, []byte("fp"))
+	require.NoError(t, err)
+	require.NoError(t, l.Abandon(ctx))
+	r, err := db.Lookup(ctx, k)
+	require.NoError(t, err)
+	_, err = db.TakeOver(ctx, r)
+	require.ErrorIs(t, err, receipts.ErrUnsupported)
+
+	rc, err := db.NewReconciler(receipts.ReconcilerOptions{Interval: -1,
+		Check: func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) {
+			t.Error("Check must not run")
+			return nil, nil
+		}})
+	require.NoError(t, err)
+	defer rc.Close()
+	st, err := rc.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Errors)
+	require.Zero(t, st.Checked)
+	after, err := db.Lookup(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, r.Token, after.Token)
+	require.Equal(t, r.UpdatedAt, after.UpdatedAt)
+}

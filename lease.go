@@ -27,8 +27,9 @@ type Lease struct {
 	token     uint64
 	attempt   uint32
 	recovered bool
-	claimedAt time.Time // DB.clock at the claim, for the attempt-duration estimate
-	class     string    // the claim's operation class, for the observer
+	ttl       time.Duration // the lease length: LeaseFor's, or Options.LeaseTTL
+	claimedAt time.Time     // DB.clock at the claim, for the attempt-duration estimate
+	class     string        // the claim's operation class, for the observer
 	lostOnce  atomic.Bool
 }
 
@@ -41,6 +42,10 @@ func (l *Lease) Token() uint64 { return l.token }
 
 // Attempt returns 1 for the first claim of a key, plus one per takeover.
 func (l *Lease) Attempt() uint32 { return l.attempt }
+
+// TTL returns the lease's length: what LeaseFor gave the claim, or
+// Options.LeaseTTL. Renew extends the lease to now + TTL.
+func (l *Lease) TTL() time.Duration { return l.ttl }
 
 // Recovered reports that this lease took over an abandoned claim whose
 // outcome is unknown (its holder crashed, failed in an unknown way, or let
@@ -65,7 +70,8 @@ func (l *Lease) info() driver.LeaseInfo {
 	return driver.LeaseInfo{Key: driver.Key(l.key), Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
 }
 
-// Renew extends the lease to now + LeaseTTL. Do renews in the background;
+// Renew extends the lease to now + TTL (LeaseFor's length, or
+// Options.LeaseTTL); it never shortens it. Do renews in the background;
 // callers of Claim renew themselves when the effect takes longer than the
 // lease. Renewals are not synced: a crash ends the lease anyway.
 func (l *Lease) Renew(ctx context.Context) error {
@@ -80,7 +86,7 @@ func (l *Lease) renew(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := l.db.eng.Renew(ctx, driver.Key(l.key), l.token, l.db.ttl)
+	_, err := l.db.eng.Renew(ctx, driver.Key(l.key), l.token, l.ttl)
 	if errors.Is(err, ErrLeaseLost) {
 		l.observeFinish(ctx, OutcomeLeaseLost, time.Time{})
 	}

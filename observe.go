@@ -83,7 +83,9 @@ const (
 	// end makes) returned. Outcome is one of OutcomeClaimed,
 	// OutcomeTookOver, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
 	// OutcomeCanceled, OutcomeClosed or OutcomeError; Duration is the whole
-	// call, waiting included.
+	// call, waiting included. DB.TakeOver reports a ClaimEvent too:
+	// OutcomeTookOver, OutcomeInProgress, or OutcomeLeaseLost when the
+	// listed attempt is no longer there.
 	ClaimEvent EventKind = iota + 1
 	// WaitEvent: a claim waited for another caller's live lease (it is
 	// reported before that claim's ClaimEvent). Duration is the time
@@ -350,6 +352,8 @@ func claimOutcome(l *Lease, r *Receipt, err error) Outcome {
 		return OutcomeInProgress
 	case errors.Is(err, ErrClosed):
 		return OutcomeClosed
+	case errors.Is(err, ErrLeaseLost): // DB.TakeOver: the listed attempt is gone
+		return OutcomeLeaseLost
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return OutcomeCanceled
 	}

@@ -17,7 +17,7 @@ import (
 // all go through it.
 //
 // While fn runs, the lease is renewed in the background (every third of
-// LeaseTTL); if it is lost (another caller took the key over), fn's context
+// its TTL: LeaseFor's length, or Options.LeaseTTL); if it is lost (another caller took the key over), fn's context
 // is cancelled with ErrLeaseLost as its cause. Once fn has returned, its
 // outcome is recorded on a context detached from ctx, so a caller that goes
 // away right after the effect never loses its receipt. fn's error decides
@@ -206,11 +206,12 @@ func (e *durationEstimate) observe(d int64) {
 // retryAfter estimates, at now, when the answer for the key whose live
 // record is cur will be there: the typical attempt duration minus how long
 // this attempt has run (from the record's times: since CreatedAt for a first
-// attempt, and at least since the last takeover or renewal, LeaseExpiresAt -
-// LeaseTTL, for a later one). An attempt already past the typical duration
-// gets one more typical duration. The estimate is at least minRetryAfter and
-// never past the lease's end; with nothing measured yet it is the lease's
-// remaining time.
+// attempt, and at least since the last takeover or renewal, UpdatedAt, for a
+// later one: LeaseExpiresAt less the holder's own lease length, LeaseFor's
+// or Options.LeaseTTL, which the record carries that way). An attempt
+// already past the typical duration gets one more typical duration. The
+// estimate is at least minRetryAfter and never past the lease's end; with
+// nothing measured yet it is the lease's remaining time.
 func (db *DB) retryAfter(cur *driver.Record, now time.Time) time.Duration {
 	leaseLeft := max(int64(cur.LeaseExpiresAt.Sub(now)), 0)
 	est := db.est.avg.Load()
@@ -219,7 +220,7 @@ func (db *DB) retryAfter(cur *driver.Record, now time.Time) time.Duration {
 	}
 	start := cur.CreatedAt
 	if cur.Attempts != 1 {
-		start = cur.LeaseExpiresAt.Add(-db.ttl)
+		start = cur.UpdatedAt
 	}
 	left := est - max(int64(now.Sub(start)), 0)
 	if left <= 0 {

@@ -255,6 +255,21 @@ type Problem struct {
 	What string
 }
 
+// AttemptTaker is implemented by an Engine that can take over one given attempt: what
+// receipts.DB.TakeOver (and the Reconciler) use to settle exactly the abandoned claim an
+// operator or Scan listed, with no other attempt in between. An engine without it makes
+// TakeOver return receipts.ErrUnsupported.
+type AttemptTaker interface {
+	// TakeOver decides atomically, as Claim does, but only for the attempt with token: if the
+	// visible record of req.Key is Pending with that token and its lease has run out, it is
+	// taken over (Outcome TookOver: a new token, Attempts+1, the lease now + req.LeaseTTL, the
+	// record's own fingerprint kept; req.Fingerprint is ignored) and synced. If it is that
+	// attempt but its lease is live, Outcome InProgress with the record, nothing written. Any
+	// other record (another token, finished, gone): ErrLeaseLost, nothing written. Like Claim,
+	// it returns ErrClosed once Config.Closing is closed.
+	TakeOver(ctx context.Context, req ClaimRequest, token uint64) (ClaimResult, error)
+}
+
 // LeaseInfo is what identifies a lease to its engine: what receipts.Lease.Raw hands an engine
 // package's own ways of finishing a lease (pgstore.CommitTx).
 type LeaseInfo struct {

@@ -102,9 +102,9 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 // unknown until the database answers again; a retry replays or runs afresh, never twice).
 // A Failed receipt, the first time or replayed, comes with an error wrapping ErrFailed.
 // Other errors: those of Claim, ErrResultTooLarge (rolled back), ErrUnsupported if db is not
-// served by pgstore.
+// served by pgstore. opts are Claim's, as for Do (receipts.LeaseFor, receipts.WaitAtMost).
 func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []byte,
-	fn func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error),
+	fn func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error), opts ...receipts.ClaimOption,
 ) (*receipts.Receipt, error) {
 	if db == nil || fn == nil {
 		return nil, fmt.Errorf("pgstore: dotx: %w: nil DB or fn", receipts.ErrInvalidOptions)
@@ -128,7 +128,7 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 		var res driver.ClaimResult
 		tx, res, err = pe.claimTx(ctx, req, nonce)
 		return res, err
-	}, receipts.WaitForResult())
+	}, append([]receipts.ClaimOption{receipts.WaitForResult()}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -18,8 +18,20 @@ const (
 	DefaultHeader = "Idempotency-Key"
 	// DefaultMaxBodyBytes bounds the request body the middleware reads (1 MiB).
 	DefaultMaxBodyBytes = 1 << 20
-	// ReplayedHeader is set to "true" on every response served from a receipt.
+	// ReplayedHeader is set to "true" on every response served from a
+	// receipt, as Stripe's API does.
 	ReplayedHeader = "Idempotent-Replayed"
+	// RecordedAtHeader, on every response served from a receipt, is when
+	// the original response was recorded (the receipt's UpdatedAt), as an
+	// HTTP-date (RFC 9110, like Last-Modified; whole seconds, rounded down).
+	RecordedAtHeader = "Idempotency-Recorded-At"
+	// ExpiresAtHeader, on every response served from a receipt, is until
+	// when the key stays protected: until then every retry with this key
+	// gets this response replayed (the receipt's ExpiresAt, the recording
+	// plus the store's Retention), as an HTTP-date rounded down. After it,
+	// a request with the key is a new request. It answers the IETF httpapi
+	// idempotency draft's question of how long a key is kept (issue #35).
+	ExpiresAtHeader = "Idempotency-Expires-At"
 )
 
 // defaultMethods are the methods guarded when Config.Methods is nil.
@@ -137,6 +149,13 @@ type Config struct {
 	// of getting 409 at once. If the first one has not finished by then, the
 	// duplicate gets 409 with Retry-After.
 	Wait time.Duration
+
+	// LeaseFor is the lease length of each request's claim
+	// (receipts.LeaseFor), renewed every third of it while the handler
+	// runs; zero means the store's Options.LeaseTTL. Set it for handlers
+	// that take much longer (or less) than that. It must be less than the
+	// store's Retention: New checks.
+	LeaseFor time.Duration
 
 	// ErrorResponder writes the responses the middleware makes itself
 	// (400, 401, 409, 413, 422, 5xx). Default: WriteProblem.

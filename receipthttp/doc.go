@@ -20,7 +20,7 @@
 //     and only then sent, so a client never sees a response a crash could
 //     take back.
 //   - Retry with the same key and payload: the stored response is replayed
-//     without running the handler, with "Idempotent-Replayed: true".
+//     without running the handler, with the headers of a replay (below).
 //   - Same key, different payload (method, path or body by default; see
 //     Config.Fingerprint): 422.
 //   - Same key while the first request is still running: 409 with
@@ -32,6 +32,28 @@
 //   - Body over Config.MaxBodyBytes: 413. The body is read in full before
 //     the handler runs (the fingerprint needs it); the handler gets a copy.
 //   - Unauthenticated (Config.Scope fails): 401, or the *Problem it returns.
+//
+// # Replays
+//
+// A response served from a receipt carries, besides the stored status,
+// headers and body:
+//
+//	Idempotent-Replayed: true
+//	Idempotency-Recorded-At: Fri, 02 Jan 2026 03:04:05 GMT
+//	Idempotency-Expires-At: Sat, 03 Jan 2026 03:04:05 GMT
+//
+// Idempotent-Replayed (ReplayedHeader) is Stripe's name for the same mark.
+// Idempotency-Recorded-At (RecordedAtHeader) is when the original response
+// was recorded, so a client can tell how old the answer is.
+// Idempotency-Expires-At (ExpiresAtHeader) is until when the key stays
+// protected: until then every retry with it is answered from this receipt;
+// after it (the store's Options.Retention past the recording) a request
+// with the key runs as a new one. The IETF draft defines no response header
+// for this (its issue #35 asks for one), so the names follow the draft's
+// Idempotency- prefix; both are HTTP-dates (RFC 9110, the format of
+// Last-Modified and Expires), rounded down to the second. They are set by
+// the middleware on every replay and override stored headers of the same
+// names.
 //
 // A store's Options.BeforeReplay runs before every replay; an error it
 // returns answers 500, or, when the error is (or wraps) a *Problem, that
@@ -58,6 +80,30 @@
 // stage it with Attempt.AddEffect: it commits in one synced batch with the
 // receipt (Lease.RunBatch), so the effect and its receipt are durable
 // together or not at all.
+//
+// # Fencing downstream writes
+//
+// A handler's claim can be taken over while the handler still runs: its
+// process stalled past the lease (a GC pause, a partition), or its response
+// could not be recorded. The middleware's lease is fenced (a stale holder
+// records nothing), but a write the handler makes to another system is not,
+// unless that system checks the token. Attempt.Token is the claim's fencing
+// token: it is larger for every later attempt. Keep, next to the data an
+// operation writes, the largest token that wrote it, and apply a write only
+// while its token is larger:
+//
+//	a, _ := receipthttp.AttemptFrom(r.Context())
+//	tag, err := conn.Exec(ctx, `UPDATE work_items SET title = $1, fence = $2
+//	                              WHERE id = $3 AND fence < $2`, title, a.Token, id)
+//	if err == nil && tag.RowsAffected() == 0 {
+//		// A newer attempt has written: this one is stale; stop.
+//	}
+//
+// (For a row that may not exist yet: INSERT ... ON CONFLICT (id) DO UPDATE
+// SET ... WHERE work_items.fence < EXCLUDED.fence.) A stale attempt's writes
+// then change nothing, whenever they land; see the example of Attempt. The
+// effects staged with Attempt.AddEffect need no fence: they commit with the
+// receipt, which is fenced.
 //
 // # Disconnects
 //

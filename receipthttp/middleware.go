@@ -25,7 +25,8 @@ import (
 // check at startup.
 //
 // While a handler runs, its claim's lease is renewed in the background
-// (every LeaseTTL/3), and db.Close waits for it and for its response to be
+// (every third of its length: Config.LeaseFor, or the store's LeaseTTL),
+// and db.Close waits for it and for its response to be
 // recorded (receipts.Lease.Run).
 func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if db == nil {
@@ -35,7 +36,16 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.LeaseFor < 0 || (c.LeaseFor > 0 && c.LeaseFor >= db.Options().Retention) {
+		return nil, fmt.Errorf("receipthttp: Config.LeaseFor %s must be positive (or zero) and less than the store's Retention %s", c.LeaseFor, db.Options().Retention)
+	}
 	m := &middleware{db: db, cfg: c}
+	if c.LeaseFor > 0 {
+		m.claimOpts = append(m.claimOpts, receipts.LeaseFor(c.LeaseFor))
+	}
+	if c.Wait > 0 {
+		m.claimOpts = append(m.claimOpts, receipts.WaitAtMost(c.Wait))
+	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("receipthttp: nil http.Handler")
@@ -46,8 +56,9 @@ func New(db *receipts.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 
 // middleware is what the handlers made by one New share.
 type middleware struct {
-	db  *receipts.DB
-	cfg *config
+	db        *receipts.DB
+	cfg       *config
+	claimOpts []receipts.ClaimOption // Config.LeaseFor and Config.Wait
 }
 
 type handler struct {
@@ -141,13 +152,11 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Pro
 	return body, nil
 }
 
-// claim claims key, or returns its receipt. It waits, Config.Wait at most,
-// for a request in progress under the same key (receipts.WaitAtMost).
+// claim claims key, or returns its receipt, with a lease of Config.LeaseFor.
+// It waits, Config.Wait at most, for a request in progress under the same
+// key (receipts.WaitAtMost).
 func (h *handler) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
-	if h.cfg.Wait <= 0 {
-		return h.db.Claim(ctx, key, fp)
-	}
-	return h.db.Claim(ctx, key, fp, receipts.WaitAtMost(h.cfg.Wait))
+	return h.db.Claim(ctx, key, fp, h.claimOpts...)
 }
 
 // claimProblem maps an error from Claim to the response the client gets.
@@ -205,6 +214,8 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 		hdr[name] = vs
 	}
 	hdr.Set(ReplayedHeader, "true")
+	hdr.Set(RecordedAtHeader, rec.UpdatedAt.UTC().Format(http.TimeFormat))
+	hdr.Set(ExpiresAtHeader, rec.ExpiresAt.UTC().Format(http.TimeFormat))
 	w.WriteHeader(resp.Status)
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(resp.Body)
@@ -215,7 +226,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 // renews the lease, keeps Close waiting and records the outcome) and settles
 // the claim according to Config.Policy before the client sees the response.
 func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipts.Lease) {
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey(), fx: new(effects)}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), fx: new(effects)}
 	// From here on the effect may start: the client leaving must not cut the
 	// handler short or keep the outcome from being recorded.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), attemptKey{}, a)

@@ -143,7 +143,7 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			panic("no attempt in context")
 		}
-		c.attempts <- receipthttp.Attempt{Key: a.Key, Number: a.Number, Recovered: a.Recovered, ProviderKey: a.ProviderKey}
+		c.attempts <- receipthttp.Attempt{Key: a.Key, Number: a.Number, Recovered: a.Recovered, Token: a.Token, ProviderKey: a.ProviderKey}
 	}
 	if c.started != nil {
 		c.started <- struct{}{}
@@ -280,6 +280,43 @@ func TestConcurrentDuplicateGets409(t *testing.T) {
 	close(app.gate)
 	wantStatus(t, <-done, http.StatusCreated)
 	wantStatus(t, e.post("alice", "k1", "x"), http.StatusCreated)
+	if n := app.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+// Config.LeaseFor gives each request's claim its own lease: a duplicate
+// that comes after the store's 30s LeaseTTL finds the first request still
+// in progress (Retry-After from the 10-minute lease), not abandoned.
+func TestLeaseForHoldsTheClaim(t *testing.T) {
+	app := &counter{gate: make(chan struct{}), started: make(chan struct{}, 1)}
+	e := newEnv(t, receipthttp.Config{LeaseFor: 10 * time.Minute}, app)
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- e.post("alice", "k1", "x") }()
+	waitStarted(t, app.started, done)
+	defer func() {
+		select {
+		case <-app.gate:
+		default:
+			close(app.gate)
+			<-done
+		}
+	}()
+	r, err := e.db.Lookup(context.Background(), receipts.Key{Scope: "alice", ID: "k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := e.clk.Now().Add(10 * time.Minute); !r.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("LeaseExpiresAt %s, want %s", r.LeaseExpiresAt, want)
+	}
+	e.clk.Advance(time.Minute) // past the store's LeaseTTL
+	dup := e.post("alice", "k1", "x")
+	wantProblem(t, dup, http.StatusConflict, receipthttp.ProblemInProgress)
+	if got := dup.Header().Get("Retry-After"); got != "540" {
+		t.Fatalf("Retry-After = %q, want 540 (9 of the 10 minutes left)", got)
+	}
+	close(app.gate)
+	wantStatus(t, <-done, http.StatusCreated)
 	if n := app.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
@@ -517,8 +554,11 @@ func TestServerErrorLeavesOutcomeUnknown(t *testing.T) {
 			e := newEnv(t, receipthttp.Config{}, app)
 			wantStatus(t, e.post("alice", "k1", "x"), http.StatusInternalServerError)
 			a1 := <-app.attempts
-			if a1.Number != 1 || a1.Recovered || !strings.HasPrefix(a1.ProviderKey, "rk_") {
+			if a1.Number != 1 || a1.Recovered || !strings.HasPrefix(a1.ProviderKey, "rk_") || a1.Token == 0 {
 				t.Fatalf("first attempt = %+v", a1)
+			}
+			if r, err := e.db.Lookup(context.Background(), a1.Key); err != nil || r.Token != a1.Token {
+				t.Fatalf("first attempt's token %d, the claim's: %+v, %v", a1.Token, r, err)
 			}
 			if restart {
 				e.restart()
@@ -528,6 +568,12 @@ func TestServerErrorLeavesOutcomeUnknown(t *testing.T) {
 			a2 := <-app.attempts
 			if a2.Number != 2 || !a2.Recovered || a2.ProviderKey != a1.ProviderKey {
 				t.Fatalf("retry attempt = %+v, want number 2, recovered, provider key %s", a2, a1.ProviderKey)
+			}
+			if a2.Token <= a1.Token {
+				t.Fatalf("retry's token %d, want more than the first attempt's %d", a2.Token, a1.Token)
+			}
+			if r, err := e.db.Lookup(context.Background(), a1.Key); err != nil || r.Token != a2.Token {
+				t.Fatalf("receipt %+v, %v: want the retry's token %d", r, err, a2.Token)
 			}
 			again := e.post("alice", "k1", "x")
 			if again.Header().Get(receipthttp.ReplayedHeader) != "true" {
@@ -789,6 +835,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative wait":     {Scope: callerScope, Wait: -time.Second},
 		"bad stored header": {Scope: callerScope, StoredHeaders: []string{"a:b"}},
 		"empty method":      {Scope: callerScope, Methods: []string{""}},
+		"negative lease":    {Scope: callerScope, LeaseFor: -time.Second},
+		"lease ≥ retention": {Scope: callerScope, LeaseFor: receipts.DefaultRetention},
 	} {
 		if _, err := receipthttp.New(db, cfg); err == nil {
 			t.Errorf("%s: New succeeded, want an error", name)

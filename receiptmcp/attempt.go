@@ -23,6 +23,13 @@ type Attempt struct {
 	// or its process died): reconcile before acting, e.g. look the effect
 	// up by ProviderKey (Lease.Recovered).
 	Recovered bool
+	// Token is the claim's fencing token (Lease.Token): unique store-wide,
+	// and larger for every later attempt of this key (and for every claim
+	// made after this one). Pass it to downstream writes and let them apply
+	// only while it is the largest they have seen (see "Fencing downstream
+	// writes" in the package documentation): a stale attempt, still running
+	// after its claim was taken over, then changes nothing.
+	Token uint64
 	// ProviderKey is stable across attempts of this operation and reveals
 	// neither scope nor key: forward it as the idempotency key of
 	// downstream providers (Lease.ProviderKey).

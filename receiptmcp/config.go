@@ -19,6 +19,21 @@ const DefaultMetaKey = "dev.receipts/operationKey"
 // replayed result when Config.ReplayMetaKey is empty.
 const DefaultReplayMetaKey = "dev.receipts/replayed"
 
+// The result _meta entries that say, on a replayed result, how old it is
+// and how long it lasts (receipthttp's Idempotency-Recorded-At and
+// Idempotency-Expires-At headers). Their values are RFC 3339 timestamps in
+// UTC (time.RFC3339Nano).
+const (
+	// RecordedAtMetaKey is when the original result was recorded (the
+	// receipt's UpdatedAt).
+	RecordedAtMetaKey = "dev.receipts/recordedAt"
+	// ExpiresAtMetaKey is until when the operation key stays protected:
+	// until then every retry with it gets this result replayed (the
+	// receipt's ExpiresAt, the recording plus the store's Retention); after
+	// it, a call with the key runs the tool as a new call.
+	ExpiresAtMetaKey = "dev.receipts/expiresAt"
+)
+
 // DefaultWait is how long a duplicate call waits for the call in progress
 // under the same key when Config.Wait is zero.
 const DefaultWait = 5 * time.Second
@@ -129,6 +144,13 @@ type Config struct {
 	// "idempotency_key_in_progress") carrying a retry-after. Zero means
 	// DefaultWait; negative means do not wait.
 	Wait time.Duration
+
+	// LeaseFor is the lease length of each call's claim
+	// (receipts.LeaseFor), renewed every third of it while the tool runs;
+	// zero means the store's Options.LeaseTTL. Set it for tools that take
+	// much longer (or less) than that. It must be less than the store's
+	// Retention: Middleware panics otherwise.
+	LeaseFor time.Duration
 
 	// Logger receives what cannot be returned to the client: a receipt that
 	// could not be recorded, a claim that could not be released. Default

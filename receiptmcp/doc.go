@@ -27,8 +27,8 @@
 // instead.
 //
 // Inside a tool handler, AttemptFrom(ctx) tells whether an earlier attempt's
-// outcome is unknown (Recovered: reconcile first) and gives a ProviderKey to
-// forward to downstream providers; Attempt.AddEffect stages writes to
+// outcome is unknown (Recovered: reconcile first), gives a ProviderKey to
+// forward to downstream providers and a fencing Token for downstream writes; Attempt.AddEffect stages writes to
 // db.Pebble() that commit atomically with the receipt.
 //
 // # Host (client)
@@ -57,8 +57,14 @@
 //   - Fingerprint: the tool name and the canonical form of the parsed
 //     arguments (see Fingerprint), never the raw request.
 //   - A finished result, isError included, is stored and replayed unchanged
-//     to every retry, with _meta["dev.receipts/replayed"] = true. isError
-//     results are stored as Failed receipts.
+//     to every retry, with _meta["dev.receipts/replayed"] = true, and two
+//     more _meta entries that say how old the result is and how long it
+//     lasts: "dev.receipts/recordedAt", when it was recorded, and
+//     "dev.receipts/expiresAt", until when the key stays protected (every
+//     retry until then gets this result; after it, a call with the key runs
+//     the tool anew), both RFC 3339 timestamps in UTC (RecordedAtMetaKey,
+//     ExpiresAtMetaKey; over HTTP, receipthttp sends the same facts as
+//     headers). isError results are stored as Failed receipts.
 //   - A result that still needs input (multi round-trip input requests) is
 //     not stored: the claim is released, and the call with the answers
 //     runs the tool again under the same key.
@@ -78,6 +84,30 @@
 //     if the client went away. Handlers must bound their own work:
 //     receipts.DB.Close waits for a tool call in progress and for its result
 //     to be recorded (receipts.Lease.Run), so a graceful shutdown keeps it.
+//
+// # Fencing downstream writes
+//
+// A tool call's claim can be taken over while its handler still runs: its
+// process stalled past the lease, or its result could not be recorded. The
+// middleware's lease is fenced (a stale holder records nothing), but a write
+// the handler makes to another system is not, unless that system checks
+// the token. Attempt.Token is the claim's fencing token: it is larger for
+// every later attempt. Keep, next to the data an operation writes, the
+// largest token that wrote it, and apply a write only while its token is
+// larger:
+//
+//	a, _ := receiptmcp.AttemptFrom(ctx)
+//	tag, err := conn.Exec(ctx, `UPDATE work_items SET title = $1, fence = $2
+//	                              WHERE id = $3 AND fence < $2`, title, a.Token, id)
+//	if err == nil && tag.RowsAffected() == 0 {
+//		// A newer attempt has written: this one is stale; stop.
+//	}
+//
+// (For a row that may not exist yet: INSERT ... ON CONFLICT (id) DO UPDATE
+// SET ... WHERE work_items.fence < EXCLUDED.fence.) A stale attempt's
+// writes then change nothing, whenever they land; see the example of
+// Attempt. Effects staged with Attempt.AddEffect need no fence: they commit
+// with the receipt, which is fenced.
 //
 // Errors carry ErrorData in the JSON-RPC error's data; ParseError reads it
 // on the client.

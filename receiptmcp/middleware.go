@@ -23,8 +23,8 @@ const methodCallTool = "tools/call"
 // package documentation for the outcomes.
 //
 // Middleware panics if db is nil or cfg is invalid (a malformed or reserved
-// MetaKey, an unknown Policy): those are programming errors, found when the
-// server is built.
+// MetaKey, an unknown Policy, a LeaseFor out of bounds): those are
+// programming errors, found when the server is built.
 func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
 	if db == nil {
 		panic("receiptmcp: Middleware needs a *receipts.DB")
@@ -33,7 +33,16 @@ func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
 	if err != nil {
 		panic(err)
 	}
+	if c.LeaseFor < 0 || (c.LeaseFor > 0 && c.LeaseFor >= db.Options().Retention) {
+		panic(fmt.Sprintf("receiptmcp: Config.LeaseFor %s must be positive (or zero) and less than the store's Retention %s", c.LeaseFor, db.Options().Retention))
+	}
 	m := &middleware{db: db, cfg: c}
+	if c.LeaseFor > 0 {
+		m.claimOpts = append(m.claimOpts, receipts.LeaseFor(c.LeaseFor))
+	}
+	if c.wait > 0 {
+		m.claimOpts = append(m.claimOpts, receipts.WaitAtMost(c.wait))
+	}
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			if method != methodCallTool {
@@ -50,8 +59,9 @@ func Middleware(db *receipts.DB, cfg Config) mcp.Middleware {
 
 // middleware is what the handlers made by one Middleware share.
 type middleware struct {
-	db  *receipts.DB
-	cfg *config
+	db        *receipts.DB
+	cfg       *config
+	claimOpts []receipts.ClaimOption // Config.LeaseFor and Config.Wait
 }
 
 func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest) (mcp.Result, error) {
@@ -137,13 +147,11 @@ func (m *middleware) scope(ctx context.Context, req *mcp.CallToolRequest) (strin
 	return "", errors.New("the call is not authenticated (use bearer auth, or set Config.FixedScope for stdio)")
 }
 
-// claim claims key, or returns its receipt. It waits, Config.Wait at most,
-// for a call in progress under the same key (receipts.WaitAtMost).
+// claim claims key, or returns its receipt, with a lease of Config.LeaseFor.
+// It waits, Config.Wait at most, for a call in progress under the same key
+// (receipts.WaitAtMost).
 func (m *middleware) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
-	if m.cfg.wait <= 0 {
-		return m.db.Claim(ctx, key, fp)
-	}
-	return m.db.Claim(ctx, key, fp, receipts.WaitAtMost(m.cfg.wait))
+	return m.db.Claim(ctx, key, fp, m.claimOpts...)
 }
 
 // claimError maps an error from Claim to what the client gets.
@@ -180,9 +188,11 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 	}
 	meta := maps.Clone(res.Meta)
 	if meta == nil {
-		meta = make(mcp.Meta, 1)
+		meta = make(mcp.Meta, 3)
 	}
 	meta[m.cfg.ReplayMetaKey] = true
+	meta[RecordedAtMetaKey] = rec.UpdatedAt.UTC().Format(time.RFC3339Nano)
+	meta[ExpiresAtMetaKey] = rec.ExpiresAt.UTC().Format(time.RFC3339Nano)
 	res.Meta = meta
 	return &res, nil
 }
@@ -195,7 +205,7 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 //   - any other error, or a panic, abandons it: the outcome is unknown.
 func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest, lease *receipts.Lease) (mcp.Result, error) {
 	tool := req.Params.Name
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), ProviderKey: lease.ProviderKey()}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey()}
 	// From here on the effect may start: the client going away must neither
 	// cut the handler short nor keep its outcome from being recorded.
 	hctx := context.WithValue(context.WithoutCancel(ctx), attemptKey{}, a)

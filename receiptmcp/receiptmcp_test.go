@@ -79,6 +79,7 @@ type seen struct {
 	OK          bool
 	Number      uint32
 	Recovered   bool
+	Token       uint64
 	ProviderKey string
 	Scope       string
 }
@@ -228,7 +229,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 func (f *fixture) record(ctx context.Context) {
 	var s seen
 	if a, ok := receiptmcp.AttemptFrom(ctx); ok {
-		s = seen{OK: true, Number: a.Number, Recovered: a.Recovered, ProviderKey: a.ProviderKey, Scope: a.Key.Scope}
+		s = seen{OK: true, Number: a.Number, Recovered: a.Recovered, Token: a.Token, ProviderKey: a.ProviderKey, Scope: a.Key.Scope}
 	}
 	f.mu.Lock()
 	f.attempts = append(f.attempts, s)
@@ -354,7 +355,7 @@ func isReplay(res *mcp.CallToolResult) bool {
 }
 
 // comparable strips what legitimately differs between an answer and its
-// replay: the replay flag.
+// replay: the replay's _meta entries.
 func comparable(res *mcp.CallToolResult) map[string]any {
 	b, err := json.Marshal(res)
 	if err != nil {
@@ -366,6 +367,8 @@ func comparable(res *mcp.CallToolResult) map[string]any {
 	}
 	if meta, ok := m["_meta"].(map[string]any); ok {
 		delete(meta, receiptmcp.DefaultReplayMetaKey)
+		delete(meta, receiptmcp.RecordedAtMetaKey)
+		delete(meta, receiptmcp.ExpiresAtMetaKey)
 		if len(meta) == 0 {
 			delete(m, "_meta")
 		}
@@ -812,8 +815,54 @@ func TestCrashLeavesOutcomeUncertain(t *testing.T) {
 	if !a.Recovered || a.Number != 2 || a.ProviderKey != lease.ProviderKey() {
 		t.Fatalf("attempt after a crash: %+v (provider key of the first %q)", a, lease.ProviderKey())
 	}
+	if a.Token <= lease.Token() {
+		t.Fatalf("takeover's token %d, want more than the dead holder's %d", a.Token, lease.Token())
+	}
+	if r, err := f.db.Lookup(ctx, receipts.Key{Scope: "local", ID: key}); err != nil || r.Token != a.Token {
+		t.Fatalf("receipt %+v, %v: want the takeover's token %d", r, err, a.Token)
+	}
 	if _, err := lease.Commit(ctx, []byte("late")); !errors.Is(err, receipts.ErrLeaseLost) {
 		t.Fatalf("the dead holder's commit: %v, want ErrLeaseLost", err)
+	}
+}
+
+// Config.LeaseFor gives each call's claim its own lease: a duplicate that
+// comes after the store's 30s LeaseTTL finds the first call in progress.
+func TestLeaseForHoldsTheClaim(t *testing.T) {
+	f := newFixture(t, receiptmcp.Config{FixedScope: "local", Wait: -1, LeaseFor: 10 * time.Minute})
+	started, gate := make(chan struct{}, 1), make(chan struct{})
+	f.mu.Lock()
+	f.started, f.gate = started, gate
+	f.mu.Unlock()
+	cs := f.connect(nil)
+	ctx := context.Background()
+	key := receiptmcp.NewOperationKey()
+	args := map[string]any{"title": "a"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, key, "create_item", args)
+		done <- err
+	}()
+	recv(t, started)
+	r, err := f.db.Lookup(ctx, receipts.Key{Scope: "local", ID: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := f.clk.Now().Add(10 * time.Minute); !r.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("LeaseExpiresAt %s, want %s", r.LeaseExpiresAt, want)
+	}
+	f.clk.Advance(time.Minute)
+	_, err = call(ctx, cs, key, "create_item", args)
+	data := wantError(t, err, receiptmcp.CodeInProgress, receiptmcp.TypeInProgress)
+	if data.RetryAfterMs != (9 * time.Minute).Milliseconds() {
+		t.Fatalf("retryAfterMs %d, want 9 minutes", data.RetryAfterMs)
+	}
+	close(gate)
+	if err := recv(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.runCount("create_item"); n != 1 {
+		t.Fatalf("tool ran %d times", n)
 	}
 }
 
@@ -963,6 +1012,16 @@ func TestConfigValidation(t *testing.T) {
 		}()
 	}
 	receiptmcp.Middleware(db, receiptmcp.Config{MetaKey: "com.example.tools/opKey"})
+	for _, d := range []time.Duration{-time.Second, receipts.DefaultRetention} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("LeaseFor %s accepted", d)
+				}
+			}()
+			receiptmcp.Middleware(db, receiptmcp.Config{LeaseFor: d})
+		}()
+	}
 
 	for tool, want := range map[*mcp.Tool]receiptmcp.Policy{
 		{Name: "a"}: receiptmcp.Required,

@@ -48,6 +48,9 @@ func topics() []struct {
 	}{
 		{"Claim", claimTests},
 		{"Lease", leaseTests},
+		{"LeaseFor", leaseForTests},
+		{"TakeOver", takeOverTests},
+		{"Reconciler", reconcilerTests},
 		{"Wait", waitTests},
 		{"Do", doTests},
 		{"Lookup", lookupTests},
