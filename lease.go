@@ -58,10 +58,18 @@ func (l *Lease) Recovered() bool { return l.recovered }
 // across restarts), reveals neither scope nor ID (an HMAC-SHA256 of both,
 // keyed by a random secret created with the store), and is "rk_" followed by
 // 43 characters of [A-Za-z0-9_-].
-func (l *Lease) ProviderKey() string {
+func (l *Lease) ProviderKey() string { return l.db.providerKey(l.key) }
+
+// ProviderKey returns the key Lease.ProviderKey returns for k's attempts:
+// what an operator or a reconciler asks the external provider about when
+// it settles an abandoned claim (Scan with Filter{Abandoned: true}) without
+// holding its lease. It does no I/O. After Close it still answers.
+func (db *DB) ProviderKey(k Key) string { return db.providerKey(k) }
+
+func (db *DB) providerKey(k Key) string {
 	var lk [keys.MaxLockKeyLen]byte
-	mac := hmac.New(sha256.New, l.db.secret)
-	mac.Write(keys.AppendLockKey(lk[:0], l.key.Scope, l.key.ID))
+	mac := hmac.New(sha256.New, db.secret)
+	mac.Write(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
 	return "rk_" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 

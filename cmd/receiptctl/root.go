@@ -89,7 +89,7 @@ DB.Checkpoint. Live access is read-only (get, ls, stats, export).
 
 On PostgreSQL (pgstore), --pg DSN opens the store in --schema of that
 database, next to the service's running nodes: ls, get, stats, verify, gc and
-export work there as on a directory.
+export work there as on a directory, and so does reconcile.
 
 Results are shown as text when they are printable UTF-8, else as base64.
 Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
@@ -129,7 +129,7 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 	pf.DurationVar(&a.settings.override, "override-retention", 0,
 		"offline, DANGEROUS: use this retention instead of the one the store records (records older than it look expired; gc drops them for good and records it as the store's retention)")
 
-	root.AddCommand(a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.demoCmd(), a.demoChildCmd())
+	root.AddCommand(a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.reconcileCmd(), a.demoCmd(), a.demoChildCmd())
 	return root
 }
 
