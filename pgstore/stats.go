@@ -17,7 +17,7 @@ func (e *engine) Stats(ctx context.Context) (driver.Stats, error) {
 	var s driver.Stats
 	var now time.Time
 	var live int64
-	err := e.pool.QueryRow(ctx, `WITH t AS MATERIALIZED (SELECT coalesce($1::timestamptz, clock_timestamp()) AS now),
+	err := e.pool.QueryRow(ctx, `WITH t AS MATERIALIZED (SELECT `+e.q.clock("$1")+` AS now),
 r AS (SELECT r.epoch, r.state, r.lease_expires_at <= t.now AS ran_out,
              r.updated_at + $2::bigint * interval '1 microsecond' > t.now AS vis
         FROM `+e.q.schema+`.records r, t)
@@ -36,7 +36,7 @@ SELECT count(DISTINCT epoch),
 	if err != nil {
 		return driver.Stats{}, fmt.Errorf("pgstore: stats: %w", err)
 	}
-	e.saw(now)
+	e.saw(now, nil)
 	s.LiveEpochs = int(live)
 	return s, nil
 }
