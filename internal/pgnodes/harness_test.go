@@ -22,8 +22,11 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/pgstore"
 )
 
 // The cross-node harness (see doc.go). The parent test starts node processes (this test binary
@@ -50,25 +53,22 @@ func pebbleOpen(_ context.Context, dsn string) (*receipts.DB, io.Closer, error) 
 }
 
 // pgOpen opens one node on the PostgreSQL database dsn (the proxy's address: the pool and the
-// LISTEN connection both go through it). It is nil until pgstore.Open exists; wiring it is
-// this one assignment (plus the pgstore and pgx imports; adjust the Options to pgstore's):
-//
-//	var pgOpen OpenFunc = func(ctx context.Context, dsn string) (*receipts.DB, io.Closer, error) {
-//		pool, err := newPool(ctx, dsn)
-//		if err != nil {
-//			return nil, nil, err
-//		}
-//		db, err := pgstore.Open(ctx, pool, &pgstore.Options{
-//			LeaseTTL:   harnessTTL,
-//			ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) },
-//		})
-//		if err != nil {
-//			pool.Close()
-//			return nil, nil, err
-//		}
-//		return db, poolCloser{pool}, nil
-//	}
-var pgOpen OpenFunc
+// LISTEN connection both go through it, so a cut breaks both).
+var pgOpen OpenFunc = func(ctx context.Context, dsn string) (*receipts.DB, io.Closer, error) {
+	pool, err := newPool(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := pgstore.Open(ctx, pool, &pgstore.Options{
+		Options:    receipts.Options{LeaseTTL: harnessTTL},
+		ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) },
+	})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return db, poolCloser{pool}, nil
+}
 
 type quietLogger struct{}
 
