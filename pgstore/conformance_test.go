@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -17,8 +18,15 @@ import (
 // pgstore.Open on the same schema, as a restarted node would do.
 //
 //	go test -run 'TestConformance/Lease/' ./pgstore
+//
+// Its runtime is mostly Isolation/Scopes (300 random checks, each a few hundred statements):
+// under the race detector, which CI also runs this package with, it runs 60 checks unless
+// RECEIPTSTEST_ISOLATION_CHECKS says otherwise.
 func TestConformance(t *testing.T) {
 	pgtest.DSN(t) // skips (or, with CI=true, fails) without a server
+	if raceEnabled && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
+		t.Setenv("RECEIPTSTEST_ISOLATION_CHECKS", "60")
+	}
 	receiptstest.Run(t, &pgStore{})
 }
 
