@@ -20,12 +20,12 @@ import (
 //	go test -run 'TestConformance/Lease/' ./pgstore
 //
 // Its runtime is mostly Isolation/Scopes (300 random checks, each a few hundred statements):
-// under the race detector, which CI also runs this package with, it runs 60 checks unless
+// under the race detector, which CI also runs this package with, it runs 100 checks (one rapid batch, the fewest it runs) unless
 // RECEIPTSTEST_ISOLATION_CHECKS says otherwise.
 func TestConformance(t *testing.T) {
 	pgtest.DSN(t) // skips (or, with CI=true, fails) without a server
 	if raceEnabled && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
-		t.Setenv("RECEIPTSTEST_ISOLATION_CHECKS", "60")
+		t.Setenv("RECEIPTSTEST_ISOLATION_CHECKS", "100")
 	}
 	receiptstest.Run(t, &pgStore{})
 }
