@@ -20,8 +20,8 @@ import (
 //	go test -run 'TestConformance/Lease/' ./pgstore
 //
 // Its runtime is mostly Isolation/Scopes (300 random checks, each a few hundred statements):
-// under the race detector, which CI also runs this package with, it runs 100 checks (one rapid batch, the fewest it runs) unless
-// RECEIPTSTEST_ISOLATION_CHECKS says otherwise.
+// under the race detector, which CI also runs this package with, it runs 100 (one rapid
+// batch, the fewest it runs) unless RECEIPTSTEST_ISOLATION_CHECKS says otherwise.
 func TestConformance(t *testing.T) {
 	pgtest.DSN(t) // skips (or, with CI=true, fails) without a server
 	if raceEnabled && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
