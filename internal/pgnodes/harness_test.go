@@ -108,9 +108,6 @@ func TestNodeChild(t *testing.T) {
 	if os.Getenv(envEngine) == "pg" {
 		open = pgOpen
 	}
-	if open == nil {
-		t.Fatal("pgstore.Open not wired yet")
-	}
 	dir, dsn, inc := os.Getenv(envDir), os.Getenv(envDSN), os.Getenv(envInc)
 	startNS, _ := strconv.ParseInt(os.Getenv(envStart), 10, 64)
 	deadlineNS, _ := strconv.ParseInt(os.Getenv(envDeadline), 10, 64)
@@ -466,8 +463,7 @@ func keep(t *testing.T, dir string) string {
 }
 
 // TestCrossNodePebble runs the harness on the Pebble engine: one node at a time (a Pebble
-// directory has one owner), SIGKILLed at least 30 times. It is the smoke test of the machinery
-// until PostgreSQL's Open is wired, and stays as the single-node baseline.
+// directory has one owner), SIGKILLed at least 30 times: the single-node baseline of the machinery.
 func TestCrossNodePebble(t *testing.T) {
 	if os.Getenv(envRole) != "" {
 		t.Skip("in a node process")
@@ -496,9 +492,6 @@ func TestCrossNodePebble(t *testing.T) {
 func TestCrossNodePostgres(t *testing.T) {
 	if os.Getenv(envRole) != "" {
 		t.Skip("in a node process")
-	}
-	if pgOpen == nil {
-		t.Skip("pgstore.Open not wired yet")
 	}
 	secs, kills, restarts := 45, 32, 3
 	switch {
