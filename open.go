@@ -89,6 +89,7 @@ type storedSettings struct{ retention, leaseTTL bool }
 // REQUIRES: o defaulted and validated.
 func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
 	closing := make(chan struct{})
+	closed := func() bool { return h.Gate.Load()&gateClosed != 0 }
 	eng, err := openEngine(driver.Config{
 		Retention:       o.Retention,
 		LeaseTTL:        o.LeaseTTL,
@@ -102,7 +103,7 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 			in.Retention, in.LeaseTTL, in.EpochWidth = c.Retention, c.LeaseTTL, c.EpochWidth
 			return in.validate()
 		},
-		Closing: closing,
+		Closing: closed,
 	})
 	if err != nil {
 		return nil, err

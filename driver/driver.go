@@ -31,7 +31,7 @@ var (
 	// ErrUnknownFormat: the store was written in a format this version does not know.
 	ErrUnknownFormat = errors.New("receipts: unknown store format")
 
-	// ErrClosed: Claim was called, or decided, once Config.Closing was closed.
+	// ErrClosed: Claim was called, or decided, once Config.Closing reported true.
 	ErrClosed = errors.New("receipts: closed")
 )
 
@@ -159,12 +159,18 @@ type Config struct {
 	// its store, before writing anything, and if it fails returns its error
 	// (wrapped) and changes nothing.
 	Check func(inForce Config) error
-	// Closing is closed when the DB's Close begins. From then on Claim hands
-	// out no new lease and answers nothing under the key lock: it returns
-	// ErrClosed where it decides (for Pebble, once it holds the key lock),
-	// so a claim admitted before Close but waiting past its start writes
-	// nothing. Fenced writes of leases already handed out go on.
-	Closing <-chan struct{}
+	// Closing reports whether the DB's Close has begun (it reads the DB's
+	// close gate, one atomic load; nil means never). Once it reports true,
+	// Claim hands out no new lease: an engine calls it where the claim
+	// decides, AFTER it has taken the claim's time and BEFORE the claim's
+	// write is durable or visible (Pebble: under the key lock, after reading
+	// the store's time; PostgreSQL: after the claim statement answered,
+	// before its transaction commits), and if it reports true writes nothing
+	// and returns ErrClosed. So a claim admitted before Close but deciding
+	// past its start writes nothing, and a claim whose time was taken after
+	// Close began is never handed out. Fenced writes of leases already
+	// handed out go on.
+	Closing func() bool
 }
 
 // Engine is what a storage engine supplies. Every method is safe for concurrent use, honours ctx,

@@ -27,7 +27,7 @@ func (e *engine) Check(ctx context.Context) (driver.CheckReport, error) {
 	rep := driver.CheckReport{Problems: []driver.Problem{}}
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var now time.Time
-		if err := tx.QueryRow(ctx, `SELECT coalesce($1::timestamptz, clock_timestamp())`, e.nowArg()).Scan(&now); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT `+e.q.clock("$1"), e.nowArg()).Scan(&now); err != nil {
 			return err
 		}
 		c := pgChecker{e: e, tx: tx, rep: &rep, now: now.UnixMicro()}

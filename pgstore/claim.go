@@ -35,17 +35,25 @@ const (
 	maxOther     = 20
 )
 
-// Claim implements driver.Engine: one round trip ([advisory lock; claim CTE] in one pgx
-// batch, one implicit transaction), retried internally with the same nonce.
+// Claim implements driver.Engine: [BEGIN; advisory lock; claim CTE] in one pgx batch (one
+// round trip), then COMMIT (a second one) once the closing gate has been read, retried
+// internally with the same nonce. The explicit transaction is what lets a claim that decided
+// after the DB's Close began write nothing: Config.Closing is asked after the claim statement
+// answered (the claim's time was taken, by the database or from the injected clock, before
+// that) and before the claim is committed (made durable and visible); if Close has begun the
+// transaction is rolled back and the claim answers ErrClosed.
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	nonce := newNonce()
 	var lastBusy claimRow
 	busy, lost, other := 0, 0, 0
 	for {
-		if e.closing() { // no new lease once Close has begun
+		// No new lease once Close has begun. After a lost reply the earlier attempt may have
+		// committed a claim decided before Close began: the retry finds it ("own") and hands
+		// it out; a retry that decides afresh is refused by claimGated's own check.
+		if lost == 0 && e.closing() {
 			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
 		}
-		row, err := e.claimOnce(ctx, e.pool, req, nonce)
+		row, err := e.claimGated(ctx, req, nonce)
 		if err == nil && e.testLoseReply != nil {
 			err = e.testLoseReply()
 		}
@@ -53,6 +61,8 @@ func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 			return e.claimResult(req, row)
 		}
 		switch {
+		case errors.Is(err, driver.ErrClosed):
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, err)
 		case err == nil: // busy
 			lastBusy = row
 			if busy++; busy > maxBusy {
@@ -85,6 +95,37 @@ func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	}
 }
 
+// granted reports whether a claim statement's outcome wrote a new claim (one this attempt
+// decided, as opposed to "own": a claim an earlier attempt decided and committed).
+func granted(outcome string) bool { return outcome == "claimed" || outcome == "took_over" }
+
+// claimGated runs one claim in an explicit transaction on a connection of its own: the batch
+// [BEGIN; lock; claim], then, if the statement granted a claim, COMMIT unless the DB's Close
+// has begun (then ROLLBACK and driver.ErrClosed: nothing is written). Any other outcome wrote
+// nothing and is rolled back. A lost COMMIT reply is a lost reply like any other (the retry's
+// nonce finds the claim if it landed).
+func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce []byte) (claimRow, error) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return claimRow{}, err
+	}
+	defer conn.Release() // a connection left in a transaction is closed by the pool
+	row, err := e.claimBatch(ctx, conn, req, nonce, true)
+	end := "ROLLBACK"
+	switch {
+	case err != nil:
+	case !granted(row.outcome):
+	case e.closing(): // after the claim's time was taken, before it is visible
+		err = driver.ErrClosed
+	default:
+		end = "COMMIT"
+	}
+	if _, cerr := conn.Exec(context.WithoutCancel(ctx), end); err == nil && cerr != nil {
+		return claimRow{}, cerr
+	}
+	return row, err
+}
+
 // ensureCurrent creates the partitions around the estimated current epoch (after a claim found
 // none: maintenance is behind, or a test clock jumped).
 func (e *engine) ensureCurrent(ctx context.Context) error {
@@ -97,19 +138,36 @@ func (e *engine) ensureCurrent(ctx context.Context) error {
 	return nil
 }
 
-// claimOnce sends the claim batch once. No row back is pgx.ErrNoRows (re-send).
+// claimOnce sends the claim batch once (in q's transaction, or an implicit one). No row back
+// is pgx.ErrNoRows (re-send).
 func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, extra ...string) (claimRow, error) {
+	return e.claimBatch(ctx, q, req, nonce, false, extra...)
+}
+
+// claimBatch is claimOnce, with begin: the batch opens a transaction (BEGIN first) that the
+// caller ends.
+func (e *engine) claimBatch(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, begin bool, extra ...string) (claimRow, error) {
 	h := keyHash(req.Key)
 	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	}
 	b.Queue(e.q.lock, lockClass, lockID(h))
+	now := e.nowArg() // the claim's time, on an injected clock
 	b.Queue(e.q.claim, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
-		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), e.nowArg())
+		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), now)
 	for _, s := range extra { // statements after the claim, in the same batch (DoTx's savepoint)
 		b.Queue(s)
 	}
 	br := q.SendBatch(ctx, b)
 	var row claimRow
-	_, err := br.Exec()
+	var err error
+	if begin {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
 	if err == nil {
 		var state int16
 		var lease *time.Time
@@ -134,7 +192,7 @@ func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimReque
 	}
 	row.rec.Key = req.Key
 	e.fill(&row.rec)
-	e.saw(row.now)
+	row.now = e.saw(row.now, now)
 	return row, nil
 }
 
@@ -207,12 +265,15 @@ func (e *engine) Lookup(ctx context.Context, k driver.Key) (driver.Record, bool,
 	var now time.Time
 	var err error
 	for attempt := 0; ; attempt++ {
-		err = scanRecord(e.pool.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), e.nowArg()), &rec, &now)
+		arg := e.nowArg()
+		err = scanRecord(e.pool.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), arg), &rec, &now)
+		if err == nil || errors.Is(err, errAbsent) {
+			now = e.saw(now, arg)
+		}
 		if attempt >= maxLostReply || !lostReply(ctx, err) || sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
 			break
 		}
 	}
-	e.saw(now)
 	switch {
 	case errors.Is(err, errAbsent):
 		return driver.Record{}, false, now, nil

@@ -1,13 +1,18 @@
 // Package pgstore is the PostgreSQL engine of receipts (pgx v5): the receipts contract for
 // services that run on many nodes sharing one database.
 //
-// Until the root package consumes the engine seam (package driver), this package holds the
-// engine only; pgstore.Open, CommitTx and DoTx are built on it in the seam step.
+// Open returns the same *receipts.DB the Pebble engine does (receipts.Open), served by
+// PostgreSQL: Claim, Do, Lookup, Scan, Stats, GC and the handlers built on them work
+// unchanged, on every node that opens the same database and schema. CommitTx (with FenceTx)
+// and DoTx are the PostgreSQL counterparts of the Pebble engine's CommitWith and DoBatch:
+// the receipt commits in the application's own transaction. The contract kit (package
+// receiptstest) runs on this engine in its tests.
 //
 // Schema (format 1, in Options.Schema, default "receipts"):
 //
-//   - meta: one row: format, epoch width, Retention and LeaseTTL in force, the store's secret, and the
-//     maintenance lease (owner, until).
+//   - meta: one row: format, epoch width, Retention and LeaseTTL in force, the store's secret, the
+//     maintenance lease (owner, until), and clock: the latest time the store has used (written
+//     by Close and by every GC pass; added to schemas created before it).
 //   - token_seq: the sequence every fencing token comes from (CACHE 1: tokens are unique in
 //     the store, increase across sessions and are never reused, also after records are purged).
 //   - records: one row per key (scope, id, state, fingerprint, token, attempts, per-attempt
@@ -16,8 +21,16 @@
 //     Retention has passed, and GC drops whole partitions. Partitions are records_e<epoch>.
 //
 // Time is the database's: every decision uses clock_timestamp() (Options.Now replaces it in
-// tests), so nodes whose clocks disagree still agree on leases and expiry. Expiry is exact at
-// read time; GC only reclaims space.
+// tests), so nodes whose clocks disagree still agree on leases and expiry. It never runs
+// backwards for a node: every statement's time is at least the latest the node has used (its
+// high-water mark, which starts at Open from meta.clock and the newest partition holding
+// records), so a clock stepped back lets no lease be taken over early and no receipt expire
+// early. Times are kept to the microsecond (timestamptz). Expiry is exact at read time; GC
+// only reclaims space.
+//
+// A claim is one round trip ([BEGIN; advisory lock; claim] in one batch) and its COMMIT:
+// the commit is sent only once the engine has checked that the DB's Close has not begun, so
+// no lease is handed out, or written, once Close has begun.
 //
 // Wake-ups across nodes need a LISTEN session outside any transaction pooler (ListenConn).
 // Without one (behind PgBouncer in transaction mode, where LISTEN does not work) the engine

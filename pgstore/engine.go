@@ -76,9 +76,10 @@ type engineOptions struct {
 	// stored epoch width) once meta is read, before anything is written (driver.Config.Check);
 	// its error is returned wrapped.
 	Check func(inForce driver.Config) error
-	// Closing, if set, is closed when the DB's Close begins: from then on Claim hands out
-	// no lease (driver.ErrClosed).
-	Closing <-chan struct{}
+	// Closing, if set, reports whether the DB's Close has begun (driver.Config.Closing):
+	// from then on Claim hands out no lease (driver.ErrClosed). It is asked after a claim's
+	// statement has answered (its time was taken) and before the claim's transaction commits.
+	Closing func() bool
 }
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
@@ -123,15 +124,8 @@ func (o *engineOptions) fill() error {
 	return nil
 }
 
-// closing reports whether the DB's Close has begun (Config.Closing is closed).
-func (e *engine) closing() bool {
-	select {
-	case <-e.o.Closing:
-		return true
-	default:
-		return false
-	}
-}
+// closing reports whether the DB's Close has begun (Config.Closing).
+func (e *engine) closing() bool { return e.o.Closing != nil && e.o.Closing() }
 
 // engine is the PostgreSQL implementation of driver.Engine.
 type engine struct {
@@ -145,7 +139,15 @@ type engine struct {
 	// skew is the database clock minus the local clock (ns), refreshed from every statement
 	// that returns the database's time; it only serves to bound partition probes (oldest).
 	skew atomic.Int64
-	hwm  atomic.Int64 // Now never runs backwards
+	// hwm is the engine's time high-water mark (Unix ns): the latest time it has used. Every
+	// statement's time is at least hwm (the injected clock is raised to it in Go, the
+	// database's in SQL: queries.clock), so the engine's time never runs backwards: a clock
+	// stepped back lets no live lease be taken over early and no receipt expire early, and
+	// writes meanwhile use the engine's time (which stands still), so their windows do not
+	// start in the past. It starts, at Open, from meta.clock (what the store's nodes used
+	// before: written by Close and by every GC pass) and the newest partition holding
+	// records, so a restart with the clock behind resumes from there.
+	hwm atomic.Int64
 
 	diskBytes atomic.Uint64 // the schema's disk usage, as the last Count measured it
 
@@ -176,11 +178,14 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 	if err := o.fill(); err != nil {
 		return nil, err
 	}
-	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema)}
+	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil)}
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	e.me = hex.EncodeToString(id)
 	if err := e.migrate(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.loadClockFromRecords(ctx); err != nil {
 		return nil, err
 	}
 	if _, err := e.Now(ctx); err != nil {
@@ -229,7 +234,8 @@ func (e *engine) Config() driver.Config {
 func (e *engine) Secret() []byte { return e.secret }
 
 // Close stops the background goroutines and closes the LISTEN session; wake-ups still queued
-// are sent first (bounded by one second). The pool stays open (it is the caller's).
+// are sent first, and the engine's time is recorded in meta (a restart with the clock behind
+// resumes from it), both bounded by one second. The pool stays open (it is the caller's).
 func (e *engine) Close() error {
 	e.closeOnce.Do(func() {
 		e.cancel()
@@ -237,53 +243,97 @@ func (e *engine) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		e.notifier.flush(ctx)
+		if err := e.saveClock(ctx); err != nil {
+			e.o.Logger.Warn("pgstore: close: record the clock", "err", err)
+		}
 	})
 	return nil
 }
 
-// Now implements driver.Engine: the injected clock, or the database's clock_timestamp().
-func (e *engine) Now(ctx context.Context) (time.Time, error) {
-	var t time.Time
-	if e.o.Now != nil {
-		t = e.o.Now()
-	} else {
-		if err := e.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t); err != nil {
-			return time.Time{}, fmt.Errorf("pgstore: now: %w", err)
-		}
-		e.saw(t)
-	}
-	for {
-		h := e.hwm.Load()
-		if t.UnixNano() <= h {
-			return time.Unix(0, h), nil
-		}
-		if e.hwm.CompareAndSwap(h, t.UnixNano()) {
-			return t, nil
-		}
-	}
-}
-
-// nowArg is the $now parameter: NULL (the database's clock) or the injected time.
-func (e *engine) nowArg() any {
-	if e.o.Now == nil {
+// saveClock records the engine's time in meta.clock (never lowering it).
+func (e *engine) saveClock(ctx context.Context) error {
+	h := e.hwm.Load()
+	if h == 0 {
 		return nil
 	}
-	return e.o.Now()
+	_, err := e.pool.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET clock = greatest(clock, $1::timestamptz)`, time.Unix(0, h))
+	return err
 }
 
-// saw records a database timestamp, to keep the skew estimate fresh.
-func (e *engine) saw(db time.Time) {
-	if e.o.Now == nil && !db.IsZero() {
-		e.skew.Store(int64(time.Until(db)))
+// raise moves the high-water mark up to t (ns) and returns the engine's time: t, or the mark
+// if it is later.
+func (e *engine) raise(t int64) int64 {
+	for {
+		h := e.hwm.Load()
+		if t <= h {
+			return h
+		}
+		if e.hwm.CompareAndSwap(h, t) {
+			return t
+		}
 	}
 }
 
-// estimate is the engine's best guess of the database's clock without asking it.
-func (e *engine) estimate() time.Time {
+// Now implements driver.Engine: the injected clock, or the database's clock_timestamp(),
+// never earlier than a time the engine has already used.
+func (e *engine) Now(ctx context.Context) (time.Time, error) {
 	if e.o.Now != nil {
-		return e.o.Now()
+		return e.nowArg().(time.Time), nil
 	}
-	return time.Now().Add(time.Duration(e.skew.Load()))
+	var t time.Time
+	if err := e.pool.QueryRow(ctx, "SELECT "+e.q.clock("$1"), e.nowArg()).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("pgstore: now: %w", err)
+	}
+	return e.saw(t, nil), nil
+}
+
+// nowArg is a statement's clock parameter (see queries.clock): the injected time raised to
+// the high-water mark (which it then raises), or, on the database's clock, the mark (NULL if
+// there is none yet).
+func (e *engine) nowArg() any {
+	if e.o.Now != nil {
+		t := e.o.Now()
+		ns := t.UnixNano()
+		if h := e.raise(ns); h != ns {
+			return time.Unix(0, h).In(t.Location())
+		}
+		return t
+	}
+	if h := e.hwm.Load(); h != 0 {
+		return time.Unix(0, h)
+	}
+	return nil
+}
+
+// saw takes the time a statement answered with, given the clock parameter arg it was sent
+// (nil: not known): on the database's clock it raises the high-water mark to it and keeps the
+// skew estimate fresh, and returns it; on an injected clock it returns arg itself, at full
+// resolution (the database keeps microseconds: its decisions at the truncated time are the
+// same, every stored time being a whole microsecond).
+func (e *engine) saw(db time.Time, arg any) time.Time {
+	if e.o.Now != nil {
+		if t, ok := arg.(time.Time); ok {
+			return t
+		}
+		return db
+	}
+	if !db.IsZero() {
+		e.skew.Store(int64(time.Until(db)))
+		e.raise(db.UnixNano())
+	}
+	return db
+}
+
+// estimate is the engine's best guess of its time without asking the database.
+func (e *engine) estimate() time.Time {
+	t := time.Now().Add(time.Duration(e.skew.Load()))
+	if e.o.Now != nil {
+		t = e.o.Now()
+	}
+	if h := e.hwm.Load(); t.UnixNano() < h {
+		return time.Unix(0, h).In(t.Location())
+	}
+	return t
 }
 
 // epochOf is the epoch (partition) of time t.

@@ -69,13 +69,16 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 	return st, nil
 }
 
-// maintLease takes or renews the maintenance lease. ok: this engine holds it.
+// maintLease takes or renews the maintenance lease, and records the engine's time in meta
+// (clock: a restart with the clock behind resumes from it). ok: this engine holds it.
 func (e *engine) maintLease(ctx context.Context) (now time.Time, retentionUS int64, ok bool, err error) {
+	arg := e.nowArg()
 	err = e.pool.QueryRow(ctx, `UPDATE `+e.q.schema+`.meta m
-   SET maint_owner = $1, maint_until = t.n + $2::bigint * interval '1 microsecond'
-  FROM (SELECT coalesce($3::timestamptz, clock_timestamp()) AS n) t
+   SET maint_owner = $1, maint_until = t.n + $2::bigint * interval '1 microsecond',
+       clock = greatest(m.clock, t.n)
+  FROM (SELECT `+e.q.clock("$3")+` AS n) t
  WHERE m.maint_owner = $1 OR m.maint_until IS NULL OR m.maint_until <= t.n
-RETURNING t.n, m.retention_us`, e.me, e.o.MaintLease.Microseconds(), e.nowArg()).Scan(&now, &retentionUS)
+RETURNING t.n, m.retention_us`, e.me, e.o.MaintLease.Microseconds(), arg).Scan(&now, &retentionUS)
 	if errors.Is(err, pgx.ErrNoRows) {
 		now, err = e.Now(ctx)
 		return now, 0, false, err
@@ -83,8 +86,7 @@ RETURNING t.n, m.retention_us`, e.me, e.o.MaintLease.Microseconds(), e.nowArg())
 	if err != nil {
 		return now, 0, false, fmt.Errorf("pgstore: gc: maintenance lease: %w", err)
 	}
-	e.saw(now)
-	return now, retentionUS, true, nil
+	return e.saw(now, arg), retentionUS, true, nil
 }
 
 // dropPartition detaches (concurrently, or finishing an interrupted detach) and drops p.

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,19 +135,19 @@ func TestOpenChecksStoredWidth(t *testing.T) {
 		t.Fatalf("open with a longer Retention over a narrow stored width: %v", err)
 	}
 	var ret int64
-	if err := pool.QueryRow(bg, `SELECT retention_us FROM `+buildQueries(d.schema).schema+`.meta`).Scan(&ret); err != nil || ret != time.Hour.Microseconds() {
+	if err := pool.QueryRow(bg, `SELECT retention_us FROM `+buildQueries(d.schema, false).schema+`.meta`).Scan(&ret); err != nil || ret != time.Hour.Microseconds() {
 		t.Fatalf("meta changed by a refused open: retention %d µs, %v", ret, err)
 	}
 }
 
-// Once Config.Closing is closed the engine hands out no lease (driver.ErrClosed), in Claim and
+// Once Config.Closing reports true the engine hands out no lease (driver.ErrClosed), in Claim and
 // in DoTx's claim alike; fenced writes of a lease already held go on.
 func TestClaimAfterClosingBegan(t *testing.T) {
 	d := newTestDB(t)
-	closing := make(chan struct{})
-	e := d.open(engineOptions{Closing: closing})
+	var closing atomic.Bool
+	e := d.open(engineOptions{Closing: closing.Load})
 	held := mustClaim(t, e.engine, req(key("held"), "fp"), driver.Claimed)
-	close(closing)
+	closing.Store(true)
 	if _, err := e.Claim(bg, req(key("new"), "fp")); !errors.Is(err, driver.ErrClosed) {
 		t.Fatalf("claim after Closing: %v", err)
 	}
@@ -158,6 +159,48 @@ func TestClaimAfterClosingBegan(t *testing.T) {
 	}
 	if _, err := e.Finish(bg, key("held"), held.Record.Token, driver.Succeeded, []byte("ok")); err != nil {
 		t.Fatalf("commit of a held lease after Closing: %v", err)
+	}
+}
+
+// A claim that was admitted before Close began but decided after (Closing reports false when
+// the claim starts and true once its statement has answered) writes nothing and answers
+// ErrClosed, in Claim and in DoTx's claim alike (issue 12 item 5). The gate is asked after the
+// claim's time was taken: a claim is refused if Close began at any point before it would be
+// handed out.
+func TestClaimDecidedAfterClosingBegan(t *testing.T) {
+	d := newTestDB(t)
+	var calls atomic.Int64
+	flipAt := int64(1 << 62)
+	// false until flipAt calls have been made, true from then on
+	closing := func() bool { return calls.Add(1) > atomic.LoadInt64(&flipAt) }
+	e := d.open(engineOptions{Closing: closing})
+	mustClaim(t, e.engine, req(key("before"), "fp"), driver.Claimed)
+
+	for _, k := range []driver.Key{key("fresh"), key("taken-over")} {
+		if k == key("taken-over") {
+			l := mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+			if err := e.Abandon(bg, k, l.Record.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before, _, _, err := e.Lookup(bg, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls.Store(0)
+		atomic.StoreInt64(&flipAt, 1) // the check before the statement passes, the one after it does not
+		if _, err := e.Claim(bg, req(k, "fp")); !errors.Is(err, driver.ErrClosed) {
+			t.Fatalf("%s: claim decided after Close began: %v", k, err)
+		}
+		calls.Store(0)
+		if _, _, err := e.claimTx(bg, req(k, "fp"), newNonce()); !errors.Is(err, driver.ErrClosed) {
+			t.Fatalf("%s: claim in a transaction decided after Close began: %v", k, err)
+		}
+		atomic.StoreInt64(&flipAt, 1<<62)
+		after, found, _, err := e.Lookup(bg, k)
+		if err != nil || (k == key("fresh") && found) || after.Token != before.Token || after.Attempts != before.Attempts {
+			t.Fatalf("%s: a refused claim wrote: before %+v, after %+v (found %v, %v)", k, before, after, found, err)
+		}
 	}
 }
 
@@ -183,7 +226,7 @@ func TestOpenUsesRecordedSettings(t *testing.T) {
 		t.Fatalf("reopened with LeaseTTL 2m: %s %s", o.Retention, o.LeaseTTL)
 	}
 	var ret, ttl int64
-	if err := pool.QueryRow(bg, `SELECT retention_us, lease_ttl_us FROM `+buildQueries(d.schema).schema+`.meta`).Scan(&ret, &ttl); err != nil ||
+	if err := pool.QueryRow(bg, `SELECT retention_us, lease_ttl_us FROM `+buildQueries(d.schema, false).schema+`.meta`).Scan(&ret, &ttl); err != nil ||
 		ret != (8*time.Hour).Microseconds() || ttl != (2*time.Minute).Microseconds() {
 		t.Fatalf("meta: %d %d %v", ret, ttl, err)
 	}

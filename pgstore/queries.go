@@ -13,27 +13,41 @@ const formatVersion = 1
 
 // queries holds the engine's SQL with the schema name filled in.
 type queries struct {
-	schema  string // quoted
-	channel string // NOTIFY channel (unquoted value)
+	schema   string // quoted
+	channel  string // NOTIFY channel (unquoted value)
+	injected bool   // the clock parameter is the injected time (else the floor of the database's)
 
 	lock, claim, lookup, renew, finish, abandon, del, fence, scan string
 }
 
+// clock is the SQL of a statement's time, from its clock parameter p (engine.nowArg): the
+// injected time itself, or the database's clock_timestamp() but never earlier than p, the
+// engine's high-water mark (NULL: none yet), so that the engine's time never runs backwards
+// even when the database's clock steps back.
+func (q queries) clock(p string) string {
+	if q.injected {
+		return p + `::timestamptz`
+	}
+	return `greatest(clock_timestamp(), ` + p + `::timestamptz)`
+}
+
 // The clock of a statement: one value for the whole statement (clock_timestamp() advances
-// within a statement), the injected test time when $now is not NULL, and its epoch.
-func clockCTE(nowParam, widthParam string) string {
+// within a statement; see clock), and its epoch.
+func (q queries) clockCTE(nowParam, widthParam string) string {
 	return `t AS MATERIALIZED (
   SELECT n AS now, floor(extract(epoch FROM n) * 1000000 / ` + widthParam + `::bigint)::bigint AS ep
-    FROM (SELECT coalesce(` + nowParam + `::timestamptz, clock_timestamp()) AS n) s
+    FROM (SELECT ` + q.clock(nowParam) + ` AS n) s
 )`
 }
 
 // Record columns, in the order scanRecord reads them.
 const recCols = `r.state, r.fp, r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at, r.result`
 
-func buildQueries(schema string) queries {
+// buildQueries fills in the schema; injected: the engine runs on an injected clock
+// (engineOptions.Now), whose time is the statements' clock parameter.
+func buildQueries(schema string, injected bool) queries {
 	s := pgx.Identifier{schema}.Sanitize()
-	q := queries{schema: s, channel: schema + "_receipts"}
+	q := queries{schema: s, channel: schema + "_receipts", injected: injected}
 	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
 	us := ` * interval '1 microsecond'`
 
@@ -45,7 +59,7 @@ func buildQueries(schema string) queries {
 
 	// Statement 2: one decision on one snapshot. $1 scope, $2 id, $3 fp, $4 nonce, $5 lease µs,
 	// $6 retention µs, $7 epoch width µs, $8 oldest live epoch, $9 now (NULL: database clock).
-	q.claim = x(`WITH ` + clockCTE("$9", "$7") + `,
+	q.claim = x(`WITH ` + q.clockCTE("$9", "$7") + `,
 cur AS MATERIALIZED (           -- the key's newest record (ordered Append: stops at the first hit)
   SELECT r.* FROM S.records r
    WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8
@@ -102,7 +116,7 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.
 	q.lookup = x(`SELECT ` + recCols + `, t.now
-  FROM (SELECT coalesce($4::timestamptz, clock_timestamp()) AS now) t
+  FROM (SELECT ` + q.clock("$4") + ` AS now) t
   LEFT JOIN LATERAL (SELECT * FROM S.records
                       WHERE scope = $1 AND id = $2 AND epoch >= $3
                       ORDER BY epoch DESC LIMIT 1) r ON true`)
@@ -114,7 +128,7 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
 	ret := ` RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text`
 
 	// Renew: $8 ttl µs. The lease never shrinks.
-	q.renew = x(`WITH ` + clockCTE("$7", "$6") + `
+	q.renew = x(`WITH ` + q.clockCTE("$7", "$6") + `
 UPDATE S.records r
    SET lease_expires_at = greatest(r.lease_expires_at, t.now + $8::bigint` + us + `),
        updated_at = t.now, epoch = t.ep
@@ -122,26 +136,26 @@ UPDATE S.records r
  WHERE ` + fenced + ret)
 
 	// Finish: $8 state, $9 result.
-	q.finish = x(`WITH ` + clockCTE("$7", "$6") + `
+	q.finish = x(`WITH ` + q.clockCTE("$7", "$6") + `
 UPDATE S.records r
    SET state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep
   FROM t
  WHERE ` + fenced + ret)
 
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
-	q.abandon = x(`WITH ` + clockCTE("$7", "$6") + `
+	q.abandon = x(`WITH ` + q.clockCTE("$7", "$6") + `
 UPDATE S.records r
    SET lease_expires_at = t.now, updated_at = t.now, epoch = t.ep
   FROM t
  WHERE ` + fenced + ret)
 
 	// Release (never taken over) and Forget: the record goes.
-	q.del = x(`WITH ` + clockCTE("$7", "$6") + `
+	q.del = x(`WITH ` + q.clockCTE("$7", "$6") + `
 DELETE FROM S.records r USING t
  WHERE ` + fenced + ` RETURNING t.now`)
 
 	// Fence-first in the caller's transaction: lock the holder's row (no row: lease lost).
-	q.fence = x(`WITH ` + clockCTE("$7", "$6") + `
+	q.fence = x(`WITH ` + q.clockCTE("$7", "$6") + `
 SELECT t.now FROM S.records r, t
  WHERE ` + fenced + `
    FOR UPDATE OF r`)
@@ -149,7 +163,7 @@ SELECT t.now FROM S.records r, t
 	// Scan page: keyset pagination on (scope, id). $1 oldest, $2 retention µs, $3 now,
 	// $4 scope ('' = all), $5 state (0 = any), $6 abandoned only, $7 after scope, $8 after id,
 	// $9 page size.
-	q.scan = x(`WITH t AS MATERIALIZED (SELECT coalesce($3::timestamptz, clock_timestamp()) AS now)
+	q.scan = x(`WITH t AS MATERIALIZED (SELECT ` + q.clock("$3") + ` AS now)
 SELECT r.scope, r.id, ` + recCols + `, t.now
   FROM S.records r, t
  WHERE r.epoch >= $1 AND r.updated_at + $2::bigint` + us + ` > t.now
@@ -182,7 +196,8 @@ func schemaSQL(schema string) []string {
   secret         bytea       NOT NULL,
   created_at     timestamptz NOT NULL,
   maint_owner    text,
-  maint_until    timestamptz
+  maint_until    timestamptz,
+  clock          timestamptz             -- the latest time the store has used (clockColumn)
 )`),
 		// One row per key, in the partition of its last write (epoch = last write / width).
 		// Results inline: tombstones (a separate results table dropped before records) are

@@ -1,11 +1,13 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -79,7 +81,7 @@ func (e *engine) migrateOnce(ctx context.Context) error {
 			secret := make([]byte, 32)
 			_, _ = rand.Read(secret)
 			if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.meta (format, epoch_width_us, retention_us, lease_ttl_us, secret, created_at)
-VALUES ($1, $2, $3, $4, $5, coalesce($6::timestamptz, clock_timestamp()))`,
+VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
 				formatVersion, e.o.EpochWidth.Microseconds(), e.retentionUS(), e.o.LeaseTTL.Microseconds(), secret, e.nowArg()); err != nil {
 				return fmt.Errorf("create meta: %w", err)
 			}
@@ -112,10 +114,65 @@ VALUES ($1, $2, $3, $4, $5, coalesce($6::timestamptz, clock_timestamp()))`,
 				return fmt.Errorf("settings in force: %w", err)
 			}
 		}
+		if err := e.loadClock(ctx, tx); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1, lease_ttl_us = $2
  WHERE retention_us <> $1 OR lease_ttl_us <> $2`, e.retentionUS(), e.o.LeaseTTL.Microseconds())
 		return err
 	})
+}
+
+// loadClock starts the engine's time high-water mark from meta.clock, adding the column to a
+// schema created before it existed (format 1 without it: older versions read meta by column
+// name, so they still read the schema).
+func (e *engine) loadClock(ctx context.Context, tx pgx.Tx) error {
+	var has bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'meta' AND a.attname = 'clock' AND NOT a.attisdropped)`, e.o.Schema).Scan(&has); err != nil {
+		return fmt.Errorf("read meta: %w", err)
+	}
+	if !has {
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+e.q.schema+`.meta ADD COLUMN IF NOT EXISTS clock timestamptz`); err != nil {
+			return fmt.Errorf("add meta.clock: %w", err)
+		}
+	}
+	var clock *time.Time
+	if err := tx.QueryRow(ctx, `SELECT clock FROM `+e.q.schema+`.meta`).Scan(&clock); err != nil {
+		return fmt.Errorf("read meta: %w", err)
+	}
+	if clock != nil {
+		e.raise(clock.UnixNano())
+	}
+	return nil
+}
+
+// loadClockFromRecords raises the engine's time high-water mark to the start of the newest
+// partition holding records: every record was written at or after the start of its epoch, so
+// the store has used that time even if no Close or GC pass recorded it in meta (a crash).
+// Cost: one probe of an empty table per partition created ahead, then one row read.
+func (e *engine) loadClockFromRecords(ctx context.Context) error {
+	parts, err := e.partitions(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: open: list partitions: %w", err)
+	}
+	slices.SortFunc(parts, func(a, b partition) int { return cmp.Compare(a.epoch, b.epoch) })
+	for i := len(parts) - 1; i >= 0; i-- {
+		p := parts[i]
+		if !p.attached || p.pending || time.UnixMicro(p.epoch*e.width).UnixNano() <= e.hwm.Load() {
+			continue
+		}
+		var held bool
+		if err := e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.q.schema+`.`+pgx.Identifier{p.name}.Sanitize()+`)`).Scan(&held); err != nil {
+			return fmt.Errorf("pgstore: open: probe %s: %w", p.name, err)
+		}
+		if held {
+			e.raise(time.UnixMicro(p.epoch * e.width).UnixNano())
+			return nil
+		}
+	}
+	return nil
 }
 
 func partName(epoch int64) string { return "records_e" + strconv.FormatInt(epoch, 10) }

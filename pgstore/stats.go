@@ -25,7 +25,7 @@ func (e *engine) Count(ctx context.Context) (driver.Counts, error) {
 	var now time.Time
 	var live int64
 	var disk uint64
-	err := e.pool.QueryRow(ctx, `WITH t AS MATERIALIZED (SELECT coalesce($1::timestamptz, clock_timestamp()) AS now),
+	err := e.pool.QueryRow(ctx, `WITH t AS MATERIALIZED (SELECT `+e.q.clock("$1")+` AS now),
 r AS (SELECT r.epoch, r.state, r.lease_expires_at <= t.now AS ran_out,
              r.updated_at + $2::bigint * interval '1 microsecond' > t.now AS vis
         FROM `+e.q.schema+`.records r, t)
@@ -44,7 +44,7 @@ SELECT count(DISTINCT epoch),
 	if err != nil {
 		return driver.Counts{}, fmt.Errorf("pgstore: count: %w", err)
 	}
-	e.saw(now)
+	e.saw(now, nil)
 	e.diskBytes.Store(disk)
 	c.LiveEpochs = int(live)
 	return c, nil

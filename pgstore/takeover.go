@@ -40,6 +40,7 @@ func (e *engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 	}
 	k := req.Key
 	sql := strings.ReplaceAll(takeOverSQL, "S.", e.q.schema+".")
+	sql = strings.Replace(sql, "coalesce($7::timestamptz, clock_timestamp())", e.q.clock("$7"), 1) // the clock's high-water mark
 	rec, _, err := e.write(ctx, e.pool, "take over", sql, k, e.fencedArgs(k, token, req.LeaseTTL.Microseconds(), newNonce()), nil)
 	if err == nil {
 		return driver.ClaimResult{Outcome: driver.TookOver, Record: rec, Now: rec.UpdatedAt}, nil

@@ -240,6 +240,10 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 				return nil, res, err
 			}
+			if e.closing() { // decided after its time was taken; nothing is committed yet
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+			}
 			return tx, res, nil
 		}
 		if tx != nil {

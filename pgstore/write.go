@@ -39,7 +39,7 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 		if err == nil {
 			rec.Key = k
 			e.fill(&rec)
-			e.saw(now)
+			e.saw(now, nil)
 			return rec, xid, nil
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -135,7 +135,7 @@ func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint
 		}
 		switch {
 		case err == nil:
-			e.saw(now)
+			e.saw(now, nil)
 			e.wake(k)
 			return nil
 		case errors.Is(err, pgx.ErrNoRows):
@@ -189,7 +189,7 @@ func (e *engine) fenceTx(ctx context.Context, tx pgx.Tx, k driver.Key, token uin
 	err := tx.QueryRow(ctx, e.q.fence, e.fencedArgs(k, token)...).Scan(&now)
 	switch {
 	case err == nil:
-		e.saw(now)
+		e.saw(now, nil)
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("pgstore: fence: %w", driver.ErrLeaseLost)

@@ -40,7 +40,7 @@ func testClaimCommitReplay(t *testing.T, s Store) {
 	require.True(t, claimedAt.Add(leaseTTL).Equal(pending.LeaseExpiresAt), "LeaseExpiresAt %s", pending.LeaseExpiresAt)
 	require.False(t, pending.Abandoned(e.clock.Now()))
 
-	e.clock.Advance(1234)
+	e.clock.Advance(1234 * e.resolution()) // stored exactly: a whole multiple of the engine's resolution
 	got, err := l.Commit(bg, []byte("item 1"))
 	require.NoError(t, err)
 	require.Equal(t, k, got.Key)

@@ -30,6 +30,18 @@ type Store interface {
 	Reopen(t testing.TB, db *receipts.DB, opts receipts.Options) (*receipts.DB, error)
 }
 
+// Resolution is a capability a Store may have: its engine keeps times at a
+// resolution coarser than the nanosecond of time.Time (PostgreSQL's
+// timestamptz keeps microseconds), which Resolution returns. Stored times
+// are then whole multiples of it, and the engine decides at the injected
+// time truncated to it (the same decisions, every stored time being a whole
+// multiple). The few tests that compare a stored time with the kit's clock
+// exactly after moving it by less than that move it by a multiple instead.
+// A Store without it keeps nanoseconds (Pebble).
+type Resolution interface {
+	Resolution() time.Duration
+}
+
 // A test of the kit.
 type test struct {
 	name string
@@ -135,6 +147,14 @@ func (e *env) reopen() {
 	require.NoError(e.t, err, "Store.Reopen")
 	require.NotNil(e.t, db, "Store.Reopen")
 	e.db = db
+}
+
+// resolution is the resolution of the engine's stored times (see Resolution).
+func (e *env) resolution() time.Duration {
+	if r, ok := e.store.(Resolution); ok && r.Resolution() > 0 {
+		return r.Resolution()
+	}
+	return time.Nanosecond
 }
 
 // isPebble reports whether the engine serves the Pebble-only methods.

@@ -15,7 +15,7 @@ import (
 type writeOpts struct {
 	noSync bool // not synced: renewals, and DoBatch's claim
 	notify bool // wake the key's waiters once the write is in
-	claim  bool // a claim: refused (driver.ErrClosed) once Config.Closing is closed
+	claim  bool // a claim: refused (driver.ErrClosed) once Config.Closing reports true
 }
 
 var (
@@ -30,9 +30,10 @@ type decideFunc func(cur *encoding.Record, now int64) (next *encoding.Record, de
 
 // rmw is the one read-modify-write path of a key:
 //
-//  1. take k's lock (lockKey, keys.AppendLockKey of k); a claim gives up
-//     here once the DB's Close has begun;
-//  2. read the visible record at the store's time (readInto: the newest
+//  1. take k's lock (lockKey, keys.AppendLockKey of k);
+//  2. take the store's time; a claim gives up here (after the time, under
+//     the lock) once the DB's Close has begun;
+//     read the visible record at that time (readInto: the newest
 //     live epoch holding k, from the current one back);
 //  3. let decide choose what to write;
 //  4. write it into b (the caller's, holding an effect, or a new batch),
@@ -54,13 +55,15 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		return nil, 0, err
 	}
 	defer ent.Unlock()
+	now := e.now()
 	if wo.claim && e.closing() {
-		// Checked under the key lock: a claim admitted before Close began
-		// but waiting for the lock past that writes nothing, and hands out
-		// no lease whose Commit would fail and leave a synced claim.
+		// Checked under the key lock, after the claim's time was taken: a
+		// claim admitted before Close began but waiting for the lock past
+		// that writes nothing, and no claim whose time is later than the
+		// start of Close is handed out (nor would its Commit succeed and
+		// leave a synced claim).
 		return nil, 0, driver.ErrClosed
 	}
-	now := e.now()
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
@@ -112,14 +115,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 }
 
 // closing reports that the DB's Close has begun.
-func (e *Engine) closing() bool {
-	select {
-	case <-e.cfg.Closing:
-		return true
-	default:
-		return false
-	}
-}
+func (e *Engine) closing() bool { return e.cfg.Closing != nil && e.cfg.Closing() }
 
 // put adds the write of next (last written at now) to b, moving the record
 // to the current epoch: the stored key, if any other, is deleted.

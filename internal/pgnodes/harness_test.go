@@ -22,8 +22,11 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/pgstore"
 )
 
 // The cross-node harness (see doc.go). The parent test starts node processes (this test binary
@@ -50,25 +53,22 @@ func pebbleOpen(_ context.Context, dsn string) (*receipts.DB, io.Closer, error) 
 }
 
 // pgOpen opens one node on the PostgreSQL database dsn (the proxy's address: the pool and the
-// LISTEN connection both go through it). It is nil until pgstore.Open exists; wiring it is
-// this one assignment (plus the pgstore and pgx imports; adjust the Options to pgstore's):
-//
-//	var pgOpen OpenFunc = func(ctx context.Context, dsn string) (*receipts.DB, io.Closer, error) {
-//		pool, err := newPool(ctx, dsn)
-//		if err != nil {
-//			return nil, nil, err
-//		}
-//		db, err := pgstore.Open(ctx, pool, &pgstore.Options{
-//			LeaseTTL:   harnessTTL,
-//			ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) },
-//		})
-//		if err != nil {
-//			pool.Close()
-//			return nil, nil, err
-//		}
-//		return db, poolCloser{pool}, nil
-//	}
-var pgOpen OpenFunc
+// LISTEN connection both go through it, so a cut breaks both).
+var pgOpen OpenFunc = func(ctx context.Context, dsn string) (*receipts.DB, io.Closer, error) {
+	pool, err := newPool(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := pgstore.Open(ctx, pool, &pgstore.Options{
+		Options:    receipts.Options{LeaseTTL: harnessTTL},
+		ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) },
+	})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return db, poolCloser{pool}, nil
+}
 
 type quietLogger struct{}
 
@@ -107,9 +107,6 @@ func TestNodeChild(t *testing.T) {
 	open := pebbleOpen
 	if os.Getenv(envEngine) == "pg" {
 		open = pgOpen
-	}
-	if open == nil {
-		t.Fatal("pgstore.Open not wired yet")
 	}
 	dir, dsn, inc := os.Getenv(envDir), os.Getenv(envDSN), os.Getenv(envInc)
 	startNS, _ := strconv.ParseInt(os.Getenv(envStart), 10, 64)
@@ -466,8 +463,7 @@ func keep(t *testing.T, dir string) string {
 }
 
 // TestCrossNodePebble runs the harness on the Pebble engine: one node at a time (a Pebble
-// directory has one owner), SIGKILLed at least 30 times. It is the smoke test of the machinery
-// until PostgreSQL's Open is wired, and stays as the single-node baseline.
+// directory has one owner), SIGKILLed at least 30 times: the single-node baseline of the machinery.
 func TestCrossNodePebble(t *testing.T) {
 	if os.Getenv(envRole) != "" {
 		t.Skip("in a node process")
@@ -496,9 +492,6 @@ func TestCrossNodePebble(t *testing.T) {
 func TestCrossNodePostgres(t *testing.T) {
 	if os.Getenv(envRole) != "" {
 		t.Skip("in a node process")
-	}
-	if pgOpen == nil {
-		t.Skip("pgstore.Open not wired yet")
 	}
 	secs, kills, restarts := 45, 32, 3
 	switch {

@@ -15,7 +15,7 @@ import (
 // TestCrossNodeMutationCheck (RECEIPTS_MUTATION_CHECK=1; a few minutes) builds this package's
 // tests with -tags receipts_mutate and shows that the cross-node harness passes unmutated and
 // fails under each mutation that removes the fencing check or the claim's atomicity: nofence
-// and nolock on Pebble, pgnofence and pgnoatomic on PostgreSQL (once pgOpen is wired).
+// and nolock on Pebble, pgnofence and pgnoatomic on PostgreSQL.
 func TestCrossNodeMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
 		t.Skip("set RECEIPTS_MUTATION_CHECK=1")
@@ -33,13 +33,7 @@ func TestCrossNodeMutationCheck(t *testing.T) {
 	}
 	cases := []struct{ harness, mutation string }{
 		{"TestCrossNodePebble", ""}, {"TestCrossNodePebble", "nofence"}, {"TestCrossNodePebble", "nolock"},
-	}
-	if pgOpen != nil {
-		cases = append(cases, struct{ harness, mutation string }{"TestCrossNodePostgres", ""},
-			struct{ harness, mutation string }{"TestCrossNodePostgres", "pgnofence"},
-			struct{ harness, mutation string }{"TestCrossNodePostgres", "pgnoatomic"})
-	} else {
-		t.Log("pgstore.Open not wired yet: PostgreSQL mutations (pgnofence, pgnoatomic) not run here")
+		{"TestCrossNodePostgres", ""}, {"TestCrossNodePostgres", "pgnofence"}, {"TestCrossNodePostgres", "pgnoatomic"},
 	}
 	why := regexp.MustCompile(`duplicate effect|lost acknowledged|handed out twice|not linearizable|without receipt|disagree|committed .* but was told|node died`)
 	var table strings.Builder

@@ -10,7 +10,7 @@ import (
 	"github.com/receiptstore/receipts/internal/pgtest"
 )
 
-// newPool is the connection pool of one node process (pgOpen uses it once wired).
+// newPool is the connection pool of one node process (pgOpen's).
 func newPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
