@@ -521,8 +521,31 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, tables, 5)
+	// Tombstone markers too: no sstable holds markers of two epochs, or
+	// markers and other keys.
+	markerTables := 0
+	for _, level := range levels {
+		for _, tb := range level {
+			lo, hi := tb.Smallest.UserKey, tb.Largest.UserKey
+			if bytes.Compare(hi, keys.MarkersStart) < 0 || bytes.Compare(lo, keys.MarkersEnd) >= 0 {
+				continue
+			}
+			markerTables++
+			require.True(t, bytes.Compare(lo, keys.MarkersStart) >= 0 && bytes.Compare(hi, keys.MarkersEnd) < 0,
+				"sstable %s holds markers and other keys: %q..%q", tb.FileNum, lo, hi)
+			elo, _ := keys.MarkerEpoch(lo)
+			ehi, _ := keys.MarkerEpoch(hi)
+			require.Equal(t, elo, ehi, "sstable %s spans marker epochs %d..%d", tb.FileNum, elo, ehi)
+		}
+	}
+	require.GreaterOrEqual(t, markerTables, 5)
 
-	sst := func() uint64 { return db.Pebble().Metrics().Table.Local.LiveSize }
+	// The records' sstables (markers outlive them by the tombstone window).
+	sst := func() uint64 {
+		n, err := db.Pebble().EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
+		require.NoError(t, err)
+		return n
+	}
 	before := sst()
 	s.clock.Advance(retR - 30*time.Second) // epochs 0..3 dead, live still visible
 	st := retGC(t, db)

@@ -169,6 +169,15 @@ func (a *app) verify(db *receipts.DB, rep *verifyReport, now time.Time) error {
 		switch {
 		case bytes.Equal(key, keys.Meta), bytes.Equal(key, keys.TokenCeiling), bytes.Equal(key, keys.GCFloor), bytes.Equal(key, keys.Clock):
 			continue
+		case bytes.HasPrefix(key, keys.MarkersStart): // a tombstone marker
+			if _, _, _, err := keys.ParseMarker(key); err != nil {
+				add(strconv.Quote(string(key)), nil, "malformed tombstone marker key")
+			} else if v, err := it.ValueAndErr(); err != nil {
+				return err
+			} else if _, err := encoding.DecodeUint64(v); err != nil {
+				add(strconv.Quote(string(key)), nil, "tombstone marker does not decode: %v", err)
+			}
+			continue
 		case !bytes.HasPrefix(key, keys.RecordsStart):
 			add(strconv.Quote(string(key)), nil, "unknown key under the store's reserved prefix")
 			continue
