@@ -53,6 +53,7 @@ func topics() []struct {
 		{"Lookup", lookupTests},
 		{"BeforeReplay", beforeReplayTests},
 		{"Retention", retentionTests},
+		{"Tombstones", tombstoneTests},
 		{"Tokens", tokenTests},
 		{"Restart", restartTests},
 		{"BadInput", badInputTests},
