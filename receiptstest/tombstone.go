@@ -119,7 +119,6 @@ func testTombstoneWindowEnds(t *testing.T, s Store) {
 	e.fresh(k, r2.Token)
 }
 
-
 func testTombstoneFailedAbandoned(t *testing.T, s Store) {
 	e := tombEnv(t, s, nil)
 	failed, abandoned, crashed := key("acct", "failed"), key("acct", "abandoned"), key("acct", "crashed")
