@@ -42,10 +42,13 @@ type tombOut struct {
 	ok     bool
 }
 
-// markerBack is how many epochs before the newest one a tombstone marker
-// can be in force: ceil((Retention + TombstoneWindow) / W).
-func (e *Engine) markerBack() uint64 {
-	return uint64((e.retention + max(e.window, 0) + e.width - 1) / e.width)
+// markerBottom is the oldest epoch whose markers can be in force at now:
+// a marker of an older epoch e was written before (e+1)*W <= now -
+// Retention - TombstoneWindow. It goes by now itself, not by the epoch
+// writes land in (epochOf, never below the GC floor: after a restart with
+// the clock behind, that is later than now).
+func (e *Engine) markerBottom(now int64) uint64 {
+	return max(e.markerMin.Load(), uint64(max(now-e.retention-max(e.window, 0), 0)/e.width))
 }
 
 // tombstone reports whether k, having no visible record at now, is
@@ -64,10 +67,7 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 	if lo == 0 {
 		return 0, false, nil
 	}
-	bottom := e.markerMin.Load()
-	if back := e.markerBack(); hi > back {
-		bottom = max(bottom, hi-back)
-	}
+	bottom := e.markerBottom(now)
 	key := keys.AppendMarker(buf[:0], lo, k.Scope, k.ID)
 	for ep := lo - 1; ep >= bottom; ep-- {
 		if (lo-1-ep)%probeCheck == probeCheck-1 {
@@ -162,11 +162,7 @@ func (e *Engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 			return
 		}
 		now := e.now()
-		hi := e.epochOf(now)
-		bottom := e.markerMin.Load()
-		if back := e.markerBack(); hi > back {
-			bottom = max(bottom, hi-back)
-		}
+		bottom := e.markerBottom(now)
 		it, err := e.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.MarkerEpochStart(bottom), UpperBound: keys.MarkersEnd})
 		if err != nil {
 			yield(driver.Tombstone{}, fmt.Errorf("receipts: scan tombstones: %w", err))
