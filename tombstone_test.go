@@ -138,3 +138,24 @@ func TestCrashTombstoneSurvivesPowerLoss(t *testing.T) {
 		require.NoError(t, l.Release(bg))
 	}
 }
+
+// TestTombstoneCorruptMarker: a marker that does not decode is reported as
+// ErrCorrupt, never read as "no tombstone" (that would run the action
+// again).
+func TestTombstoneCorruptMarker(t *testing.T) {
+	s := newTestStore(t, nil)
+	db := s.db
+	k := key("acct", "k")
+	r := retCommit(t, db, k, "x")
+	s.clock.Advance(2 * time.Hour)
+	st := retGC(t, db) // the record's epoch is dropped: only the marker is left
+	require.Positive(t, st.EpochsDropped)
+	_, _, err := db.Claim(bg, k, retFP)
+	require.ErrorIs(t, err, receipts.ErrExpired)
+	mk := keys.AppendMarker(nil, uint64(r.UpdatedAt.UnixNano()/int64(retW)), k.Scope, k.ID)
+	require.NoError(t, db.Pebble().Set(mk, []byte("garbage"), pebble.Sync))
+	_, _, err = db.Claim(bg, k, retFP)
+	require.ErrorIs(t, err, receipts.ErrCorrupt)
+	_, err = db.Lookup(bg, k)
+	require.ErrorIs(t, err, receipts.ErrCorrupt)
+}
