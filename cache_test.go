@@ -107,7 +107,10 @@ func TestReplayCacheExpiry(t *testing.T) {
 	require.Equal(t, "r1", string(r.Result))
 	require.EqualValues(t, 1, db.Stats().ReplayCacheHits)
 
-	s.clock.Advance(time.Nanosecond) // expired: a new operation
+	s.clock.Advance(time.Nanosecond) // expired: a tombstone, not a replay from the cache
+	_, _, err = db.Claim(bg, k, fp)
+	require.ErrorIs(t, err, receipts.ErrExpired, "an expired receipt must not be replayed from the cache")
+	s.clock.Advance(db.Options().TombstoneWindow) // the tombstone ended: a new operation
 	l, r, err := db.Claim(bg, k, fp)
 	require.NoError(t, err)
 	require.Nil(t, r)
@@ -183,7 +186,7 @@ func TestReplayCacheGC(t *testing.T) {
 		commit(t, db, key("tenant", fmt.Sprint(i)), []byte("fp"), []byte("r"))
 	}
 	require.Equal(t, 50, db.Stats().ReplayCacheEntries)
-	s.clock.Advance(2 * time.Hour)
+	s.clock.Advance(2*time.Hour + db.Options().TombstoneWindow) // past the tombstones too
 	_, err := db.GC(bg)
 	require.NoError(t, err)
 	require.Zero(t, db.Stats().ReplayCacheEntries, "GC drops expired entries")

@@ -98,6 +98,8 @@ func (db *DB) leaseTTL(cfg *claimConfig) (time.Duration, error) {
 //     stored result is returned after Options.BeforeReplay, and nothing runs.
 //
 // Errors: ErrIntentMismatch if k was used with another fingerprint;
+// *ExpiredError (ErrExpired) if k was used but its receipt is past
+// retention, within Options.TombstoneWindow (or too old by KeyTime);
 // *InProgressError (ErrInProgress) while another caller holds a live lease,
 // unless WaitForResult is given; ErrInvalidKey, ErrInvalidFingerprint,
 // ErrInvalidOptions (a LeaseFor out of bounds), ErrCorrupt, ErrClosed, or
@@ -178,6 +180,11 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	if db.opts.KeyTime != nil {
+		if err := db.keyTooOld(ctx, k); err != nil {
+			return nil, nil, err
+		}
+	}
 	req := driver.ClaimRequest{Key: driver.Key(k), Fingerprint: fp, LeaseTTL: ttl, NoSync: cfg.noSync}
 	var deadline time.Time
 	if cfg.bounded {
@@ -254,6 +261,8 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		return nil, r, err
 	case driver.Mismatch:
 		return nil, nil, db.mismatch(k)
+	case driver.Expired:
+		return nil, nil, db.expired(k, res.Record.ExpiresAt)
 	}
 	return nil, nil, fmt.Errorf("receipts: claim %s: the %s engine answered outcome %d", k, db.eng.Name(), res.Outcome)
 }

@@ -2,6 +2,7 @@ package receipts_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -119,6 +120,9 @@ func crashPowerLoss(t *testing.T, seed uint64, mode string, crashes int) {
 		checks.lostAcks += cs.lostAcks
 		checks.lostClaims += cs.lostClaims
 		if bad.count() > 0 || gen == crashes {
+			if bad.count() == 0 {
+				crashCheckTombstones(t, db, clock, rec.events())
+			}
 			_ = db.Close()
 			break
 		}
@@ -176,4 +180,29 @@ func crashPowerLoss(t *testing.T, seed uint64, mode string, crashes int) {
 		msg += fmt.Sprintf(", mean unsynced kept %d%%", pSum/crashes)
 	}
 	t.Log(msg)
+}
+
+// crashCheckTombstones: after the last crash, every receipt acknowledged in
+// any generation leaves a tombstone past its retention, as durable as the
+// receipt was: once the clock has moved past Retention and GC has dropped
+// the records' epochs, a claim of each such key, with any fingerprint, gets
+// ErrExpired.
+func crashCheckTombstones(t *testing.T, db *receipts.DB, clock *crashClock, evs []crashEvent) {
+	t.Helper()
+	acked := map[receipts.Key]bool{}
+	for _, e := range evs {
+		if e.Kind == evCommitted {
+			acked[e.Key] = true
+		}
+	}
+	clock.Advance(db.Options().Retention + db.Options().EpochWidth)
+	if _, err := db.GC(context.Background()); err != nil {
+		t.Fatalf("gc: %v", err)
+	}
+	for k := range acked {
+		if _, _, err := db.Claim(context.Background(), k, []byte("another intent")); !errors.Is(err, receipts.ErrExpired) {
+			t.Errorf("%s: acknowledged before a crash, past retention: got %v, want ErrExpired", k, err)
+		}
+	}
+	t.Logf("%d acknowledged receipts leave a tombstone after the crashes", len(acked))
 }

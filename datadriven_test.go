@@ -37,6 +37,7 @@ func TestDataDriven(t *testing.T) {
 			o.Retention = time.Hour
 			o.LeaseTTL = 30 * time.Second
 			o.EpochWidth = 15 * time.Minute
+			o.TombstoneWindow = 2 * time.Hour
 		})
 		sc.start = sc.s.clock.Now()
 		datadriven.RunTest(t, path, func(t *testing.T, td *datadriven.TestData) string {
@@ -65,6 +66,7 @@ func errName(err error) string {
 	}{
 		{receipts.ErrIntentMismatch, "intent mismatch"},
 		{receipts.ErrLeaseLost, "lease lost"},
+		{receipts.ErrExpired, "expired"}, // before ErrNotFound: Lookup of a tombstone matches both
 		{receipts.ErrNotFound, "not found"},
 		{receipts.ErrFailed, "failed"},
 		{receipts.ErrInvalidFingerprint, "invalid fingerprint"},
@@ -219,7 +221,11 @@ func (sc *script) run(line string) string {
 		if err != nil {
 			return errName(err)
 		}
-		return fmt.Sprintf("dropped=%d writes=%d", st.EpochsDropped, st.Writes)
+		out := fmt.Sprintf("dropped=%d writes=%d", st.EpochsDropped, st.Writes)
+		if st.TombstoneEpochsDropped > 0 {
+			out += fmt.Sprintf(" tombstone-epochs=%d", st.TombstoneEpochsDropped)
+		}
+		return out
 	case "reopen":
 		sc.s.reopen()
 		return "ok"

@@ -28,6 +28,7 @@ type DB struct {
 	opts    Options
 	eng     driver.Engine
 	peb     *pebbleengine.Engine // eng, when it is the Pebble engine; nil otherwise
+	tombs   driver.Tombstones    // eng, when it keeps tombstones and they are on; nil otherwise
 	secret  []byte               // eng.Secret(), for ProviderKey
 	hashKey []byte               // derived from secret, for Event.KeyHash
 	ttl     time.Duration        // Options.LeaseTTL
@@ -53,12 +54,14 @@ type DB struct {
 // counters are the counters since Open that are not on the hot line.
 type counters struct {
 	takeovers, fails, releases, abandons atomic.Uint64
-	waiters                              atomic.Int64 // claims waiting for another holder now
+	waiters                              atomic.Int64  // claims waiting for another holder now
+	expired                              atomic.Uint64 // claims answered ErrExpired
 }
 
 // Options returns the options in force: the defaults filled in, the epoch
-// width as stored when the store was created. Changing the result changes
-// nothing.
+// width as stored when the store was created. TombstoneWindow is negative
+// when no tombstones are kept (turned off, or an engine that keeps none).
+// Changing the result changes nothing.
 func (db *DB) Options() Options { return db.opts }
 
 // Pebble returns the engine the store runs on, for the application's own

@@ -43,6 +43,10 @@
 //   - Receipts, and abandoned claims, stay visible for Options.Retention
 //     after their last write and are invisible after that; GC reclaims
 //     their space later, O(epochs), not O(receipts).
+//   - For Options.TombstoneWindow after that (default 7 × Retention), a
+//     retry of the key gets ErrExpired, whatever the fingerprint: a late
+//     retry is never a new action. Only a marker of the key is kept, and
+//     reclaimed by whole epochs like the receipts.
 //   - For effects at external providers, forward Lease.ProviderKey as their
 //     idempotency key; a takeover reports Recovered so the new holder
 //     reconciles instead of assuming success or failure.

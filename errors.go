@@ -77,6 +77,16 @@ var (
 	// receipt, the first time and on every replay.
 	ErrFailed = errors.New("receipts: operation failed")
 
+	// ErrExpired is returned by Claim, Do and DoBatch for a key that was
+	// used but whose receipt is gone: its retention ended within the
+	// TombstoneWindow, or Options.KeyTime says it was minted more than
+	// Retention + TombstoneWindow ago. Whatever the fingerprint, nothing
+	// runs: the action may have happened, and its result is no longer
+	// known. A service answers it as 410 Gone (receipthttp does). Lookup of
+	// such a key returns an error matching both ErrNotFound and ErrExpired.
+	// It always arrives wrapped in an *ExpiredError.
+	ErrExpired = errors.New("receipts: key expired (this key was used; its receipt is gone)")
+
 	// ErrUnknownFormat is returned by Open for a store written in a format
 	// this version does not know (a newer one).
 	ErrUnknownFormat = driver.ErrUnknownFormat
@@ -143,6 +153,37 @@ func (e *InProgressError) Unwrap() []error {
 		return []error{ErrInProgress, e.cause}
 	}
 	return []error{ErrInProgress}
+}
+
+// ExpiredError reports that Key was used and its receipt is gone (a
+// tombstone, or an old key by Options.KeyTime). It wraps ErrExpired (and,
+// from Lookup, ErrNotFound).
+type ExpiredError struct {
+	Key Key
+	// ExpiredAt is when the receipt's retention ended; zero when KeyTime
+	// answered (no lookup was made).
+	ExpiredAt time.Time
+	// Until is when the key is free again (ExpiredAt + TombstoneWindow);
+	// zero when KeyTime answered (never, for that key).
+	Until    time.Time
+	notFound bool
+}
+
+// Error says which key expired and since when.
+func (e *ExpiredError) Error() string {
+	if e.ExpiredAt.IsZero() {
+		return fmt.Sprintf("%s: %s (minted more than Retention + TombstoneWindow ago)", ErrExpired, e.Key)
+	}
+	return fmt.Sprintf("%s: %s (receipt expired at %s; the key is marked used until %s)",
+		ErrExpired, e.Key, e.ExpiredAt.UTC().Format(time.RFC3339Nano), e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+// Unwrap returns ErrExpired, and ErrNotFound from Lookup.
+func (e *ExpiredError) Unwrap() []error {
+	if e.notFound {
+		return []error{ErrExpired, ErrNotFound}
+	}
+	return []error{ErrExpired}
 }
 
 // outcomeError carries fn's error from Do, marked NotPerformed or Permanent.

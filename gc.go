@@ -15,9 +15,13 @@ type GCStats struct {
 	// Pebble's delete-only compactions will reclaim, or reclaimed at once
 	// with CompactOnGC).
 	BytesFreed uint64
+	// TombstoneEpochsDropped is how many epochs of tombstone markers were
+	// dropped (past Retention + TombstoneWindow), with one range deletion.
+	TombstoneEpochsDropped int
 	// Writes is how many writes GC issued: one range deletion for all the
-	// dead epochs plus the persisted floor, whatever the number of records
-	// (at most 2, in one synced batch).
+	// dead epochs, one for the dead epochs of tombstone markers, plus the
+	// persisted floor, whatever the number of records (at most 3, in one
+	// synced batch).
 	Writes int
 	// Compacted reports that the dropped range was compacted at once.
 	Compacted bool
@@ -48,12 +52,13 @@ func (db *DB) GC(ctx context.Context) (GCStats, error) {
 func (db *DB) gc(ctx context.Context) (GCStats, error) {
 	ds, err := db.eng.GC(ctx)
 	st := GCStats{
-		At:            ds.At,
-		EpochsDropped: ds.EpochsDropped,
-		BytesFreed:    ds.BytesFreed,
-		Writes:        ds.Writes,
-		Compacted:     ds.Compacted,
-		Duration:      ds.Duration,
+		At:                     ds.At,
+		EpochsDropped:          ds.EpochsDropped,
+		TombstoneEpochsDropped: ds.TombstoneEpochsDropped,
+		BytesFreed:             ds.BytesFreed,
+		Writes:                 ds.Writes,
+		Compacted:              ds.Compacted,
+		Duration:               ds.Duration,
 	}
 	if err == nil || st.EpochsDropped > 0 { // dropped, if not compacted
 		db.lastGC.Store(&st)

@@ -44,6 +44,7 @@ func gcFillRaw(tb testing.TB, db *receipts.DB, fs vfs.FS, dir string, width time
 	result := []byte(`{"status":"ok","id":"ch_3Nq8Xc2eZvKYlo2C0XjM"}`)
 	type kv struct{ k, v []byte }
 	recs := make([]kv, n)
+	markers := make([]kv, n) // the records' tombstone markers
 	var arena []byte
 	var id []byte
 	for i := range n {
@@ -66,8 +67,15 @@ func gcFillRaw(tb testing.TB, db *receipts.DB, fs vfs.FS, dir string, width time
 		mid := len(arena)
 		arena = encoding.AppendRecord(arena, &rec)
 		recs[i] = kv{arena[start:mid:mid], arena[mid:len(arena):len(arena)]}
+		mstart := len(arena)
+		arena = keys.AppendMarker(arena, uint64(at/int64(width)), "bulk", string(id))
+		mmid := len(arena)
+		arena = encoding.AppendUint64(arena, uint64(at))
+		markers[i] = kv{arena[mstart:mmid:mmid], arena[mmid:len(arena):len(arena)]}
 	}
 	slices.SortFunc(recs, func(a, b kv) int { return bytes.Compare(a.k, b.k) })
+	slices.SortFunc(markers, func(a, b kv) int { return bytes.Compare(a.k, b.k) })
+	recs = append(recs, markers...) // markers sort after records
 
 	name := fs.PathJoin(dir, fmt.Sprintf("fill-%d.sst", gcFillSeq.Add(1)))
 	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
@@ -105,6 +113,11 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 		writes   int
 		walBytes uint64
 		dropped  int
+		// The second GC, past the tombstone window, and the markers' size
+		// on disk per key (compacted).
+		tombWrites   int
+		tombWALBytes uint64
+		markerBytes  float64
 	}
 	run := func(t *testing.T, n int) result {
 		s := newTestStore(t, nil)
@@ -154,7 +167,29 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 		require.Equal(t, 1, counts.LiveEpochs)
 		require.Zero(t, counts.Expired)
 		require.Equal(t, st, db.Stats().LastGC)
-		return result{writes: st.Writes, walBytes: after.WAL.BytesIn - before.WAL.BytesIn, dropped: st.EpochsDropped}
+		require.Zero(t, st.TombstoneEpochsDropped, "tombstones outlive their receipts")
+		res := result{writes: st.Writes, walBytes: after.WAL.BytesIn - before.WAL.BytesIn, dropped: st.EpochsDropped}
+
+		// Tombstones: every key is ErrExpired for the window, then GC
+		// drops the 4 epochs of markers with one range deletion.
+		require.NoError(t, db.Pebble().Compact(bg, keys.MarkersStart, keys.MarkersEnd, false))
+		mb, err := db.Pebble().EstimateDiskUsage(keys.MarkersStart, keys.MarkersEnd)
+		require.NoError(t, err)
+		res.markerBytes = float64(mb) / float64(n+4)
+		_, _, err = db.Claim(bg, key("bulk", fmt.Sprintf("r%d", n-1)), []byte("any"))
+		require.ErrorIs(t, err, receipts.ErrExpired)
+		s.clock.Advance(db.Options().TombstoneWindow)
+		before = db.Pebble().Metrics()
+		st = retGC(t, db)
+		after = db.Pebble().Metrics()
+		require.Equal(t, 4, st.TombstoneEpochsDropped)
+		res.tombWrites, res.tombWALBytes = st.Writes, after.WAL.BytesIn-before.WAL.BytesIn
+		for _, k := range []receipts.Key{key("bulk", "r0"), key("bulk", fmt.Sprintf("r%d", n-1)), api[0]} {
+			l, _, err := db.Claim(bg, k, []byte("any"))
+			require.NoError(t, err, "past the window, %s is free", k)
+			require.NoError(t, l.Release(bg))
+		}
+		return res
 	}
 	small := run(t, 10_000)
 	large := run(t, 100_000)
@@ -163,6 +198,9 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 	require.Equal(t, small.writes, large.writes, "GC's writes grew with the number of receipts")
 	require.Equal(t, small.walBytes, large.walBytes, "GC logged more bytes for more receipts")
 	require.Less(t, large.walBytes, uint64(256), "GC logged %d bytes: more than a range deletion and a counter", large.walBytes)
+	require.LessOrEqual(t, large.tombWrites, 3, "tombstones: a range deletion (+ the other and the floor)")
+	require.Equal(t, small.tombWrites, large.tombWrites, "GC's writes grew with the number of tombstones")
+	require.Equal(t, small.tombWALBytes, large.tombWALBytes, "GC logged more bytes for more tombstones")
 }
 
 func TestGCWithNothingToDrop(t *testing.T) {
@@ -222,9 +260,10 @@ func TestGCCompactOnGC(t *testing.T) {
 			t0 := s.clock.Now()
 			gcFillRaw(t, db, s.fs, s.dir, retW, "r", 10_000, t0, 2*retW)
 			require.NoError(t, db.Pebble().Flush())
-			tables := func() uint64 {
-				m := db.Pebble().Metrics()
-				return m.Table.Local.LiveSize
+			tables := func() uint64 { // the records' (their markers outlive them)
+				n, err := db.Pebble().EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
+				require.NoError(t, err)
+				return n
 			}
 			before := tables()
 			require.Positive(t, before)
@@ -526,8 +565,31 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, tables, 5)
+	// Tombstone markers too: no sstable holds markers of two epochs, or
+	// markers and other keys.
+	markerTables := 0
+	for _, level := range levels {
+		for _, tb := range level {
+			lo, hi := tb.Smallest.UserKey, tb.Largest.UserKey
+			if bytes.Compare(hi, keys.MarkersStart) < 0 || bytes.Compare(lo, keys.MarkersEnd) >= 0 {
+				continue
+			}
+			markerTables++
+			require.True(t, bytes.Compare(lo, keys.MarkersStart) >= 0 && bytes.Compare(hi, keys.MarkersEnd) < 0,
+				"sstable %s holds markers and other keys: %q..%q", tb.FileNum, lo, hi)
+			elo, _ := keys.MarkerEpoch(lo)
+			ehi, _ := keys.MarkerEpoch(hi)
+			require.Equal(t, elo, ehi, "sstable %s spans marker epochs %d..%d", tb.FileNum, elo, ehi)
+		}
+	}
+	require.GreaterOrEqual(t, markerTables, 5)
 
-	sst := func() uint64 { return db.Pebble().Metrics().Table.Local.LiveSize }
+	// The records' sstables (markers outlive them by the tombstone window).
+	sst := func() uint64 {
+		n, err := db.Pebble().EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
+		require.NoError(t, err)
+		return n
+	}
 	before := sst()
 	s.clock.Advance(retR - 30*time.Second) // epochs 0..3 dead, live still visible
 	st := retGC(t, db)

@@ -44,6 +44,10 @@ type testStore struct {
 	db    *receipts.DB
 }
 
+// noTombstones turns tombstones off, for tests of what happens right after
+// retention.
+func noTombstones(o *receipts.Options) { o.TombstoneWindow = -1 }
+
 func newTestStore(t testing.TB, mod func(*receipts.Options)) *testStore {
 	t.Helper()
 	s := &testStore{t: t, fs: vfs.NewMem(), dir: "db", clock: newFakeClock()}

@@ -124,7 +124,7 @@ func TestScopeIsolation(t *testing.T) {
 			}
 			open()
 		}
-		clock.Add(int64(2 * retention))
+		clock.Add(int64(2*retention + receipts.DefaultTombstoneWindow(retention)))
 		keys := isoKeys(rt)
 		st := make([]isoState, len(keys))
 		fp := func(i int) []byte { return []byte(fmt.Sprintf("fp-%d", i)) }

@@ -34,6 +34,11 @@ const (
 	linOpsPerClient = 300
 	linOpsPerEra    = 30
 	linTTL          = 10 * time.Second
+	// Retention and TombstoneWindow are short, so that the clock moves past
+	// them between eras: a retry past retention gets ErrExpired, one past
+	// the window is a new action.
+	linRetention = 4 * linTTL
+	linWindow    = 2 * linRetention
 )
 
 func linHistories() int {
@@ -78,10 +83,11 @@ const (
 	outOK
 	outLeaseLost
 	outNotFound
+	outExpired
 	outError
 )
 
-var linOutNames = map[linOutKind]string{outLease: "lease", outReceipt: "receipt", outInProgress: "in-progress", outMismatch: "mismatch", outOK: "ok", outLeaseLost: "lease-lost", outNotFound: "not-found", outError: "error"}
+var linOutNames = map[linOutKind]string{outLease: "lease", outReceipt: "receipt", outInProgress: "in-progress", outMismatch: "mismatch", outOK: "ok", outLeaseLost: "lease-lost", outNotFound: "not-found", outExpired: "expired", outError: "error"}
 
 type linOutput struct {
 	kind      linOutKind
@@ -103,12 +109,24 @@ type linState struct {
 	token    uint64
 	attempts uint32
 	leaseExp int64
+	updated  int64 // last write: visible until updated + linRetention
 	result   string
 	maxToken uint64 // tokens of this key only grow
 }
 
 func linStep(st, in, out any) (bool, any) {
 	s, i, o := st.(linState), in.(linInput), out.(linOutput)
+	if s.state != 0 && i.now >= s.updated+int64(linRetention) { // past retention
+		if i.now < s.updated+int64(linRetention+linWindow) { // a tombstone
+			switch i.op {
+			case linClaim, linLookup:
+				return o.kind == outExpired, s
+			default:
+				return o.kind == outLeaseLost, s
+			}
+		}
+		s = linState{maxToken: s.maxToken} // past the window: absent
+	}
 	holds := s.state == receipts.Pending && s.token == i.token
 	switch i.op {
 	case linClaim:
@@ -117,7 +135,7 @@ func linStep(st, in, out any) (bool, any) {
 			if o.kind != outLease || o.attempt != 1 || o.recovered || o.token <= s.maxToken {
 				return false, s
 			}
-			return true, linState{state: receipts.Pending, fp: i.fp, token: o.token, attempts: 1, leaseExp: i.now + int64(linTTL), maxToken: o.token}
+			return true, linState{state: receipts.Pending, fp: i.fp, token: o.token, attempts: 1, leaseExp: i.now + int64(linTTL), updated: i.now, maxToken: o.token}
 		case s.fp != i.fp:
 			return o.kind == outMismatch, s
 		case s.state != receipts.Pending:
@@ -128,7 +146,7 @@ func linStep(st, in, out any) (bool, any) {
 		if o.kind != outLease || o.attempt != s.attempts+1 || !o.recovered || o.token <= s.maxToken {
 			return false, s
 		}
-		s.token, s.attempts, s.leaseExp, s.maxToken = o.token, s.attempts+1, i.now+int64(linTTL), o.token
+		s.token, s.attempts, s.leaseExp, s.maxToken, s.updated = o.token, s.attempts+1, i.now+int64(linTTL), o.token, i.now
 		return true, s
 	case linCommit, linFail:
 		if !holds {
@@ -141,14 +159,14 @@ func linStep(st, in, out any) (bool, any) {
 		if o.kind != outReceipt || o.state != want || o.result != i.result || o.token != s.token || o.attempt != s.attempts {
 			return false, s
 		}
-		s.state, s.result, s.leaseExp = want, i.result, 0
+		s.state, s.result, s.leaseExp, s.updated = want, i.result, 0, i.now
 		return true, s
 	case linRelease:
 		if !holds {
 			return o.kind == outLeaseLost, s
 		}
 		if s.attempts > 1 { // a Recovered lease: the claim stays, abandoned
-			s.leaseExp = i.now
+			s.leaseExp, s.updated = i.now, i.now
 			return o.kind == outOK, s
 		}
 		return o.kind == outOK, linState{maxToken: s.maxToken}
@@ -156,7 +174,7 @@ func linStep(st, in, out any) (bool, any) {
 		if !holds {
 			return o.kind == outLeaseLost, s
 		}
-		s.leaseExp = max(s.leaseExp, i.now+int64(linTTL))
+		s.leaseExp, s.updated = max(s.leaseExp, i.now+int64(linTTL)), i.now
 		return o.kind == outOK, s
 	case linLookup:
 		if s.state == 0 {
@@ -233,6 +251,8 @@ func linErrOut(err error) linOutput {
 		return linOutput{kind: outMismatch}
 	case errors.Is(err, receipts.ErrLeaseLost):
 		return linOutput{kind: outLeaseLost}
+	case errors.Is(err, receipts.ErrExpired): // before ErrNotFound: Lookup's matches both
+		return linOutput{kind: outExpired}
 	case errors.Is(err, receipts.ErrNotFound):
 		return linOutput{kind: outNotFound}
 	}
@@ -245,9 +265,10 @@ func linHistory(t *testing.T, seed uint64) ([]porcupine.Operation, []uint64) {
 	var clock atomic.Int64
 	clock.Store(modelBase)
 	db, err := receipts.Open("db", &receipts.Options{
-		Retention:  24 * time.Hour,
-		LeaseTTL:   linTTL,
-		GCInterval: -1,
+		Retention:       linRetention,
+		TombstoneWindow: linWindow,
+		LeaseTTL:        linTTL,
+		GCInterval:      -1,
 		// The replay cache at its default size, off, or one set of four
 		// entries that the keys keep evicting from each other.
 		ReplayCacheSize: []int64{0, -1, 512}[seed%3],
@@ -375,8 +396,9 @@ func linHistory(t *testing.T, seed uint64) ([]porcupine.Operation, []uint64) {
 		}
 		wg.Wait()
 		// Move the clock between eras: not at all, half a lease, exactly
-		// one lease (the boundary: expired), or two.
-		steps := []time.Duration{0, linTTL / 2, linTTL, 2 * linTTL}
+		// one lease (the boundary: expired), two, past retention (records
+		// written in the era before are tombstones), or past the window.
+		steps := []time.Duration{0, linTTL / 2, linTTL, 2 * linTTL, linRetention, linRetention + linWindow}
 		clock.Add(int64(steps[eraRNG.IntN(len(steps))]))
 	}
 	return ops, tokens

@@ -98,6 +98,9 @@ type mrec struct {
 	attempts                   uint32
 	token                      uint64
 	created, updated, leaseExp int64
+	// dropped: GC dropped the record (seen after a restart with the clock
+	// behind); noTomb: GC dropped its tombstone marker too.
+	dropped, noTomb bool
 }
 
 func (r *mrec) clone() *mrec {
@@ -121,7 +124,9 @@ type modelSM struct {
 	gen  int
 
 	ret, ttl int64
+	window   int64 // TombstoneWindow; <= 0: none
 	hwm      int64 // the store's time: Options.Now never seen to go back
+	peak     int64 // the latest store time ever (hwm goes back after a restart with the clock behind)
 	recs     map[receipts.Key]*mrec
 	durable  map[receipts.Key]*mrec   // recs as of the last synced write
 	ghosts   map[receipts.Key][]*mrec // records superseded past retention (see afterOpen)
@@ -140,10 +145,15 @@ func newModelSM(t *rapid.T) *modelSM {
 	// The replay cache: default, off, or one set of four entries (five
 	// keys: evicting whenever all are finished).
 	cache := rapid.SampledFrom([]int64{0, -1, 512}).Draw(t, "replayCache")
+	// Tombstones: off, or a window after retention in which a retry of a
+	// key whose record expired gets ErrExpired (at most 7 × Retention: the
+	// narrowest epoch width allows MaxTombstoneEpochs of them).
+	window := rapid.SampledFrom([]time.Duration{-1, ret / 2, ret, 7 * ret}).Draw(t, "tombstoneWindow")
 	m := &modelSM{
 		fs:       vfs.NewCrashableMem(),
 		ret:      int64(ret),
 		ttl:      int64(ttl),
+		window:   int64(window),
 		recs:     map[receipts.Key]*mrec{},
 		durable:  map[receipts.Key]*mrec{},
 		ghosts:   map[receipts.Key][]*mrec{},
@@ -157,6 +167,7 @@ func newModelSM(t *rapid.T) *modelSM {
 		EpochWidth:      width,
 		GCInterval:      -1,
 		ReplayCacheSize: cache,
+		TombstoneWindow: window,
 		Now:             func() time.Time { return time.Unix(0, m.fake.Load()) },
 	}
 	m.open(t)
@@ -175,14 +186,22 @@ func (m *modelSM) open(t *rapid.T) {
 // tick is the store's time for the next call that reads the clock.
 func (m *modelSM) tick() int64 {
 	m.hwm = max(m.hwm, m.fake.Load())
+	m.peak = max(m.peak, m.hwm)
 	return m.hwm
 }
 
 func (m *modelSM) visible(k receipts.Key, now int64) *mrec {
-	if r := m.recs[k]; r != nil && now < r.updated+m.ret {
+	if r := m.recs[k]; r != nil && !r.dropped && now < r.updated+m.ret {
 		return r
 	}
 	return nil
+}
+
+// tombstoned reports that k has no visible record at now but was used
+// within Retention + TombstoneWindow: a claim gets ErrExpired.
+func (m *modelSM) tombstoned(k receipts.Key, now int64) bool {
+	r := m.recs[k]
+	return m.window > 0 && r != nil && !r.noTomb && m.visible(k, now) == nil && now < r.updated+m.ret+m.window
 }
 
 // synced records that every write so far is durable (a synced write syncs
@@ -267,6 +286,12 @@ func (m *modelSM) Claim(t *rapid.T) {
 	l, rc, err := m.db.Claim(modelCtx, k, fp)
 	cur := m.visible(k, now)
 	switch {
+	case m.tombstoned(k, now): // whatever the fingerprint
+		require.ErrorIs(t, err, receipts.ErrExpired, "claim of a tombstoned key")
+		require.NotErrorIs(t, err, receipts.ErrNotFound)
+		require.Nil(t, l)
+		require.Nil(t, rc)
+		modelSeen["expired"]++
 	case cur == nil:
 		require.NoError(t, err, "claim of a free key")
 		require.Nil(t, rc)
@@ -501,8 +526,14 @@ func (m *modelSM) lookup(t *rapid.T, k receipts.Key) {
 		return
 	}
 	require.ErrorIs(t, err, receipts.ErrNotFound, "lookup %s", k)
-	modelSeen["not-found"]++
 	require.Nil(t, rc)
+	if m.tombstoned(k, now) {
+		require.ErrorIs(t, err, receipts.ErrExpired, "lookup of tombstoned %s", k)
+		modelSeen["lookup-expired"]++
+		return
+	}
+	require.NotErrorIs(t, err, receipts.ErrExpired, "lookup %s: no tombstone", k)
+	modelSeen["not-found"]++
 }
 
 func (m *modelSM) Scan(t *rapid.T) {
@@ -626,6 +657,12 @@ func (m *modelSM) ClockPastRetention(t *rapid.T) {
 	m.fake.Add(m.ret + rapid.Int64Range(-1, m.ret).Draw(t, "pastRetention"))
 }
 
+// ClockPastWindow moves the clock past Retention + TombstoneWindow (give or
+// take a nanosecond): retries past the window are new actions.
+func (m *modelSM) ClockPastWindow(t *rapid.T) {
+	m.fake.Add(m.ret + max(m.window, 0) + rapid.Int64Range(-1, m.ret).Draw(t, "pastWindow"))
+}
+
 // ClockEdge sets the clock onto (or next to) a lease expiry or the end of a
 // record's retention: "a lease is live while now < LeaseExpiresAt".
 func (m *modelSM) ClockEdge(t *rapid.T) {
@@ -637,6 +674,8 @@ func (m *modelSM) ClockEdge(t *rapid.T) {
 	edge := r.updated + m.ret
 	if r.state == receipts.Pending && rapid.Bool().Draw(t, "leaseEdge") {
 		edge = r.leaseExp
+	} else if m.window > 0 && rapid.Bool().Draw(t, "windowEdge") {
+		edge += m.window // the end of the tombstone
 	}
 	m.fake.Store(edge + rapid.Int64Range(-1, 1).Draw(t, "delta"))
 }
@@ -699,7 +738,14 @@ func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 		rc, err := m.db.Lookup(modelCtx, k)
 		if want := m.visible(k, at); want != nil {
 			if errors.Is(err, receipts.ErrNotFound) && want.updated+m.ret <= old {
-				delete(m.recs, k) // it was past retention, and GC dropped it
+				want.dropped = true // it was past retention, and GC dropped it
+				if !errors.Is(err, receipts.ErrExpired) {
+					// GC may have dropped it by the latest time the store
+					// ever had (a restart before this one may have set the
+					// time back already).
+					require.False(t, m.window > 0 && !want.noTomb && m.peak < want.updated+m.ret+m.window, "%s: tombstone lost: %v", k, err)
+					want.noTomb = true // so was its tombstone
+				}
 				continue
 			}
 			require.NoError(t, err, "lookup %s", k)
@@ -710,6 +756,13 @@ func (m *modelSM) afterOpen(t *rapid.T, old int64) {
 			continue
 		}
 		if errors.Is(err, receipts.ErrNotFound) {
+			if r := m.recs[k]; m.tombstoned(k, at) && !errors.Is(err, receipts.ErrExpired) {
+				// Ended by the latest time the store had, and GC dropped it.
+				require.LessOrEqual(t, r.updated+m.ret+m.window, m.peak, "%s: tombstone lost", k)
+				r.noTomb = true
+			} else if !m.tombstoned(k, at) {
+				require.NotErrorIs(t, err, receipts.ErrExpired, "%s: a tombstone the model does not know", k)
+			}
 			continue
 		}
 		require.NoError(t, err, "lookup %s", k)
@@ -762,6 +815,7 @@ func modelActions(m *modelSM) map[string]func(*rapid.T) {
 		"ClockSmall":         m.ClockSmall,
 		"ClockPastLease":     m.ClockPastLease,
 		"ClockPastRetention": m.ClockPastRetention,
+		"ClockPastWindow":    m.ClockPastWindow,
 		"ClockEdge":          m.ClockEdge,
 		"ClockBack":          m.ClockBack,
 		"Reopen":             m.Reopen,
@@ -796,8 +850,9 @@ func TestModelReleasedKeyStaysGone(t *testing.T) {
 	fs := vfs.NewMem()
 	opts := &receipts.Options{
 		Retention: time.Hour, LeaseTTL: time.Minute, EpochWidth: 4 * time.Second, GCInterval: -1,
-		Now:    func() time.Time { return time.Unix(0, clock.Load()) },
-		Pebble: &pebble.Options{FS: fs},
+		TombstoneWindow: -1, // the key is reused right after retention
+		Now:             func() time.Time { return time.Unix(0, clock.Load()) },
+		Pebble:          &pebble.Options{FS: fs},
 	}
 	db, err := receipts.Open("db", opts)
 	require.NoError(t, err)

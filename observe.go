@@ -82,7 +82,7 @@ const (
 	// ClaimEvent: a call to Claim (or the claim that Do, DoBatch or a front
 	// end makes) returned. Outcome is one of OutcomeClaimed,
 	// OutcomeTookOver, OutcomeReplayed, OutcomeInProgress, OutcomeMismatch,
-	// OutcomeCanceled, OutcomeClosed or OutcomeError; Duration is the whole
+	// OutcomeExpired, OutcomeCanceled, OutcomeClosed or OutcomeError; Duration is the whole
 	// call, waiting included. DB.TakeOver reports a ClaimEvent too:
 	// OutcomeTookOver, OutcomeInProgress, or OutcomeLeaseLost when the
 	// listed attempt is no longer there.
@@ -153,6 +153,7 @@ const (
 	OutcomeReplayed   Outcome = "replayed"    // the stored receipt was returned; nothing ran
 	OutcomeInProgress Outcome = "in_progress" // another caller holds a live lease (ErrInProgress)
 	OutcomeMismatch   Outcome = "mismatch"    // the key was used with another fingerprint (ErrIntentMismatch)
+	OutcomeExpired    Outcome = "expired"     // the key was used and its receipt is past retention (ErrExpired: a tombstone, or KeyTime)
 	OutcomeCanceled   Outcome = "canceled"    // the caller's context ended
 	OutcomeClosed     Outcome = "closed"      // Close began (ErrClosed)
 	OutcomeError      Outcome = "error"       // any other error (bad input, a failing engine, ...)
@@ -273,11 +274,11 @@ func (db *DB) emit(ctx context.Context, e Event) {
 
 // eventLevel is the slog level an event is logged at: Info for the
 // transitions an operator wants to see (a takeover, an abandoned claim, a
-// lost lease, a GC that failed or dropped
+// lost lease, a retry of an expired key (a tombstone hit), a GC that failed or dropped
 // something), Debug for the rest.
 func eventLevel(e *Event) slog.Level {
 	switch e.Outcome {
-	case OutcomeTookOver, OutcomeAbandoned, OutcomeLeaseLost:
+	case OutcomeTookOver, OutcomeAbandoned, OutcomeLeaseLost, OutcomeExpired:
 		return slog.LevelInfo
 	case OutcomeError:
 		if e.Kind == GCEvent {
@@ -344,6 +345,8 @@ func claimOutcome(l *Lease, r *Receipt, err error) Outcome {
 		return OutcomeReplayed
 	case errors.Is(err, ErrIntentMismatch):
 		return OutcomeMismatch
+	case errors.Is(err, ErrExpired):
+		return OutcomeExpired
 	case errors.Is(err, ErrInProgress):
 		var ip *InProgressError
 		if errors.As(err, &ip) && ip.cause != nil {

@@ -15,7 +15,9 @@ import (
 // ErrLocked if another process holds dir, and ErrCorrupt if the store's meta
 // data is damaged.
 //
-// The store records the Retention and LeaseTTL it runs with, so that
+// The store records the Retention, LeaseTTL and TombstoneWindow it runs
+// with (Retention and LeaseTTL are described here; TombstoneWindow is
+// recorded the same way), so that
 // offline tools (receiptctl) see what the service sees. A zero Retention or
 // LeaseTTL means the store's recorded value (DefaultRetention and
 // DefaultLeaseTTL for a new store, or one written by a version that
@@ -29,7 +31,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if opts != nil {
 		o = *opts
 	}
-	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0}
+	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0, tombstoneWindow: o.TombstoneWindow == 0}
 	o.ensureDefaults()
 	if o.ReplayCacheSize == 0 {
 		o.ReplayCacheSize = DefaultReplayCacheSize
@@ -71,7 +73,7 @@ func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Optio
 	case o.ReplayCacheSize != 0:
 		return nil, fmt.Errorf("%w: Options.ReplayCacheSize is for the Pebble engine only", ErrInvalidOptions)
 	}
-	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0}
+	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0, tombstoneWindow: o.TombstoneWindow == 0}
 	now := o.Now
 	o.ensureDefaults()
 	o.Now = now // nil: the engine's clock
@@ -83,7 +85,7 @@ func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Optio
 
 // storedSettings says which options were left zero at Open: those take
 // the store's recorded values.
-type storedSettings struct{ retention, leaseTTL bool }
+type storedSettings struct{ retention, leaseTTL, tombstoneWindow bool }
 
 // openDB opens the engine with o's shared settings and starts background GC.
 // REQUIRES: o defaulted and validated.
@@ -91,16 +93,18 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 	closing := make(chan struct{})
 	closed := func() bool { return h.Gate.Load()&gateClosed != 0 }
 	eng, err := openEngine(driver.Config{
-		Retention:       o.Retention,
-		LeaseTTL:        o.LeaseTTL,
-		StoredRetention: stored.retention,
-		StoredLeaseTTL:  stored.leaseTTL,
-		EpochWidth:      o.EpochWidth,
-		Now:             o.Now,
-		Logger:          o.Logger,
+		Retention:             o.Retention,
+		LeaseTTL:              o.LeaseTTL,
+		StoredRetention:       stored.retention,
+		StoredLeaseTTL:        stored.leaseTTL,
+		TombstoneWindow:       o.TombstoneWindow,
+		StoredTombstoneWindow: stored.tombstoneWindow,
+		EpochWidth:            o.EpochWidth,
+		Now:                   o.Now,
+		Logger:                o.Logger,
 		Check: func(c driver.Config) error {
 			in := o
-			in.Retention, in.LeaseTTL, in.EpochWidth = c.Retention, c.LeaseTTL, c.EpochWidth
+			in.Retention, in.LeaseTTL, in.EpochWidth, in.TombstoneWindow = c.Retention, c.LeaseTTL, c.EpochWidth, c.TombstoneWindow
 			return in.validate()
 		},
 		Closing: closed,
@@ -110,9 +114,21 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 	}
 	inForce := eng.Config()
 	o.Retention, o.LeaseTTL, o.EpochWidth = inForce.Retention, inForce.LeaseTTL, inForce.EpochWidth
+	tombs, _ := eng.(driver.Tombstones)
+	switch {
+	case tombs == nil && o.TombstoneWindow > 0:
+		_ = eng.Close()
+		return nil, fmt.Errorf("%w: TombstoneWindow %s: the %s engine keeps no tombstones", ErrUnsupported, o.TombstoneWindow, eng.Name())
+	case tombs == nil || inForce.TombstoneWindow < 0:
+		o.TombstoneWindow = -1
+		tombs = nil
+	default:
+		o.TombstoneWindow = inForce.TombstoneWindow
+	}
 	db := &DB{
 		opts:    o,
 		eng:     eng,
+		tombs:   tombs,
 		secret:  eng.Secret(),
 		hashKey: deriveHashKey(eng.Secret()),
 		ttl:     o.LeaseTTL,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/machine"
 	"github.com/receiptstore/receipts/internal/pebbleengine"
 )
@@ -37,7 +38,26 @@ const (
 	MaxEpochsPerRetention = 1024
 	// MinGCInterval is the shortest positive Options.GCInterval.
 	MinGCInterval = time.Millisecond
+	// MaxTombstoneWindow is the longest Options.TombstoneWindow: 100 years.
+	MaxTombstoneWindow = driver.MaxTombstoneWindow
+	// MaxTombstoneEpochs bounds how many epochs of tombstone markers a
+	// lookup of a key without a record probes: TombstoneWindow must be at
+	// most MaxTombstoneEpochs epoch widths.
+	MaxTombstoneEpochs = driver.TombstoneFactor * MaxEpochsPerRetention
 )
+
+// DefaultTombstoneWindow is the tombstone window of a store whose options
+// and meta data give none: 7 × the Retention in force (driver.TombstoneFactor),
+// at most MaxTombstoneWindow. At the default Retention of 24h that is 7
+// days: Kafka's default log retention, and longer than SQS's default
+// message retention (4 days), so a message redelivered from a queue, or
+// replayed from a log, after its receipt expired is still recognised as
+// used. A marker costs about 30 bytes plus the key (no fingerprint, no
+// result), so keeping markers 8 × as long as receipts costs less than the
+// receipts themselves for any result over a few dozen bytes.
+func DefaultTombstoneWindow(retention time.Duration) time.Duration {
+	return driver.DefaultTombstoneWindow(retention)
+}
 
 // MaxRetention is machine's bound: both fail to compile unless equal.
 var (
@@ -60,6 +80,35 @@ type Options struct {
 	// be positive and less than Retention. Recorded like Retention: zero
 	// means the recorded value, or 30s for a new store.
 	LeaseTTL time.Duration
+	// TombstoneWindow is how long after a receipt's (or an abandoned
+	// claim's) retention ends its key stays marked as used: a Claim, Do or
+	// DoBatch of it then returns ErrExpired, whatever the fingerprint,
+	// instead of running the action again ("this key was used; its receipt
+	// is gone"), and Lookup an error matching both ErrNotFound and
+	// ErrExpired. Only a marker of the key is kept (no fingerprint, no
+	// result), reclaimed by GC one whole epoch at a time. A claim released
+	// with no effect (a first attempt's Release, NotPerformed) leaves no
+	// marker. After the window the key is free: a claim is a new action.
+	//
+	// Zero means the value recorded in an existing store, or
+	// DefaultTombstoneWindow(Retention) (7 × Retention) for a new one;
+	// negative keeps no tombstones (past retention a retry is a new
+	// action, as before tombstones); a different value is used and
+	// recorded, like Retention. A positive window is at most
+	// MaxTombstoneWindow and at most MaxTombstoneEpochs epoch widths
+	// (ErrInvalidOptions otherwise). Receipts written while tombstones were
+	// off leave none when the store is reopened with them on. On an engine
+	// that keeps no tombstones (see DB.Options) a positive window is
+	// refused with ErrUnsupported.
+	TombstoneWindow time.Duration
+	// KeyTime, if set, reads the mint time out of an operation key's ID
+	// (UUIDv7Time, ULIDTime, or the application's own): a Claim, Do or
+	// DoBatch of a key minted more than Retention + TombstoneWindow ago
+	// (Retention alone with tombstones off), by the store's clock, returns
+	// ErrExpired without any lookup. Keys it returns false for are looked
+	// up as usual. A key must then be claimed within that time of being
+	// minted. Lookup does not use it (it reports what is stored).
+	KeyTime func(id string) (time.Time, bool)
 	// GCInterval is how often background GC runs. Zero means the default
 	// (the epoch width, between one second and one hour); negative disables
 	// background GC (call DB.GC yourself); a positive value must be between
@@ -107,9 +156,9 @@ type Options struct {
 	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC, failed
 	// writes) and one record per transition: at Info a takeover, an
-	// abandoned claim, a lost lease and a GC that dropped something; at
-	// Debug every other claim, wait, finish and GC (see Observer for what
-	// each carries). A key is logged as its keyed hash (Event.KeyHash),
+	// abandoned claim, a lost lease, a retry of an expired key and a GC
+	// that dropped something; at Debug every other claim, wait, finish and
+	// GC (see Observer for what each carries). A key is logged as its keyed hash (Event.KeyHash),
 	// never raw, unless LogKeys is set. Default slog.Default().
 	Logger *slog.Logger
 	// LogKeys makes the Logger's records name keys by their scope and ID
@@ -158,8 +207,16 @@ func (o *Options) validate() error {
 		return fmt.Errorf("%w: LeaseTTL %s must be less than Retention %s", ErrInvalidOptions, o.LeaseTTL, o.Retention)
 	case o.GCInterval > 0 && (o.GCInterval < MinGCInterval || o.GCInterval > MaxRetention):
 		return fmt.Errorf("%w: GCInterval %s must be negative, zero, or between %s and %s", ErrInvalidOptions, o.GCInterval, MinGCInterval, MaxRetention)
+	case o.TombstoneWindow > MaxTombstoneWindow:
+		return fmt.Errorf("%w: TombstoneWindow %s must be at most %s", ErrInvalidOptions, o.TombstoneWindow, MaxTombstoneWindow)
 	}
-	return validateWidth(o.EpochWidth, o.Retention)
+	if err := validateWidth(o.EpochWidth, o.Retention); err != nil {
+		return err
+	}
+	if o.TombstoneWindow > 0 && (o.TombstoneWindow-1)/o.EpochWidth+1 > MaxTombstoneEpochs {
+		return fmt.Errorf("%w: TombstoneWindow %s is more than %d epoch widths (EpochWidth %s)", ErrInvalidOptions, o.TombstoneWindow, MaxTombstoneEpochs, o.EpochWidth)
+	}
+	return nil
 }
 
 // validateWidth checks an epoch width (given, or stored at creation)

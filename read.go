@@ -9,7 +9,8 @@ import (
 
 // Lookup returns the visible record of k in any state (a Pending claim
 // included), after Options.BeforeReplay. It returns ErrNotFound if there is
-// none.
+// none; for a key whose tombstone is in force (Options.TombstoneWindow), an
+// *ExpiredError that matches both ErrNotFound and ErrExpired.
 func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 	if err := db.enter(); err != nil {
 		return nil, err
@@ -52,6 +53,11 @@ func (db *DB) lookup(ctx context.Context, k Key) (*Receipt, error) {
 		return nil, err
 	}
 	if !found {
+		if t, err := db.tombstone(ctx, k); err != nil {
+			return nil, err
+		} else if t != nil {
+			return nil, &ExpiredError{Key: k, ExpiredAt: t.ExpiredAt, Until: t.Until, notFound: true}
+		}
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
 	}
 	return newReceipt(&rec), nil

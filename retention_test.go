@@ -128,7 +128,7 @@ func retEpochOf(t time.Time) uint64 { return uint64(t.UnixNano() / int64(retW)) 
 func TestRetentionVisibleUntilWindowEndsGoneAfter(t *testing.T) {
 	for _, withGC := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gc=%v", withGC), func(t *testing.T) {
-			s := newTestStore(t, nil)
+			s := newTestStore(t, noTombstones) // tombstone_test.go: the same with them
 			db := s.db
 			gc := func() {
 				if withGC {
@@ -203,7 +203,7 @@ func TestRetentionVisibleUntilWindowEndsGoneAfter(t *testing.T) {
 }
 
 func TestRetentionAbandonedClaimKeptForWindow(t *testing.T) {
-	s := newTestStore(t, nil)
+	s := newTestStore(t, noTombstones)
 	db := s.db
 	t0 := s.clock.Now().Add(3 * time.Minute)
 	s.clock.Advance(3 * time.Minute)

@@ -36,7 +36,9 @@ func (f Filter) Validate() error {
 
 // Scan returns the visible records that match f, in storage order (by epoch
 // of last write, then scope, then ID), from a consistent snapshot. It is an
-// operator's tool: Options.BeforeReplay is not called. A record that does not
+// operator's tool: Options.BeforeReplay is not called. Tombstones (keys past
+// retention within Options.TombstoneWindow) are not records: Scan does not
+// list them; DB.Tombstones does. A record that does not
 // decode is reported as an error wrapping ErrCorrupt, and the scan goes on if
 // the caller continues.
 //

@@ -3,6 +3,8 @@ package bench
 import (
 	"testing"
 
+	"github.com/receiptstore/receipts"
+
 	"github.com/receiptstore/receipts/bench/internal/engine"
 )
 
@@ -18,6 +20,19 @@ func BenchmarkDo(b *testing.B) {
 	b.Run("receipts-aged", func(b *testing.B) {
 		clk := &offsetClock{}
 		s, syncs := openEngine(b, engine.ModeDo, clk.Now)
+		clk.offset.Store(int64(2 * engine.Options(nil).Retention))
+		newKeys(b, s, syncs)
+	})
+	// receipts-tombstones-off: the same with Options.TombstoneWindow < 0 (no
+	// tombstone marker written with each claim and commit): the cost of
+	// tombstones is receipts next to it.
+	b.Run("receipts-tombstones-off", func(b *testing.B) {
+		s, syncs := openEngineWith(b, engine.ModeDo, nil, func(o *receipts.Options) { o.TombstoneWindow = -1 })
+		newKeys(b, s, syncs)
+	})
+	b.Run("receipts-aged-tombstones-off", func(b *testing.B) {
+		clk := &offsetClock{}
+		s, syncs := openEngineWith(b, engine.ModeDo, clk.Now, func(o *receipts.Options) { o.TombstoneWindow = -1 })
 		clk.offset.Store(int64(2 * engine.Options(nil).Retention))
 		newKeys(b, s, syncs)
 	})

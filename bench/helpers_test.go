@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/bench/internal/engine"
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
@@ -79,7 +80,16 @@ func cpuTime() time.Duration {
 // The counter counts its WAL syncs.
 func openEngine(b *testing.B, mode engine.Mode, now func() time.Time) (*engine.Store, *stores.SyncCounter) {
 	b.Helper()
+	return openEngineWith(b, mode, now, nil)
+}
+
+// openEngineWith is openEngine with the options changed by mod (if not nil).
+func openEngineWith(b *testing.B, mode engine.Mode, now func() time.Time, mod func(*receipts.Options)) (*engine.Store, *stores.SyncCounter) {
+	b.Helper()
 	opts := engine.Options(now)
+	if mod != nil {
+		mod(opts)
+	}
 	if *memFS {
 		opts.Pebble.FS = vfs.NewMem()
 	}

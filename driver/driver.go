@@ -77,7 +77,7 @@ const (
 	Replay                        // a finished record (Succeeded/Failed): Record holds it, result included; nothing written
 	Mismatch                      // the visible record has another fingerprint (any state); nothing written
 	InProgress                    // another holder's lease is live; Record holds it (LeaseExpiresAt, UpdatedAt); nothing written
-	Expired                       // (phase 2, tombstones) the key was used, its receipt is past retention
+	Expired                       // the key was used, its receipt is past retention: a tombstone (Record: Key, UpdatedAt, ExpiresAt); nothing written
 )
 
 // ClaimRequest asks for one atomic claim decision (pure rules: internal/machine.Claim).
@@ -108,9 +108,12 @@ type GCStats struct {
 	At            time.Time
 	EpochsDropped int // epochs (Pebble) or partitions (PostgreSQL) dropped
 	BytesFreed    uint64
-	Writes        int  // writes issued: O(epochs), never O(records)
-	Compacted     bool // Pebble CompactOnGC: the dropped range was compacted at once
-	Duration      time.Duration
+	Writes        int // writes issued: O(epochs), never O(records)
+	// TombstoneEpochsDropped counts the epochs (partitions) of tombstone
+	// markers dropped, past Retention + TombstoneWindow.
+	TombstoneEpochsDropped int
+	Compacted              bool // Pebble CompactOnGC: the dropped range was compacted at once
+	Duration               time.Duration
 }
 
 // Stats are an engine's gauges for receipts.DB.Stats, read without a scan and without a
@@ -145,6 +148,15 @@ type Config struct {
 	// (so that offline tools see what the service sees) and reports them in
 	// Config().
 	StoredRetention, StoredLeaseTTL bool
+	// TombstoneWindow is how long after a record's retention ends its key
+	// stays marked as used (a Claim of it answers Expired): > 0 keeps
+	// tombstones, < 0 keeps none. Zero (the option left zero, and
+	// StoredTombstoneWindow set) means the store's recorded window, or
+	// DefaultTombstoneWindow(Retention in force) for a store that records
+	// none. An engine that keeps no tombstones (it does not implement
+	// Tombstones) leaves it as given; the root reports tombstones as off.
+	TombstoneWindow       time.Duration
+	StoredTombstoneWindow bool
 	// EpochWidth is the width of the time partitions records are kept in, for a store
 	// being created (> 0, default Retention/4); an existing store keeps its own (Engine.Config
 	// reports the one in force).
@@ -171,6 +183,52 @@ type Config struct {
 	// Close began is never handed out. Fenced writes of leases already
 	// handed out go on.
 	Closing func() bool
+}
+
+// TombstoneFactor is the default tombstone window in Retentions: a key
+// stays marked as used for TombstoneFactor × Retention after its receipt's
+// retention ends.
+const TombstoneFactor = 7
+
+// MaxTombstoneWindow is the longest tombstone window: 100 years, as
+// receipts.MaxRetention.
+const MaxTombstoneWindow = 100 * 365 * 24 * time.Hour
+
+// DefaultTombstoneWindow is the tombstone window for a store whose options
+// and meta data give none: TombstoneFactor × retention, at most
+// MaxTombstoneWindow.
+func DefaultTombstoneWindow(retention time.Duration) time.Duration {
+	if retention > MaxTombstoneWindow/TombstoneFactor {
+		return MaxTombstoneWindow
+	}
+	return TombstoneFactor * retention
+}
+
+// Tombstone is what an engine keeps of a key whose record is past
+// retention, for Config.TombstoneWindow: the key, and when its record was
+// last written. Never the fingerprint or the result.
+type Tombstone struct {
+	Key Key
+	// UsedAt is the record's last write (its UpdatedAt).
+	UsedAt time.Time
+	// ExpiredAt is when the record's retention ended (UsedAt + Retention).
+	ExpiredAt time.Time
+	// Until is when the tombstone ends (ExpiredAt + TombstoneWindow): from
+	// then on a claim of the key is a new action.
+	Until time.Time
+}
+
+// Tombstones is implemented by an engine that keeps tombstones: its Claim
+// answers Expired for a key whose record is past retention but within the
+// tombstone window. The markers are reclaimed like records, by dropping
+// whole epochs (partitions) in GC.
+type Tombstones interface {
+	// Tombstone returns k's live tombstone at the engine's time; found is
+	// false if k has a visible record, or no tombstone in force.
+	Tombstone(ctx context.Context, k Key) (t Tombstone, found bool, err error)
+	// ScanTombstones yields the live tombstones of scope ("" = every
+	// scope), durable only, at most limit of them (0 = no limit).
+	ScanTombstones(ctx context.Context, scope string, limit int) iter.Seq2[Tombstone, error]
 }
 
 // Engine is what a storage engine supplies. Every method is safe for concurrent use, honours ctx,

@@ -174,7 +174,7 @@ func checkMeta(t *testing.T, b []byte) {
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	good, err := encoding.EncodeMeta(&encoding.Meta{Format: encoding.StoreFormat, EpochWidth: 1 << 30, Secret: bytes.Repeat([]byte{9}, 32), CreatedAt: 12345, Retention: 1 << 40, LeaseTTL: 1 << 35})
+	good, err := encoding.EncodeMeta(&encoding.Meta{Format: encoding.StoreFormat, EpochWidth: 1 << 30, Secret: bytes.Repeat([]byte{9}, 32), CreatedAt: 12345, Retention: 1 << 40, LeaseTTL: 1 << 35, TombstoneWindow: 1 << 41})
 	if err != nil {
 		f.Fatal(err)
 	}

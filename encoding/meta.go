@@ -17,7 +17,15 @@ import (
 // Retention or LeaseTTL) and rewritten as format 2 by the first writable
 // open; a version that reads only format 1 refuses a format-2 store with its
 // unknown-format error rather than misreading it.
-const StoreFormat = 2
+//
+// Format 3 adds tombstones: the meta record holds the TombstoneWindow in
+// force (negative: none kept), and every record write also writes or
+// moves the key's tombstone marker (internal/keys.AppendMarker). A
+// version that reads only formats 1 and 2 would neither see markers nor
+// move them with their records, so it must refuse a format-3 store. A
+// store of format 1 or 2 is migrated by the first writable open: a marker
+// is written for every record it holds, then the meta as format 3.
+const StoreFormat = 3
 
 // MinStoreFormat is the oldest store format this version reads.
 const MinStoreFormat = 1
@@ -33,6 +41,10 @@ type Meta struct {
 	// (positive) in format 2, absent (zero) in format 1.
 	Retention int64 `msgpack:"retention,omitempty"`
 	LeaseTTL  int64 `msgpack:"lease_ttl,omitempty"`
+	// TombstoneWindow is the tombstone window in force (nanoseconds;
+	// negative: tombstones are off): set (non-zero) in format 3, absent
+	// (zero) before.
+	TombstoneWindow int64 `msgpack:"tombstone_window,omitempty"`
 }
 
 const metaMagic = 'R'
@@ -75,14 +87,23 @@ func DecodeMeta(b []byte) (*Meta, error) {
 		return nil, corrupt("format 1 meta with retention or lease TTL")
 	case format >= 2 && (m.Retention <= 0 || m.LeaseTTL <= 0 || m.LeaseTTL >= m.Retention):
 		return nil, corrupt("meta retention %d, lease TTL %d out of range", m.Retention, m.LeaseTTL)
+	case format < 3 && m.TombstoneWindow != 0:
+		return nil, corrupt("format %d meta with a tombstone window", format)
+	case format >= 3 && m.TombstoneWindow == 0:
+		return nil, corrupt("format %d meta without a tombstone window", format)
 	}
 	return m, nil
 }
 
-// EncodeUint64 encodes a counter (token ceiling, GC floor).
-func EncodeUint64(v uint64) []byte {
-	b := binary.BigEndian.AppendUint64(nil, v)
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+// EncodeUint64 encodes a counter (token ceiling, GC floor) or a tombstone
+// marker's time.
+func EncodeUint64(v uint64) []byte { return AppendUint64(nil, v) }
+
+// AppendUint64 appends EncodeUint64(v) to dst.
+func AppendUint64(dst []byte, v uint64) []byte {
+	n := len(dst)
+	dst = binary.BigEndian.AppendUint64(dst, v)
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[n:], castagnoli))
 }
 
 // DecodeUint64 decodes what EncodeUint64 wrote.
@@ -135,6 +156,8 @@ func decodeMetaBody(body []byte) (m *Meta, err error) {
 			m.Retention, err = dec.DecodeInt64()
 		case "lease_ttl":
 			m.LeaseTTL, err = dec.DecodeInt64()
+		case "tombstone_window":
+			m.TombstoneWindow, err = dec.DecodeInt64()
 		default:
 			err = errors.New("unknown field")
 		}

@@ -38,7 +38,7 @@ func TestDecodeMetaFormat1(t *testing.T) {
 }
 
 func TestMetaFormat2RoundTrip(t *testing.T) {
-	in := &encoding.Meta{Format: encoding.StoreFormat, EpochWidth: int64(42 * time.Hour), Secret: bytes.Repeat([]byte{1}, 32),
+	in := &encoding.Meta{Format: 2, EpochWidth: int64(42 * time.Hour), Secret: bytes.Repeat([]byte{1}, 32),
 		CreatedAt: 5, Retention: int64(7 * 24 * time.Hour), LeaseTTL: int64(time.Minute)}
 	b, err := encoding.EncodeMeta(in)
 	if err != nil {
@@ -48,7 +48,7 @@ func TestMetaFormat2RoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Retention != in.Retention || m.LeaseTTL != in.LeaseTTL || m.Format != encoding.StoreFormat {
+	if m.Retention != in.Retention || m.LeaseTTL != in.LeaseTTL || m.Format != 2 {
 		t.Fatalf("got %+v, want %+v", m, in)
 	}
 	// Format 2 without its settings, or with a lease as long as the
@@ -57,6 +57,37 @@ func TestMetaFormat2RoundTrip(t *testing.T) {
 		{Format: 2, EpochWidth: 1, Secret: in.Secret},
 		{Format: 2, EpochWidth: 1, Secret: in.Secret, Retention: 10, LeaseTTL: 10},
 		{Format: 1, EpochWidth: 1, Secret: in.Secret, Retention: 10, LeaseTTL: 1},
+	} {
+		b, err := encoding.EncodeMeta(&bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := encoding.DecodeMeta(b); !errors.Is(err, encoding.ErrCorrupt) {
+			t.Fatalf("%+v: got %v, want ErrCorrupt", bad, err)
+		}
+	}
+}
+
+func TestMetaFormat3RoundTrip(t *testing.T) {
+	for _, window := range []int64{int64(7 * 24 * time.Hour), -1} {
+		in := &encoding.Meta{Format: 3, EpochWidth: int64(time.Hour), Secret: bytes.Repeat([]byte{1}, 32),
+			CreatedAt: 5, Retention: int64(24 * time.Hour), LeaseTTL: int64(time.Minute), TombstoneWindow: window}
+		b, err := encoding.EncodeMeta(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := encoding.DecodeMeta(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.TombstoneWindow != window || m.Format != 3 || m.Retention != in.Retention {
+			t.Fatalf("got %+v, want %+v", m, in)
+		}
+	}
+	// Format 3 without a window, or format 2 with one, is corrupt.
+	for _, bad := range []encoding.Meta{
+		{Format: 3, EpochWidth: 1, Secret: bytes.Repeat([]byte{1}, 32), Retention: 10, LeaseTTL: 1},
+		{Format: 2, EpochWidth: 1, Secret: bytes.Repeat([]byte{1}, 32), Retention: 10, LeaseTTL: 1, TombstoneWindow: 5},
 	} {
 		b, err := encoding.EncodeMeta(&bad)
 		if err != nil {

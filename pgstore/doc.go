@@ -20,6 +20,11 @@
 //     write moves the row to the current epoch, so a partition is dead once its end plus
 //     Retention has passed, and GC drops whole partitions. Partitions are records_e<epoch>.
 //
+// Tombstones (receipts.Options.TombstoneWindow) are not kept yet: the engine does not
+// implement driver.Tombstones, so a positive TombstoneWindow is refused with
+// receipts.ErrUnsupported, zero means none (DB.Options reports a negative window), and a
+// retry past Retention is a new action. Options.KeyTime works (it needs no engine support).
+//
 // Time is the database's: every decision uses clock_timestamp() (Options.Now replaces it in
 // tests), so nodes whose clocks disagree still agree on leases and expiry. It never runs
 // backwards for a node: every statement's time is at least the latest the node has used (its

@@ -27,6 +27,10 @@
 //     Retry-After (the store's estimate of when the response will be there,
 //     receipts.InProgressError.RetryAfter, rounded up to whole seconds), or, with Config.Wait, the duplicate waits (bounded) for
 //     the first response and gets it replayed.
+//   - A key whose stored response is past retention, within the store's
+//     TombstoneWindow (receipts.ErrExpired), or minted too long ago by
+//     receipts.Options.KeyTime: 410 Gone (ProblemKeyExpired); the handler
+//     does not run.
 //   - No key on a guarded method when Config.Required: 400. A key that is
 //     empty, over 255 bytes, not printable ASCII, or sent twice: 400.
 //   - Body over Config.MaxBodyBytes: 413. The body is read in full before

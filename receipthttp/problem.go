@@ -9,10 +9,15 @@ import (
 // Problem type URIs used by the middleware. They are tag URIs (RFC 4151):
 // stable identifiers for programs to match on, not pages to fetch.
 const (
-	ProblemKeyMissing   = "tag:receiptstore.github.io,2026:receipthttp/key-missing"
-	ProblemKeyInvalid   = "tag:receiptstore.github.io,2026:receipthttp/key-invalid"
-	ProblemKeyReused    = "tag:receiptstore.github.io,2026:receipthttp/key-reused"
-	ProblemInProgress   = "tag:receiptstore.github.io,2026:receipthttp/in-progress"
+	ProblemKeyMissing = "tag:receiptstore.github.io,2026:receipthttp/key-missing"
+	ProblemKeyInvalid = "tag:receiptstore.github.io,2026:receipthttp/key-invalid"
+	ProblemKeyReused  = "tag:receiptstore.github.io,2026:receipthttp/key-reused"
+	ProblemInProgress = "tag:receiptstore.github.io,2026:receipthttp/in-progress"
+	// ProblemKeyExpired (410 Gone): the key was used, and its stored
+	// response is past retention (a tombstone, receipts.ErrExpired). The
+	// request is not processed again: mint a new key only if the action is
+	// meant to happen again.
+	ProblemKeyExpired   = "tag:receiptstore.github.io,2026:receipthttp/key-expired"
 	ProblemBodyTooLarge = "tag:receiptstore.github.io,2026:receipthttp/body-too-large"
 	ProblemBadRequest   = "tag:receiptstore.github.io,2026:receipthttp/bad-request"
 	ProblemUnauthorized = "tag:receiptstore.github.io,2026:receipthttp/unauthorized"

@@ -74,6 +74,11 @@
 //     out, runs with Attempt.Recovered.
 //   - The same key with another tool or other arguments: invalid params,
 //     data.type "idempotency_key_conflict".
+//   - A key whose receipt is past retention, within the store's
+//     TombstoneWindow (receipts.ErrExpired), or minted too long ago by
+//     receipts.Options.KeyTime: CodeExpired (-31410), data.type
+//     "idempotency_key_expired". The tool does not run again; mint a new
+//     key only if the action is meant to happen again.
 //   - The same key while the first call runs: the duplicate waits up to
 //     Config.Wait and replays the result; after that it gets CodeInProgress
 //     (-31409), data.type "idempotency_key_in_progress", with

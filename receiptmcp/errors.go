@@ -21,6 +21,10 @@ const (
 	// CodeInProgress: another call with the same key is still running.
 	// Retry with the same key after data.retryAfterMs.
 	CodeInProgress int64 = -31409
+	// CodeExpired: the key was used, and its receipt is past retention
+	// (receipts.ErrExpired): the tool is not run again. Do not retry with
+	// the same key; mint a new one only for a new action.
+	CodeExpired int64 = -31410
 	// CodeUnauthenticated: the call has no authenticated principal to scope
 	// its key by.
 	CodeUnauthenticated int64 = -31401
@@ -41,6 +45,9 @@ const (
 	TypeKeyInvalid = "idempotency_key_invalid"
 	// TypeKeyConflict: the key was used for another tool or other arguments.
 	TypeKeyConflict = "idempotency_key_conflict"
+	// TypeKeyExpired: the key was used and its receipt is gone
+	// (CodeExpired).
+	TypeKeyExpired = "idempotency_key_expired"
 	// TypeInProgress: a call with the key is still running (CodeInProgress).
 	TypeInProgress = "idempotency_key_in_progress"
 	// TypeScopeMissing: no authenticated principal (CodeUnauthenticated).

@@ -164,6 +164,10 @@ func (m *middleware) claimError(tool string, key receipts.Key, err error) error 
 		return newError(CodeInProgress,
 			fmt.Sprintf("a call with this operation key is still running; retry with the same key in %s", time.Duration(ms)*time.Millisecond),
 			ErrorData{Type: TypeInProgress, Tool: tool, MetaKey: c.MetaKey, RetryAfterMs: ms})
+	case errors.Is(err, receipts.ErrExpired):
+		return newError(CodeExpired,
+			"this operation key was used, and its receipt is no longer kept; the tool was not run again (mint a new key only for a new action)",
+			ErrorData{Type: TypeKeyExpired, Tool: tool, MetaKey: c.MetaKey})
 	case errors.Is(err, receipts.ErrIntentMismatch):
 		return newError(CodeInvalidParams,
 			"this operation key was already used for a call with another tool or other arguments; mint a new key for a new action",

@@ -14,7 +14,7 @@
 // "" if none; no label ever carries a key's scope or ID, a token, or any
 // other unbounded value):
 //
-//	receipts_claims_total{engine,class,outcome}          counter: claims by outcome: claimed, took_over, replayed, in_progress, mismatch, canceled, closed, error
+//	receipts_claims_total{engine,class,outcome}          counter: claims by outcome: claimed, took_over, replayed, in_progress, mismatch, expired, canceled, closed, error
 //	receipts_finishes_total{engine,class,result}         counter: attempts ended: succeeded, failed, released, abandoned, lease_lost
 //	receipts_operation_duration_seconds{engine,class,op} histogram: op=claim (a whole claim, waiting included), finish (the write that ends an attempt), attempt (claim to finish), gc
 //	receipts_wait_duration_seconds{engine,class,result}  histogram: time a claim waited for another caller's attempt, by how the wait ended
@@ -124,7 +124,7 @@ func New(opts *Options) *Collector {
 	}
 	return &Collector{
 		opts:      o,
-		claims:    counter("receipts_claims_total", "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, canceled, closed, error).", "engine", "class", "outcome"),
+		claims:    counter("receipts_claims_total", "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, expired, canceled, closed, error).", "engine", "class", "outcome"),
 		finishes:  counter("receipts_finishes_total", "Attempts ended, by result (succeeded, failed, released, abandoned, lease_lost).", "engine", "class", "result"),
 		gcRuns:    counter("receipts_gc_runs_total", "Garbage collections, by result (ok, error).", "engine", "result"),
 		gcDropped: counter("receipts_gc_epochs_dropped_total", "Epochs (or partitions) garbage collection dropped.", "engine"),
@@ -156,7 +156,7 @@ type series struct {
 
 var (
 	claimOutcomes = []receipts.Outcome{receipts.OutcomeClaimed, receipts.OutcomeTookOver, receipts.OutcomeReplayed,
-		receipts.OutcomeInProgress, receipts.OutcomeMismatch, receipts.OutcomeCanceled, receipts.OutcomeClosed, receipts.OutcomeError}
+		receipts.OutcomeInProgress, receipts.OutcomeMismatch, receipts.OutcomeExpired, receipts.OutcomeCanceled, receipts.OutcomeClosed, receipts.OutcomeError}
 	finishOutcomes = []receipts.Outcome{receipts.OutcomeSucceeded, receipts.OutcomeFailed, receipts.OutcomeReleased,
 		receipts.OutcomeAbandoned, receipts.OutcomeLeaseLost}
 )

@@ -14,9 +14,10 @@
 //	}
 //
 // Run runs each contract test as a subtest named Topic/Behaviour (topics:
-// Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tokens, Restart,
-// BadInput, Close, Scan, Stats, Corrupt, Check, Concurrency, Isolation,
-// Pebble, Issue12), so one topic or one behaviour can be selected with go test
+// Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tombstones,
+// Tokens, Restart, BadInput, Close, Scan, Stats, Corrupt, Check,
+// Concurrency, Isolation, Pebble, Issue12, Observe, LeaseFor, TakeOver,
+// Reconciler), so one topic or one behaviour can be selected with go test
 // -run. Each test opens its own store with Retention 1h, LeaseTTL 30s,
 // background GC off, and Options.Now set to a Clock of its own: time moves
 // only when the test moves it, so leases run out and receipts expire without
@@ -25,6 +26,13 @@
 // on the wall clock, and tests with waiters give them a few milliseconds to
 // start waiting; no result depends on that.) The Concurrency topic is meant
 // to run under -race.
+//
+// The Tombstones topic opens its stores with TombstoneWindow 3h; an engine
+// that keeps no tombstones (it does not implement driver.Tombstones) refuses
+// that with receipts.ErrUnsupported, and those tests skip, saying so (its
+// KeyTime test runs on every engine). The other topics use the engine's
+// default window, and turn tombstones off where they reuse a key right
+// after its retention.
 //
 // The Corrupt topic runs only if the Store also implements Corrupter (it
 // damages a stored record). The Check topic skips on an engine whose

@@ -102,7 +102,7 @@ func testScopeIsolation(t *testing.T, s Store) {
 	prop := func(rt *rapid.T) {
 		checks++
 		// Each check starts past the previous one's retention: a clean store.
-		e.clock.Advance(2 * retention)
+		e.clock.Advance(2*retention + e.window())
 		if checks%100 == 0 {
 			e.gc() // keep the store small
 		}

@@ -68,6 +68,7 @@ func topics() []struct {
 		{"Lookup", lookupTests},
 		{"BeforeReplay", beforeReplayTests},
 		{"Retention", retentionTests},
+		{"Tombstones", tombstoneTests},
 		{"Tokens", tokenTests},
 		{"Restart", restartTests},
 		{"BadInput", badInputTests},
@@ -107,6 +108,13 @@ const (
 )
 
 var bg = context.Background()
+
+// noTombstones turns tombstones off, for tests of what happens right after
+// retention (the Tombstones topic tests them).
+func noTombstones(o *receipts.Options) { o.TombstoneWindow = -1 }
+
+// window is the tombstone window in force (0 with tombstones off).
+func (e *env) window() time.Duration { return max(e.db.Options().TombstoneWindow, 0) }
 
 func key(scope, id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
 

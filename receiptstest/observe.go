@@ -24,6 +24,7 @@ var observeTests = []test{
 	{"GCEvent", testObserveGC},
 	{"BeginnerSeesOperationsBegin", testObserveBegin},
 	{"LogsKeyHashUnlessLogKeys", testObserveLogs},
+	{"ExpiredRetry", testObserveExpired},
 }
 
 // recorder is an Observer that keeps every event.
@@ -387,4 +388,26 @@ func testObserveBegin(t *testing.T, s Store) {
 	require.Equal(t, []receipts.EventKind{receipts.DoEvent, receipts.ClaimEvent}, b.begun)
 	require.Equal(t, []receipts.EventKind{receipts.DoEvent}, inFn, "fn runs with the context Begin(DoEvent) returned")
 	require.Equal(t, []string{"claim [do claim]", "finish [do]", "do [do]"}, marks)
+}
+
+// A retry of a key past its retention, inside the tombstone window, is an
+// expired claim, and Do reports it as such.
+func testObserveExpired(t *testing.T, s Store) {
+	rec := &recorder{}
+	e := tombEnv(t, s, func(o *receipts.Options) { o.Observer = rec })
+	k := key("obs", "late")
+	e.commit(k, "fp", "ok")
+	e.clock.Advance(retention + time.Minute)
+	rec.take()
+	_, _, err := e.db.Claim(bg, k, []byte("other"))
+	require.ErrorIs(t, err, receipts.ErrExpired)
+	_, err = e.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		panic("a late retry must not run")
+	})
+	require.ErrorIs(t, err, receipts.ErrExpired)
+	require.Equal(t, []ev{
+		{receipts.ClaimEvent, receipts.OutcomeExpired, 0, false, ""},
+		{receipts.ClaimEvent, receipts.OutcomeExpired, 0, false, ""},
+		{receipts.DoEvent, receipts.OutcomeExpired, 0, false, ""},
+	}, evs(rec.take()))
 }

@@ -23,7 +23,7 @@ var restartTests = []test{
 // across keys, releases, takeovers, commits, GC of the records that held
 // them, and restarts.
 func testTokensIncreasing(t *testing.T, s Store) {
-	e := newEnv(t, s, nil)
+	e := newEnv(t, s, noTombstones) // keys are reused right after retention
 	seen := map[uint64]bool{}
 	last := uint64(0)
 	check := func(tok uint64, what string) {

@@ -30,7 +30,7 @@ var retentionTests = []test{
 // at it: no), whatever GC did; the key then starts afresh; GC reports what
 // it dropped.
 func testRetentionExact(t *testing.T, s Store, withGC bool) {
-	e := newEnv(t, s, nil)
+	e := newEnv(t, s, noTombstones)
 	gc := func() {
 		if withGC {
 			e.gc()
@@ -115,7 +115,7 @@ func (e *env) fresh(k receipts.Key, tokenAbove uint64) *receipts.Lease {
 // Retention; a takeover in the last nanosecond is Recovered; after it the
 // key starts afresh and the crashed holder stays fenced.
 func testRetentionAbandoned(t *testing.T, s Store) {
-	e := newEnv(t, s, nil)
+	e := newEnv(t, s, noTombstones)
 	e.clock.Advance(3 * time.Minute)
 	t0 := e.clock.Now()
 

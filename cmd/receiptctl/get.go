@@ -32,6 +32,8 @@ unknown until the next attempt reconciles it. Exit code 1 if there is none.`,
 			defer src.close()
 			r, err := src.get(cmd.Context(), k)
 			switch {
+			case tombstoneError(k, err) != nil:
+				return tombstoneError(k, err)
 			case notFound(err):
 				return fmt.Errorf("no record of %s", k)
 			case err != nil:

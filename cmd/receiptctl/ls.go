@@ -13,12 +13,15 @@ import (
 
 func (a *app) lsCmd() *cobra.Command {
 	var ff filterFlags
+	var tombstones bool
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List records, filtered by scope, state, or abandoned claims",
 		Long: `ls lists the visible records in storage order (by the epoch of their last
 write, then scope, then ID), with the same filters as receipts.Filter. --abandoned selects pending claims whose lease ran out:
 operations whose outcome is unknown, to reconcile with the provider.
+--tombstones lists the keys whose receipt is past retention but that a
+claim still refuses (the store's TombstoneWindow), and how long each has left.
 Records that cannot be read are reported on stderr (exit code 1).`,
 		Example: `  receiptctl --dir ./data ls
   receiptctl --dir ./data ls --scope acct_7 --state succeeded --limit 20
@@ -34,6 +37,9 @@ Records that cannot be read are reported on stderr (exit code 1).`,
 				return err
 			}
 			defer src.close()
+			if tombstones {
+				return a.lsTombstones(cmd, src, f)
+			}
 			if a.json {
 				return a.lsJSON(cmd, src, f)
 			}
@@ -41,6 +47,7 @@ Records that cannot be read are reported on stderr (exit code 1).`,
 		},
 	}
 	ff.add(cmd)
+	cmd.Flags().BoolVar(&tombstones, "tombstones", false, "list the tombstones in force (keys past retention that a claim still refuses) and how long each has left, instead of records (--dir only)")
 	return cmd
 }
 

@@ -9,6 +9,10 @@
 //	Prefix "c"                                      the store's clock at the last deletion (or Close)
 //	Prefix "r" | epoch (uint64 BE) | len(scope) (1 byte) | scope | id
 //	                                                a record
+//	Prefix "x" | epoch (uint64 BE) | len(scope) (1 byte) | scope | id
+//	                                                a tombstone marker: the key
+//	                                                was used (value: the time of
+//	                                                its record's last write)
 //
 // The scope is length-prefixed, so ("ab","c") and ("a","bc") never collide,
 // and the id runs to the end of the key. The epoch is the record's last-write
@@ -28,6 +32,8 @@ const Prefix = "\x00rcpt"
 
 const recordsPrefix = Prefix + "r"
 
+const markersPrefix = Prefix + "x"
+
 // Fixed keys.
 var (
 	Meta         = []byte(Prefix + "m")
@@ -40,6 +46,9 @@ var (
 	// RecordsStart and RecordsEnd bound every record key.
 	RecordsStart = []byte(recordsPrefix)
 	RecordsEnd   = []byte(Prefix + "s")
+	// MarkersStart and MarkersEnd bound every tombstone marker key.
+	MarkersStart = []byte(markersPrefix)
+	MarkersEnd   = []byte(Prefix + "y")
 )
 
 // MaxPartLen is the longest scope or id, in bytes.
@@ -62,6 +71,59 @@ func AppendRecord(dst []byte, epoch uint64, scope, id string) []byte {
 	}
 	dst = append(dst, scope...)
 	return append(dst, id...)
+}
+
+// AppendMarker appends the tombstone marker key of (epoch, scope, id) to
+// dst: laid out as a record key, under its own prefix, so that a whole
+// epoch of markers is one contiguous range for GC.
+func AppendMarker(dst []byte, epoch uint64, scope, id string) []byte {
+	n := len(dst)
+	dst = AppendRecord(dst, epoch, scope, id)
+	MarkerOf(dst[n:])
+	return dst
+}
+
+// MarkerOf rewrites a record key in place into the marker key of the same
+// epoch and key (and MarkerOf of a marker key back into the record key):
+// the two layouts differ only in the prefix's last byte.
+func MarkerOf(key []byte) []byte {
+	if len(key) > len(Prefix) {
+		if key[len(Prefix)] == recordsPrefix[len(Prefix)] {
+			key[len(Prefix)] = markersPrefix[len(Prefix)]
+		} else if key[len(Prefix)] == markersPrefix[len(Prefix)] {
+			key[len(Prefix)] = recordsPrefix[len(Prefix)]
+		}
+	}
+	return key
+}
+
+// MarkerEpochStart is the first marker key of an epoch.
+func MarkerEpochStart(epoch uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte(markersPrefix), epoch)
+}
+
+// MarkerScopeStart is MarkerEpochStart followed by a scope's prefix.
+func MarkerScopeStart(epoch uint64, scope string) []byte {
+	b := MarkerEpochStart(epoch)
+	b = append(b, byte(len(scope)))
+	return append(b, scope...)
+}
+
+// ParseMarker splits a marker key. The strings are copies.
+func ParseMarker(key []byte) (epoch uint64, scope, id string, err error) {
+	if len(key) < recordHeaderLen || string(key[:epochOffset]) != markersPrefix {
+		return 0, "", "", ErrMalformed
+	}
+	r := append([]byte(nil), key...)
+	return ParseRecord(MarkerOf(r))
+}
+
+// MarkerEpoch returns the epoch of a marker key without parsing the rest.
+func MarkerEpoch(key []byte) (uint64, bool) {
+	if len(key) < epochOffset+8 || string(key[:epochOffset]) != markersPrefix {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(key[epochOffset:]), true
 }
 
 // RecordLen is the length of the key of (scope, id).

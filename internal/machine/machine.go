@@ -190,3 +190,12 @@ func Abandon(cur *encoding.Record, token uint64, now int64) (next *encoding.Reco
 	n.LeaseExpiresAt = now
 	return &n, true
 }
+
+// Tombstoned reports whether a key whose record was last written at usedAt
+// (and is no longer visible) is still marked as used at now: for window
+// after its retention ended. A window <= 0 keeps no tombstones. Like
+// Expired, the sum saturates: a tombstone that would end past MaxInt64
+// never ends.
+func Tombstoned(usedAt, now, retention, window int64) bool {
+	return window > 0 && !Expired(usedAt, now, retention+window)
+}

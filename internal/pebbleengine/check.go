@@ -143,6 +143,15 @@ func (c *checker) records() error {
 		switch {
 		case bytes.Equal(key, keys.Meta), bytes.Equal(key, keys.TokenCeiling), bytes.Equal(key, keys.GCFloor), bytes.Equal(key, keys.Clock):
 			continue
+		case bytes.HasPrefix(key, keys.MarkersStart): // a tombstone marker
+			if _, _, _, err := keys.ParseMarker(key); err != nil {
+				c.add(strconv.Quote(string(key)), -1, "malformed tombstone marker key")
+			} else if v, err := it.ValueAndErr(); err != nil {
+				return fmt.Errorf("receipts: check: read a tombstone marker: %w", err)
+			} else if _, err := encoding.DecodeUint64(v); err != nil {
+				c.add(strconv.Quote(string(key)), -1, "tombstone marker does not decode: %v", err)
+			}
+			continue
 		case !bytes.HasPrefix(key, keys.RecordsStart):
 			c.add(strconv.Quote(string(key)), -1, "unknown key under the store's reserved prefix")
 			continue

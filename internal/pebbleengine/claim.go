@@ -16,7 +16,8 @@ import (
 //     without the key lock;
 //  2. otherwise rmw under the key lock: machine.Claim decides from the
 //     visible record; a new or taken-over claim gets a fresh token and is
-//     written to the current epoch, synced unless req.NoSync.
+//     written to the current epoch, synced unless req.NoSync. A key with
+//     no visible record whose tombstone is in force answers Expired.
 func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	k := req.Key
 	var lk [keys.MaxLockKeyLen]byte
@@ -24,7 +25,8 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	if res, ok := e.fromCache(ctx, k, lockKey, req.Fingerprint, e.now()); ok {
 		return res, nil
 	}
-	wo := writeOpts{noSync: req.NoSync, claim: true}
+	var tomb tombOut
+	wo := writeOpts{noSync: req.NoSync, claim: true, tomb: &tomb}
 	var mres machine.ClaimResult
 	var seen encoding.Record // the visible record, when nothing is written
 	next, now, err := e.rmw(ctx, k, lockKey, nil, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
@@ -42,6 +44,11 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 		return driver.ClaimResult{}, err
 	}
 	res := driver.ClaimResult{Now: e.time(now)}
+	if tomb.ok {
+		t := e.tombstoneOf(k, tomb.usedAt)
+		res.Outcome, res.Record = driver.Expired, driver.Record{Key: k, UpdatedAt: t.UsedAt, ExpiresAt: t.ExpiredAt}
+		return res, nil
+	}
 	switch mres.Outcome {
 	case machine.Claimed:
 		res.Outcome, res.Record = driver.Claimed, e.record(k, next)

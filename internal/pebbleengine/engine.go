@@ -59,6 +59,7 @@ type Engine struct {
 	cache       *rcache.Cache // recently finished receipts; nil if disabled
 	width       int64         // epoch width, ns
 	retention   int64         // ns
+	window      int64         // TombstoneWindow, ns; <= 0: no tombstones
 	secret      []byte
 	loc         *time.Location // of Config.Now's times: records report times in it
 	readOnly    bool           // Pebble.ReadOnly: inspection only
@@ -71,6 +72,8 @@ type Engine struct {
 	clockMu  sync.Mutex    // serializes writes of keys.Clock, so the last one written is the largest
 	minEpoch atomic.Uint64 // no record lives in an older epoch
 	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
+	// markerMin: no tombstone marker lives in an older epoch.
+	markerMin atomic.Uint64
 
 	tok struct {
 		sync.Mutex        // protects next and ceil; held across the ceiling's sync (once per tokenBlock)

@@ -112,13 +112,22 @@ func (e *Engine) load() error {
 		hwm = max(hwm, int64(last)*e.width)
 	}
 	e.minEpoch.Store(max(minEpoch, floor))
+	markerMin := uint64(max(hwm, 0) / e.width)
+	if first, found, err := e.firstMarkerEpoch(); err != nil {
+		return err
+	} else if found {
+		markerMin = min(markerMin, first)
+	}
+	e.markerMin.Store(min(markerMin, e.minEpoch.Load()))
 	e.hot.Clock.Store(hwm)
 	return nil
 }
 
 // loadMeta reads the meta record, creating it for a new store: the epoch
-// width, the ProviderKey secret, and the Retention and LeaseTTL in force
-// (the recorded ones for the options left zero), checked by Config.Check.
+// width, the ProviderKey secret, and the Retention, LeaseTTL and
+// TombstoneWindow in force (the recorded ones for the options left zero),
+// checked by Config.Check. A store of a format before 3 is migrated
+// (migrateMarkers).
 // The meta is rewritten, synced, when the settings in force differ from
 // what it records, or when it is of the previous format (which records
 // neither); not on a read-only store.
@@ -141,24 +150,44 @@ func (e *Engine) loadMeta(now int64) error {
 	if meta.LeaseTTL > 0 && e.cfg.StoredLeaseTTL {
 		e.cfg.LeaseTTL = time.Duration(meta.LeaseTTL)
 	}
+	if e.cfg.TombstoneWindow == 0 || e.cfg.StoredTombstoneWindow {
+		if meta.TombstoneWindow != 0 {
+			e.cfg.TombstoneWindow = time.Duration(meta.TombstoneWindow)
+		} else {
+			e.cfg.TombstoneWindow = driver.DefaultTombstoneWindow(e.cfg.Retention)
+		}
+	}
+	if e.cfg.TombstoneWindow < 0 {
+		e.cfg.TombstoneWindow = -1
+	}
 	e.cfg.EpochWidth = time.Duration(meta.EpochWidth)
 	if e.cfg.Check != nil {
 		if err := e.cfg.Check(e.cfg); err != nil { // nothing written yet
-			return fmt.Errorf("%w (in force: Retention %s, LeaseTTL %s, stored epoch width %s; recorded: Retention %s, LeaseTTL %s)",
-				err, e.cfg.Retention, e.cfg.LeaseTTL, e.cfg.EpochWidth, time.Duration(meta.Retention), time.Duration(meta.LeaseTTL))
+			return fmt.Errorf("%w (in force: Retention %s, LeaseTTL %s, TombstoneWindow %s, stored epoch width %s; recorded: Retention %s, LeaseTTL %s, TombstoneWindow %s)",
+				err, e.cfg.Retention, e.cfg.LeaseTTL, e.cfg.TombstoneWindow, e.cfg.EpochWidth,
+				time.Duration(meta.Retention), time.Duration(meta.LeaseTTL), time.Duration(meta.TombstoneWindow))
 		}
 	}
 	e.width, e.secret = meta.EpochWidth, meta.Secret
 	e.retention = int64(e.cfg.Retention)
+	e.window = int64(e.cfg.TombstoneWindow)
 	ttl := int64(e.cfg.LeaseTTL)
-	if meta.Format != encoding.StoreFormat || meta.Retention != e.retention || meta.LeaseTTL != ttl {
+	if meta.Format != encoding.StoreFormat || meta.Retention != e.retention || meta.LeaseTTL != ttl || meta.TombstoneWindow != e.window {
 		write = true
 	}
 	if !write || (e.readOnly && !create) { // a read-only open of no store fails to write
 		return nil
 	}
+	if !create && meta.Format < 3 {
+		// A store from before tombstones: every record gets its marker
+		// before the meta says format 3 (a crash in between migrates
+		// again).
+		if err := e.migrateMarkers(); err != nil {
+			return err
+		}
+	}
 	next := *meta
-	next.Format, next.Retention, next.LeaseTTL = encoding.StoreFormat, e.retention, ttl
+	next.Format, next.Retention, next.LeaseTTL, next.TombstoneWindow = encoding.StoreFormat, e.retention, ttl, e.window
 	b, err := encoding.EncodeMeta(&next)
 	if err != nil {
 		return err

@@ -16,6 +16,10 @@ type writeOpts struct {
 	noSync bool // not synced: renewals, and DoBatch's claim
 	notify bool // wake the key's waiters once the write is in
 	claim  bool // a claim: refused (driver.ErrClosed) once Config.Closing reports true
+	// tomb, if not nil: when k has no visible record, rmw looks for its
+	// tombstone; if one is in force it is reported here and decide is not
+	// called (nothing is written).
+	tomb *tombOut
 }
 
 var (
@@ -77,6 +81,18 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	cur := &rec
 	if !found {
 		cur = nil
+		if wo.tomb != nil {
+			buf := *bp
+			if stored != nil {
+				buf = nil // tombstone reads no marker then
+			}
+			if wo.tomb.usedAt, wo.tomb.ok, err = e.tombstone(ctx, k, now, &rec, stored, buf); err != nil {
+				return nil, 0, err
+			}
+			if wo.tomb.ok {
+				return nil, now, nil
+			}
+		}
 	}
 	next, del, err := decide(cur, now)
 	if err != nil {
@@ -97,7 +113,9 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	var epoch uint64
 	if del {
 		if err = b.Delete(stored, nil); err == nil {
-			err = e.commitWithClock(b)
+			if err = deleteMarker(b, stored); err == nil {
+				err = e.commitWithClock(b)
+			}
 		}
 	} else if key, epoch, enc, err = e.put(b, k, stored, next, now); err == nil {
 		err = commitBatch(b, wo.noSync)
@@ -118,7 +136,8 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 func (e *Engine) closing() bool { return e.cfg.Closing != nil && e.cfg.Closing() }
 
 // put adds the write of next (last written at now) to b, moving the record
-// to the current epoch: the stored key, if any other, is deleted.
+// to the current epoch: the stored key, if any other, is deleted, with its
+// tombstone marker; the record's marker is written beside it (tombstone.go).
 // It returns the key written, its epoch and the value.
 func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, enc []byte, err error) {
 	epoch = e.epochOf(now)
@@ -127,9 +146,15 @@ func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encodin
 		if err := b.Delete(stored, nil); err != nil {
 			return nil, 0, nil, err
 		}
+		if err := deleteMarker(b, stored); err != nil {
+			return nil, 0, nil, err
+		}
 	}
 	enc = encoding.EncodeRecord(next)
-	return key, epoch, enc, b.Set(key, enc, nil)
+	if err := b.Set(key, enc, nil); err != nil {
+		return nil, 0, nil, err
+	}
+	return key, epoch, enc, e.putMarker(b, k, epoch, next.UpdatedAt)
 }
 
 // commitWithClock adds the store's clock to b and commits it, synced; the

@@ -1,0 +1,28 @@
+package receiptmcp
+
+import (
+	"testing"
+	"time"
+
+	"github.com/receiptstore/receipts"
+)
+
+func TestNewOperationKeyIsUUIDv7(t *testing.T) {
+	before := time.Now().Truncate(time.Millisecond)
+	k := NewOperationKey()
+	after := time.Now()
+	got, ok := receipts.UUIDv7Time(k)
+	if !ok {
+		t.Fatalf("NewOperationKey() = %q: not a UUIDv7", k)
+	}
+	if got.Before(before) || got.After(after) {
+		t.Fatalf("NewOperationKey() = %q: minted at %v, not in [%v, %v]", k, got, before, after)
+	}
+	if NewOperationKey() == k {
+		t.Fatal("two keys are equal")
+	}
+	at := time.Date(2022, 2, 22, 19, 22, 22, 0, time.UTC)
+	if got, ok := receipts.UUIDv7Time(newUUIDv7(at)); !ok || !got.Equal(at) {
+		t.Fatalf("newUUIDv7(%v) reads back as %v, %v", at, got, ok)
+	}
+}
