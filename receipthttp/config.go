@@ -26,11 +26,13 @@ const (
 	// HTTP-date (RFC 9110, like Last-Modified; whole seconds, rounded down).
 	RecordedAtHeader = "Idempotency-Recorded-At"
 	// ExpiresAtHeader, on every response served from a receipt, is until
-	// when the key stays protected: until then every retry with this key
-	// gets this response replayed (the receipt's ExpiresAt, the recording
-	// plus the store's Retention), as an HTTP-date rounded down. After it,
-	// a request with the key is a new request. It answers the IETF httpapi
-	// idempotency draft's question of how long a key is kept (issue #35).
+	// when this response is replayed: until then every retry with this key
+	// gets it (the receipt's ExpiresAt, the recording plus the store's
+	// Retention), as an HTTP-date rounded down. After it, for the store's
+	// TombstoneWindow, a request with the key gets 410 Gone (the key was
+	// used; its receipt is gone), never a second execution; only after
+	// that is it a new request. It answers the IETF httpapi idempotency
+	// draft's question of how long a key is kept (issue #35).
 	ExpiresAtHeader = "Idempotency-Expires-At"
 )
 

@@ -49,10 +49,11 @@
 // Idempotent-Replayed (ReplayedHeader) is Stripe's name for the same mark.
 // Idempotency-Recorded-At (RecordedAtHeader) is when the original response
 // was recorded, so a client can tell how old the answer is.
-// Idempotency-Expires-At (ExpiresAtHeader) is until when the key stays
-// protected: until then every retry with it is answered from this receipt;
-// after it (the store's Options.Retention past the recording) a request
-// with the key runs as a new one. The IETF draft defines no response header
+// Idempotency-Expires-At (ExpiresAtHeader) is until when this receipt
+// answers: until then every retry with the key is answered from it; after
+// it (the store's Options.Retention past the recording), for the store's
+// Options.TombstoneWindow, a request with the key gets 410 Gone, and only
+// then runs as a new one. The IETF draft defines no response header
 // for this (its issue #35 asks for one), so the names follow the draft's
 // Idempotency- prefix; both are HTTP-dates (RFC 9110, the format of
 // Last-Modified and Expires), rounded down to the second. They are set by

@@ -24,6 +24,7 @@ func TestReplayHeadersSayWhenAndHowLong(t *testing.T) {
 			e := newEnv(t, receipthttp.Config{}, app)
 			srv := httptest.NewServer(e.h)
 			defer srv.Close()
+			want := status
 			post := func() *http.Response {
 				t.Helper()
 				r, err := http.NewRequest(http.MethodPost, srv.URL+"/items", strings.NewReader("x"))
@@ -38,8 +39,8 @@ func TestReplayHeadersSayWhenAndHowLong(t *testing.T) {
 				}
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				if resp.StatusCode != status {
-					t.Fatalf("status %d, want %d", resp.StatusCode, status)
+				if resp.StatusCode != want {
+					t.Fatalf("status %d, want %d", resp.StatusCode, want)
 				}
 				return resp
 			}
@@ -87,10 +88,21 @@ func TestReplayHeadersSayWhenAndHowLong(t *testing.T) {
 			if n := app.runs.Load(); n != 1 {
 				t.Fatalf("handler ran %d times", n)
 			}
-			// Past the protection window the key is a new request.
+			// Past Idempotency-Expires-At the key is Gone (a tombstone) for
+			// the store's TombstoneWindow: not replayed, and not run again.
 			e.clk.Advance(time.Hour)
+			want = http.StatusGone
 			if resp := post(); resp.Header.Get(receipthttp.ReplayedHeader) != "" {
 				t.Fatalf("replayed after %s", receipthttp.ExpiresAtHeader)
+			}
+			if n := app.runs.Load(); n != 1 {
+				t.Fatalf("handler ran %d times, want 1", n)
+			}
+			// After the window the key is a new request.
+			e.clk.Advance(e.db.Options().TombstoneWindow)
+			want = status
+			if resp := post(); resp.Header.Get(receipthttp.ReplayedHeader) != "" {
+				t.Fatalf("replayed after the tombstone window")
 			}
 			if n := app.runs.Load(); n != 2 {
 				t.Fatalf("handler ran %d times, want 2", n)
