@@ -31,7 +31,10 @@ type DB struct {
 	tombs   driver.Tombstones    // eng, when it keeps tombstones and they are on; nil otherwise
 	secret  []byte               // eng.Secret(), for ProviderKey
 	hashKey []byte               // derived from secret, for Event.KeyHash
-	ttl     time.Duration        // Options.LeaseTTL
+	// observesDo: the Observer takes DoEvents (it is not a KindFilter
+	// that declines them).
+	observesDo bool
+	ttl        time.Duration // Options.LeaseTTL
 
 	// hot holds the atomics every call touches (the gate, the counters, the
 	// Pebble engine's clock), on one cache line of their own.

@@ -72,7 +72,7 @@ func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
 func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batch bool,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
-	if db.opts.Observer == nil {
+	if !db.observesDo {
 		r, _, err := db.doOnce(ctx, k, fp, opts, batch, fn)
 		return r, err
 	}

@@ -116,6 +116,35 @@ const (
 	DoEvent
 )
 
+// KindFilter is implemented by observers that take only some kinds of
+// events: the store does not build the others for them. ObservesKind is
+// asked once per kind, at Open. (Package receiptsprom declines DoEvents,
+// which repeat what a Do's claim and finish events say.)
+type KindFilter interface {
+	ObservesKind(kind EventKind) bool
+}
+
+// observes reports whether o takes events of kind.
+func observes(o Observer, kind EventKind) bool {
+	if o == nil {
+		return false
+	}
+	if f, ok := o.(KindFilter); ok {
+		return f.ObservesKind(kind)
+	}
+	return true
+}
+
+// ObservesKind is true if any of m takes events of kind.
+func (m multiObserver) ObservesKind(kind EventKind) bool {
+	for _, o := range m {
+		if observes(o, kind) {
+			return true
+		}
+	}
+	return false
+}
+
 // Beginner is implemented by observers that want to see an operation
 // begin, not only end (package receiptsotel starts a span there). Begin is
 // called when a Do or a claim begins, with kind DoEvent or ClaimEvent; the
@@ -269,7 +298,9 @@ func (db *DB) emit(ctx context.Context, e Event) {
 	if db.opts.Observer != nil {
 		db.opts.Observer.Observe(ctx, e)
 	}
-	db.logEvent(ctx, &e)
+	if e.Kind != DoEvent { // a Do's claim and finish are logged already
+		db.logEvent(ctx, &e)
+	}
 }
 
 // eventLevel is the slog level an event is logged at: Info for the

@@ -126,15 +126,16 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 		o.TombstoneWindow = inForce.TombstoneWindow
 	}
 	db := &DB{
-		opts:    o,
-		eng:     eng,
-		tombs:   tombs,
-		secret:  eng.Secret(),
-		hashKey: deriveHashKey(eng.Secret()),
-		ttl:     o.LeaseTTL,
-		hot:     h,
-		closing: closing,
-		drained: make(chan struct{}),
+		opts:       o,
+		eng:        eng,
+		tombs:      tombs,
+		secret:     eng.Secret(),
+		hashKey:    deriveHashKey(eng.Secret()),
+		observesDo: observes(o.Observer, DoEvent),
+		ttl:        o.LeaseTTL,
+		hot:        h,
+		closing:    closing,
+		drained:    make(chan struct{}),
 	}
 	db.peb, _ = eng.(*pebbleengine.Engine)
 	db.lastGC.Store(&GCStats{})

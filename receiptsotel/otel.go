@@ -28,6 +28,7 @@ package receiptsotel
 
 import (
 	"context"
+	"sync"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -61,6 +62,8 @@ type Observer struct {
 
 	claims, finishes, gcRuns metric.Int64Counter
 	opDur, waitDur           metric.Float64Histogram
+
+	sets sync.Map // setKey -> metric.MeasurementOption
 }
 
 // New returns an Observer; set it as Options.Observer, alone or with others
@@ -128,23 +131,44 @@ func (o *Observer) Observe(ctx context.Context, e receipts.Event) {
 		span.End(trace.WithTimestamp(end))
 	}
 
-	set := metric.WithAttributeSet(attribute.NewSet(o.metricAttrs(e)...))
+	set := o.attrSet(e, "")
 	switch e.Kind {
 	case receipts.ClaimEvent:
 		o.claims.Add(ctx, 1, set)
-		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "claim"))...))
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "claim"))
 	case receipts.WaitEvent:
 		o.waitDur.Record(ctx, e.Duration.Seconds(), set)
 	case receipts.FinishEvent:
 		o.finishes.Add(ctx, 1, set)
-		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "finish"))...))
-		o.opDur.Record(ctx, e.Held.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "attempt"))...))
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "finish"))
+		o.opDur.Record(ctx, e.Held.Seconds(), o.attrSet(e, "attempt"))
 	case receipts.GCEvent:
 		o.gcRuns.Add(ctx, 1, set)
-		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "gc"))...))
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "gc"))
 	case receipts.DoEvent:
-		o.opDur.Record(ctx, e.Duration.Seconds(), metric.WithAttributes(append(o.metricAttrs(e), attribute.String("op", "do"))...))
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "do"))
 	}
+}
+
+// setKey names one metric attribute set: the engine, class and outcome of
+// an event, and the op attribute ("" for none).
+type setKey struct{ engine, class, outcome, op string }
+
+// attrSet returns the measurement option for e's attributes (with op, if
+// not ""), built once per distinct set: attribute sets are what the SDK's
+// aggregation is keyed by, and building one sorts and copies.
+func (o *Observer) attrSet(e receipts.Event, op string) metric.MeasurementOption {
+	k := setKey{e.Engine, e.Class, string(e.Outcome), op}
+	if v, ok := o.sets.Load(k); ok {
+		return v.(metric.MeasurementOption)
+	}
+	attrs := o.metricAttrs(e)
+	if op != "" {
+		attrs = append(attrs, attribute.String("op", op))
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
+	v, _ := o.sets.LoadOrStore(k, opt)
+	return v.(metric.MeasurementOption)
 }
 
 func spanName(e receipts.Event) string {

@@ -207,6 +207,10 @@ func (s *series) wait(vec *prometheus.HistogramVec, k seriesKey, out receipts.Ou
 	return o
 }
 
+// ObservesKind declines DoEvents (receipts.KindFilter): a Do's claim and
+// finish events already carry what the metrics count.
+func (c *Collector) ObservesKind(kind receipts.EventKind) bool { return kind != receipts.DoEvent }
+
 // Observe counts e (receipts.Observer).
 func (c *Collector) Observe(_ context.Context, e receipts.Event) {
 	k := seriesKey{e.Engine, e.Class}

@@ -25,6 +25,7 @@ var observeTests = []test{
 	{"BeginnerSeesOperationsBegin", testObserveBegin},
 	{"LogsKeyHashUnlessLogKeys", testObserveLogs},
 	{"ExpiredRetry", testObserveExpired},
+	{"KindFilterDeclines", testObserveKindFilter},
 }
 
 // recorder is an Observer that keeps every event.
@@ -410,4 +411,21 @@ func testObserveExpired(t *testing.T, s Store) {
 		{receipts.ClaimEvent, receipts.OutcomeExpired, 0, false, ""},
 		{receipts.DoEvent, receipts.OutcomeExpired, 0, false, ""},
 	}, evs(rec.take()))
+}
+
+// noDo is a recorder that declines DoEvents (receipts.KindFilter).
+type noDo struct{ recorder }
+
+func (*noDo) ObservesKind(k receipts.EventKind) bool { return k != receipts.DoEvent }
+
+// An observer that is a KindFilter gets only the kinds it takes.
+func testObserveKindFilter(t *testing.T, s Store) {
+	rec := &noDo{}
+	e := newEnv(t, s, func(o *receipts.Options) { o.Observer = rec })
+	_, err := e.db.Do(bg, key("obs", "f"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil })
+	require.NoError(t, err)
+	require.Equal(t, []ev{
+		{receipts.ClaimEvent, receipts.OutcomeClaimed, 1, false, ""},
+		{receipts.FinishEvent, receipts.OutcomeSucceeded, 1, false, ""},
+	}, evs(rec.take()), "no DoEvent")
 }
