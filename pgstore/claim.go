@@ -35,14 +35,14 @@ const (
 	maxOther     = 20
 )
 
-// Claim implements driver.Engine: [BEGIN; advisory lock; claim CTE] in one pgx batch (one
+// claimDecide is Claim (see claim_late.go): [BEGIN; advisory lock; claim CTE] in one pgx batch (one
 // round trip), then COMMIT (a second one) once the closing gate has been read, retried
 // internally with the same nonce. The explicit transaction is what lets a claim that decided
 // after the DB's Close began write nothing: Config.Closing is asked after the claim statement
 // answered (the claim's time was taken, by the database or from the injected clock, before
 // that) and before the claim is committed (made durable and visible); if Close has begun the
 // transaction is rolled back and the claim answers ErrClosed.
-func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	nonce := newNonce()
 	var lastBusy claimRow
 	busy, lost, other := 0, 0, 0

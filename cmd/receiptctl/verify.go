@@ -70,18 +70,7 @@ are any. It works offline only (it reads the raw keys).`,
 					return err
 				}
 			}
-			rep.OK = len(rep.Problems) == 0
-			if a.json {
-				if err := writeJSON(a.stdout, rep); err != nil {
-					return err
-				}
-			} else {
-				a.printVerify(rep)
-			}
-			if !rep.OK {
-				return errProblems
-			}
-			return nil
+			return a.finishVerify(rep)
 		},
 	}
 }

@@ -240,6 +240,18 @@ func (n *Node) act(rng *rand.Rand, id string, l *receipts.Lease, m mode, hold ti
 	if m == modeRelease {
 		return nil, receipts.NotPerformed(errNothing)
 	}
+	// The provider takes any call (it cannot be fenced), so a careful caller confirms it still
+	// holds the lease right before the effect: Renew is a fenced write, and one that answers
+	// promptly leaves the effect a whole lease. Without it an attempt that slept through its
+	// lease (the takeover's hold above, in a mode that does not renew) or got its grant late
+	// could act after another attempt took the key over and found no effect yet.
+	t0 := time.Now()
+	if err := l.Renew(context.Background()); err != nil || time.Since(t0) > n.Workload.TTL/4 {
+		if err == nil {
+			err = fmt.Errorf("renewal took %s", time.Since(t0))
+		}
+		return nil, receipts.NotPerformed(fmt.Errorf("%w: the lease is not confirmed: %w", errNothing, err))
+	}
 	ev := Event{Op: id, Key: l.Key().ID, Token: l.Token(), Attempt: l.Attempt(), Recovered: l.Recovered(), PK: l.ProviderKey(), Inc: n.Inc, Call: now()}
 	ev.Ret = ev.Call
 	if err := n.provider.Perform(ev); err != nil {

@@ -1,0 +1,47 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// maxLateGrants bounds how often Claim renews (or claims again) a lease whose grant came back
+// late before it gives up.
+const maxLateGrants = 3
+
+// Claim implements driver.Engine: claimDecide, and a lease whose grant came back late is
+// renewed before it is handed out.
+//
+// A lease runs from the moment the claim statement decided, by the database's clock. The
+// reply can come back much later: a reply lost to a cut connection is found again by the
+// retry (the nonce), a restarting server answers late. The caller may start an external
+// effect as soon as Claim returns, so it must not get a lease that is nearly over: if the
+// claim took more than a third of the lease, Claim renews it first (a fenced write, so it
+// fails if another caller took the key over meanwhile; the key is then claimed afresh).
+func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	start := time.Now()
+	res, err := e.claimDecide(ctx, req)
+	for late := 0; ; late++ {
+		if err != nil || (res.Outcome != driver.Claimed && res.Outcome != driver.TookOver) || time.Since(start) <= req.LeaseTTL/3 {
+			return res, err
+		}
+		if late == maxLateGrants {
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: the lease came back late %d times (the database answers slower than a third of the lease)", req.Key, late)
+		}
+		start = time.Now()
+		rec, rerr := e.Renew(ctx, req.Key, res.Record.Token, req.LeaseTTL)
+		switch {
+		case rerr == nil:
+			res.Record, res.Now = rec, rec.UpdatedAt
+		case errors.Is(rerr, driver.ErrLeaseLost): // it ran out and was taken over: start again
+			res, err = e.claimDecide(ctx, req)
+		default:
+			// The claim stays pending until its lease runs out; no effect ran.
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: renewing a lease granted late: %w", req.Key, rerr)
+		}
+	}
+}
