@@ -9,10 +9,6 @@ import (
 	"github.com/receiptstore/receipts/driver"
 )
 
-// maxLateGrants bounds how often Claim renews (or claims again) a lease whose grant came back
-// late before it gives up.
-const maxLateGrants = 3
-
 // Claim implements driver.Engine: claimDecide, and a lease whose grant came back late is
 // renewed before it is handed out.
 //
@@ -25,23 +21,19 @@ const maxLateGrants = 3
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	start := time.Now()
 	res, err := e.claimDecide(ctx, req)
-	for late := 0; ; late++ {
-		if err != nil || (res.Outcome != driver.Claimed && res.Outcome != driver.TookOver) || time.Since(start) <= req.LeaseTTL/3 {
-			return res, err
-		}
-		if late == maxLateGrants {
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: the lease came back late %d times (the database answers slower than a third of the lease)", req.Key, late)
-		}
-		start = time.Now()
-		rec, rerr := e.Renew(ctx, req.Key, res.Record.Token, req.LeaseTTL)
-		switch {
-		case rerr == nil:
-			res.Record, res.Now = rec, rec.UpdatedAt
-		case errors.Is(rerr, driver.ErrLeaseLost): // it ran out and was taken over: start again
-			res, err = e.claimDecide(ctx, req)
-		default:
-			// The claim stays pending until its lease runs out; no effect ran.
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: renewing a lease granted late: %w", req.Key, rerr)
-		}
+	if err != nil || (res.Outcome != driver.Claimed && res.Outcome != driver.TookOver) || time.Since(start) <= req.LeaseTTL/3 {
+		return res, err
 	}
+	// Renewed once: a lease shorter than the database's round trip stays short whatever is
+	// done, and is handed out as it is.
+	rec, err := e.Renew(ctx, req.Key, res.Record.Token, req.LeaseTTL)
+	switch {
+	case err == nil:
+		res.Record, res.Now = rec, rec.UpdatedAt
+		return res, nil
+	case errors.Is(err, driver.ErrLeaseLost): // it ran out and was taken over: start again
+		return e.claimDecide(ctx, req)
+	}
+	// The claim stays pending until its lease runs out; no effect ran.
+	return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: renewing a lease granted late: %w", req.Key, err)
 }
