@@ -35,7 +35,8 @@ const (
 	maxOther     = 20
 )
 
-// Claim implements driver.Engine: [BEGIN; advisory lock; claim CTE] in one pgx batch (one
+// Claim implements driver.Engine: a retry of a finished operation is answered from one plain
+// read (replayFast); otherwise [BEGIN; advisory lock; claim CTE] in one pgx batch (one
 // round trip), then COMMIT (a second one) once the closing gate has been read, retried
 // internally with the same nonce. The explicit transaction is what lets a claim that decided
 // after the DB's Close began write nothing: Config.Closing is asked after the claim statement
@@ -43,6 +44,9 @@ const (
 // that) and before the claim is committed (made durable and visible); if Close has begun the
 // transaction is rolled back and the claim answers ErrClosed.
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read (replayfast.go)
+		return res, nil
+	}
 	nonce := newNonce()
 	var lastBusy claimRow
 	busy, lost, other := 0, 0, 0
