@@ -35,7 +35,8 @@ const (
 	maxOther     = 20
 )
 
-// claimDecide is Claim (see claim_late.go): [BEGIN; advisory lock; claim CTE] in one pgx batch (one
+// claimDecide is Claim after its replay fast path (see claim_late.go and replayfast.go):
+// [BEGIN; advisory lock; claim CTE] in one pgx batch (one
 // round trip), then COMMIT (a second one) once the closing gate has been read, retried
 // internally with the same nonce. The explicit transaction is what lets a claim that decided
 // after the DB's Close began write nothing: Config.Closing is asked after the claim statement
@@ -100,7 +101,8 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 func granted(outcome string) bool { return outcome == "claimed" || outcome == "took_over" }
 
 // claimGated runs one claim in an explicit transaction on a connection of its own: the batch
-// [BEGIN; lock; claim], then, if the statement granted a claim, COMMIT unless the DB's Close
+// [BEGIN; lock; insert if absent] (claimFresh), and only if the key has a record [lock; claim]
+// in the same transaction, then, if the statement granted a claim, COMMIT unless the DB's Close
 // has begun (then ROLLBACK and driver.ErrClosed: nothing is written). Any other outcome wrote
 // nothing and is rolled back. A lost COMMIT reply is a lost reply like any other (the retry's
 // nonce finds the claim if it landed).
@@ -109,8 +111,11 @@ func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce 
 	if err != nil {
 		return claimRow{}, err
 	}
-	defer conn.Release() // a connection left in a transaction is closed by the pool
-	row, err := e.claimBatch(ctx, conn, req, nonce, true)
+	defer conn.Release()                                   // a connection left in a transaction is closed by the pool
+	row, fresh, err := e.claimFresh(ctx, conn, req, nonce) // [BEGIN; lock; insert if absent]
+	if err == nil && !fresh {                              // the key has a record: the claim statement decides
+		row, err = e.claimOnce(ctx, conn, req, nonce)
+	}
 	end := "ROLLBACK"
 	switch {
 	case err != nil:
@@ -138,20 +143,11 @@ func (e *engine) ensureCurrent(ctx context.Context) error {
 	return nil
 }
 
-// claimOnce sends the claim batch once (in q's transaction, or an implicit one). No row back
-// is pgx.ErrNoRows (re-send).
+// claimOnce sends the claim batch [lock; claim] once (in q's transaction, or an implicit
+// one). No row back is pgx.ErrNoRows (re-send).
 func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, extra ...string) (claimRow, error) {
-	return e.claimBatch(ctx, q, req, nonce, false, extra...)
-}
-
-// claimBatch is claimOnce, with begin: the batch opens a transaction (BEGIN first) that the
-// caller ends.
-func (e *engine) claimBatch(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, begin bool, extra ...string) (claimRow, error) {
 	h := keyHash(req.Key)
 	b := &pgx.Batch{}
-	if begin {
-		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	}
 	b.Queue(e.q.lock, lockClass, lockID(h))
 	now := e.nowArg() // the claim's time, on an injected clock
 	b.Queue(e.q.claim, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
@@ -161,13 +157,7 @@ func (e *engine) claimBatch(ctx context.Context, q querier, req driver.ClaimRequ
 	}
 	br := q.SendBatch(ctx, b)
 	var row claimRow
-	var err error
-	if begin {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
+	_, err := br.Exec()
 	if err == nil {
 		var state int16
 		var lease *time.Time

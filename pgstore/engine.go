@@ -167,6 +167,10 @@ type engine struct {
 	// testLoseReply, if set, is called after a claim statement succeeded; an error from it is
 	// treated as if the reply had been lost on the network (tests of the nonce path).
 	testLoseReply func() error
+	// testNoReplayFast turns replayFast off (tests and measurements of the claim path), and
+	// replayFastHits counts the claims it answered (replayfast.go).
+	testNoReplayFast bool
+	replayFastHits   atomic.Uint64
 }
 
 // newEngine creates or migrates the schema and starts the background goroutines (notifier,

@@ -17,7 +17,7 @@ type queries struct {
 	channel  string // NOTIFY channel (unquoted value)
 	injected bool   // the clock parameter is the injected time (else the floor of the database's)
 
-	lock, claim, lookup, renew, finish, abandon, del, fence, scan string
+	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
 }
 
 // clock is the SQL of a statement's time, from its clock parameter p (engine.nowArg): the
@@ -112,6 +112,20 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
        c.token, c.attempts, c.state, c.fp, c.result, c.created_at, c.updated_at, c.lease_expires_at, t.now
   FROM cur c, t
  WHERE NOT EXISTS (SELECT 1 FROM takeover)`)
+
+	// The first statement of a gated claim (claimfresh.go), after the lock: the claim
+	// statement's "fresh" branch alone, for a key with no record in the live partitions (the
+	// common first call); no row back: the key has one, and the claim statement decides. Same
+	// parameters as claim.
+	q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `
+INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
+                       created_at, updated_at, lease_expires_at)
+SELECT $1, $2, t.ep, 1, $3, nextval('S.token_seq'), 1, $4, t.now, t.now, t.now + $5::bigint` + us + `
+  FROM t
+ WHERE NOT EXISTS (SELECT 1 FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8)
+   AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)
+ON CONFLICT DO NOTHING
+RETURNING token, attempts, created_at, updated_at, lease_expires_at`)
 
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.

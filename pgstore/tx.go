@@ -228,6 +228,9 @@ const effectSavepoint = "receipts_effect"
 // back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
 // retried in a new transaction with the same nonce, as Claim does.
 func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (pgx.Tx, driver.ClaimResult, error) {
+	if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read, no transaction
+		return nil, res, nil
+	}
 	busy, other := 0, 0
 	for {
 		if e.closing() {
