@@ -190,8 +190,9 @@ func testInProgress(t *testing.T, s Store) {
 	ip = e.inProgress(k, "fp")
 	require.LessOrEqual(t, ip.RetryAfter, time.Duration(1))
 
-	// A bounded wait ends with the in-progress error and the context's.
-	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	// A bounded wait ends with the in-progress error and the context's (the context
+	// leaves the engine time to answer once).
+	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
 	defer cancel()
 	_, _, err := e.db.Claim(ctx, k, []byte("fp"), receipts.WaitForResult())
 	require.ErrorIs(t, err, receipts.ErrInProgress)
