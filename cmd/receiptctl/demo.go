@@ -332,15 +332,9 @@ func (d *demo) run(ctx context.Context, db *receipts.DB) error {
 	}
 	close(startRace)
 	wg.Wait()
-	ran, results := 0, map[string]int{}
-	for _, o := range outs {
-		if o.err != nil {
-			return o.err
-		}
-		if o.performed {
-			ran++
-		}
-		results[o.result]++
+	ran, results, err := tally(outs)
+	if err != nil {
+		return err
 	}
 	d.say("   %d ran it, %d got its receipt instead of running it: all %d got %s\n",
 		ran, racers-ran, racers, strings.Join(sortedKeys(results), ", "))
@@ -502,4 +496,20 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// tally counts the racing calls that ran the effect and the results they
+// all got; the first error ends it.
+func tally(outs []outcome) (ran int, results map[string]int, err error) {
+	results = map[string]int{}
+	for _, o := range outs {
+		if o.err != nil {
+			return 0, nil, o.err
+		}
+		if o.performed {
+			ran++
+		}
+		results[o.result]++
+	}
+	return ran, results, nil
 }

@@ -197,15 +197,9 @@ func (d *demo) runPG(ctx context.Context, a, b *pgNode, dsn, schema string) erro
 	}
 	close(startRace)
 	wg.Wait()
-	ran, results := 0, map[string]int{}
-	for _, o := range outs {
-		if o.err != nil {
-			return o.err
-		}
-		if o.performed {
-			ran++
-		}
-		results[o.result]++
+	ran, results, err := tally(outs)
+	if err != nil {
+		return err
 	}
 	d.say("   %d ran it, %d waited for its receipt (across nodes too) instead of running it: all %d got %s\n",
 		ran, racers-ran, racers, strings.Join(sortedKeys(results), ", "))
