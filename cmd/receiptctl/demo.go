@@ -372,32 +372,10 @@ func (d *demo) crash(ctx context.Context) (*receipts.DB, error) {
 	cmd := exec.CommandContext(cctx, exe, "demo-child", "--dir", d.dir)
 	cmd.Env = append(os.Environ(), demoChildEnv+"=1")
 	cmd.Stderr = d.a.stderr
-	stdout, err := cmd.StdoutPipe()
+	providerKey, conf, err := d.runUntilEffect(cmd)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start the child process: %w", err)
-	}
-	d.calls.Add(1)
-	var providerKey, conf string
-	sc := bufio.NewScanner(stdout)
-	for conf == "" && sc.Scan() {
-		f := strings.Fields(sc.Text())
-		switch {
-		case len(f) == 3 && f[0] == "claimed":
-			providerKey = f[2]
-		case len(f) == 2 && f[0] == "performed":
-			conf = f[1]
-		}
-	}
-	if conf == "" {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return nil, fmt.Errorf("the demo's child process ended before it performed the effect (%v)", sc.Err())
-	}
-	_ = cmd.Process.Kill() // SIGKILL: no deferred function, no Close, nothing recorded
-	_ = cmd.Wait()
 	d.say("   call 1  a child process (pid %d) runs the service: it claims %s, the provider performs it\n", cmd.Process.Pid, transferOut.id)
 	d.say("           with idempotency key %s (the lease's ProviderKey) -> %s,\n", short(providerKey), conf)
 	d.say("           and the child is killed (%s) before it records the receipt\n", cmd.ProcessState)
@@ -512,4 +490,37 @@ func tally(outs []outcome) (ran int, results map[string]int, err error) {
 		results[o.result]++
 	}
 	return ran, results, nil
+}
+
+// runUntilEffect starts the demo's child process cmd, reads its output until
+// it says it performed the effect, and SIGKILLs it there: no deferred
+// function, no Close, nothing recorded. It returns the ProviderKey the child
+// claimed with and the confirmation the provider gave it.
+func (d *demo) runUntilEffect(cmd *exec.Cmd) (providerKey, conf string, err error) {
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", "", fmt.Errorf("start the child process: %w", err)
+	}
+	d.calls.Add(1)
+	sc := bufio.NewScanner(stdout)
+	for conf == "" && sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) == 3 && f[0] == "claimed":
+			providerKey = f[2]
+		case len(f) == 2 && f[0] == "performed":
+			conf = f[1]
+		}
+	}
+	if conf == "" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return "", "", fmt.Errorf("the demo's child process ended before it performed the effect (%v)", sc.Err())
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	return providerKey, conf, nil
 }

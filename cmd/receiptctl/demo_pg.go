@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -228,32 +227,10 @@ func (d *demo) crashPG(ctx context.Context, a, b *pgNode, dsn, schema string) er
 	cmd := exec.CommandContext(cctx, exe, "demo-child", "--pg", dsn, "--schema", schema, "--dir", d.dir)
 	cmd.Env = append(os.Environ(), demoChildEnv+"=1")
 	cmd.Stderr = d.a.stderr
-	stdout, err := cmd.StdoutPipe()
+	providerKey, conf, err := d.runUntilEffect(cmd)
 	if err != nil {
 		return err
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the child process: %w", err)
-	}
-	d.calls.Add(1)
-	var providerKey, conf string
-	sc := bufio.NewScanner(stdout)
-	for conf == "" && sc.Scan() {
-		f := strings.Fields(sc.Text())
-		switch {
-		case len(f) == 3 && f[0] == "claimed":
-			providerKey = f[2]
-		case len(f) == 2 && f[0] == "performed":
-			conf = f[1]
-		}
-	}
-	if conf == "" {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fmt.Errorf("the demo's child process ended before it performed the effect (%v)", sc.Err())
-	}
-	_ = cmd.Process.Kill() // SIGKILL: no deferred function, no Close, nothing recorded
-	_ = cmd.Wait()
 	d.say("   call 1  node C (pid %d, a child process) claims %s, the provider performs it\n", cmd.Process.Pid, transferOut.id)
 	d.say("           with idempotency key %s (the lease's ProviderKey) -> %s,\n", short(providerKey), conf)
 	d.say("           and node C is killed (%s) before it records the receipt\n", cmd.ProcessState)
