@@ -158,7 +158,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 	}
 	var tr claimTrace
 	ctx = db.begin(ctx, ClaimEvent)
-	start := time.Now()
+	start := monoNow()
 	l, r, err := db.claimLoop(ctx, k, fp, cfg, decide, &tr)
 	db.observeClaim(ctx, k, start, &tr, l, r, err)
 	return l, r, err
@@ -231,7 +231,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 				w.waiters = &db.n.waiters
 				w.waiters.Add(1)
 				if tr != nil {
-					tr.waited, tr.waitStart = true, time.Now()
+					tr.waited, tr.waitStart = true, monoNow()
 				}
 			}
 			w.start(db.eng, req.Key)

@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,7 +80,8 @@ type Collector struct {
 
 	waitersDesc, abandonedDesc *prometheus.Desc
 
-	cache sync.Map // seriesKey -> *series
+	cache sync.Map               // seriesKey -> *series
+	last  atomic.Pointer[series] // the series looked up last: most stores have one engine and class
 
 	mu      sync.Mutex
 	watched []*watched // protected by mu
@@ -145,17 +147,20 @@ func New(opts *Options) *Collector {
 // up once: an event then costs an array index and an atomic add, not a
 // hash of its labels.
 type series struct {
+	k                               seriesKey
 	claimDur, finishDur, attemptDur prometheus.Observer
 	leases                          prometheus.Gauge
 	// claims and finishes hold every documented outcome from the start
-	// (series at zero, as Prometheus advises): read-only after.
-	claims, finishes map[receipts.Outcome]prometheus.Counter
+	// (series at zero, as Prometheus advises): read-only after. A short
+	// slice searched in order (the common outcomes first) is cheaper than
+	// a map lookup, which hashes the outcome.
+	claims, finishes []outcomeCounter
 	mu               sync.Mutex                               // guards waits
 	waits            map[receipts.Outcome]prometheus.Observer // filled as waits end (rare)
 }
 
 var (
-	claimOutcomes = []receipts.Outcome{receipts.OutcomeClaimed, receipts.OutcomeTookOver, receipts.OutcomeReplayed,
+	claimOutcomes = []receipts.Outcome{receipts.OutcomeReplayed, receipts.OutcomeClaimed, receipts.OutcomeTookOver,
 		receipts.OutcomeInProgress, receipts.OutcomeMismatch, receipts.OutcomeExpired, receipts.OutcomeCanceled, receipts.OutcomeClosed, receipts.OutcomeError}
 	finishOutcomes = []receipts.Outcome{receipts.OutcomeSucceeded, receipts.OutcomeFailed, receipts.OutcomeReleased,
 		receipts.OutcomeAbandoned, receipts.OutcomeLeaseLost}
@@ -163,35 +168,47 @@ var (
 
 type seriesKey struct{ engine, class string }
 
+// outcomeCounter is the counter of one outcome.
+type outcomeCounter struct {
+	out receipts.Outcome
+	ctr prometheus.Counter
+}
+
 func (c *Collector) series(engine, class string) *series {
 	k := seriesKey{engine, class}
+	if s := c.last.Load(); s != nil && s.k == k {
+		return s
+	}
 	if s, ok := c.cache.Load(k); ok {
+		c.last.Store(s.(*series))
 		return s.(*series)
 	}
 	s := &series{
+		k:          k,
 		claimDur:   c.opDur.WithLabelValues(engine, class, "claim"),
 		finishDur:  c.opDur.WithLabelValues(engine, class, "finish"),
 		attemptDur: c.opDur.WithLabelValues(engine, class, "attempt"),
 		leases:     c.leases.WithLabelValues(engine),
-		claims:     map[receipts.Outcome]prometheus.Counter{},
-		finishes:   map[receipts.Outcome]prometheus.Counter{},
 		waits:      map[receipts.Outcome]prometheus.Observer{},
 	}
 	for _, o := range claimOutcomes {
-		s.claims[o] = c.claims.WithLabelValues(engine, class, string(o))
+		s.claims = append(s.claims, outcomeCounter{o, c.claims.WithLabelValues(engine, class, string(o))})
 	}
 	for _, o := range finishOutcomes {
-		s.finishes[o] = c.finishes.WithLabelValues(engine, class, string(o))
+		s.finishes = append(s.finishes, outcomeCounter{o, c.finishes.WithLabelValues(engine, class, string(o))})
 	}
 	got, _ := c.cache.LoadOrStore(k, s)
+	c.last.Store(got.(*series))
 	return got.(*series)
 }
 
 // counter is the child of vec for out: from m, or (an outcome this
 // version does not list) looked up.
-func (s *series) counter(m map[receipts.Outcome]prometheus.Counter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) prometheus.Counter {
-	if ctr, ok := m[out]; ok {
-		return ctr
+func (s *series) counter(m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) prometheus.Counter {
+	for _, oc := range m {
+		if oc.out == out {
+			return oc.ctr
+		}
 	}
 	return vec.WithLabelValues(k.engine, k.class, string(out))
 }
