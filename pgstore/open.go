@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,6 +72,11 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*receipts.DB,
 
 // openPG is the engine's constructor for receipts.OpenEngine.
 func openPG(ctx context.Context, pool *pgxpool.Pool, cfg driver.Config, o Options) (*engine, error) {
+	if cfg.TombstoneWindow > 0 && !cfg.StoredTombstoneWindow {
+		// Refused before anything is created: the engine keeps no tombstones (yet), and a
+		// refused open must leave the database as it was.
+		return nil, fmt.Errorf("%w: TombstoneWindow %s: the postgres engine keeps no tombstones", receipts.ErrUnsupported, cfg.TombstoneWindow)
+	}
 	return newEngine(ctx, pool, engineOptions{
 		Schema:          o.Schema,
 		Retention:       cfg.Retention,

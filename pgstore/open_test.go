@@ -114,6 +114,11 @@ func TestOpenRefusesPebbleOptions(t *testing.T) {
 	if _, err := Open(bg, nil, nil); !errors.Is(err, receipts.ErrInvalidOptions) {
 		t.Errorf("nil pool: %v", err)
 	}
+	// A positive TombstoneWindow is refused (the engine keeps no tombstones) before the
+	// schema is created.
+	if _, _, err := d.tryOpenDB(Options{Options: receipts.Options{TombstoneWindow: time.Hour}}); !errors.Is(err, receipts.ErrUnsupported) {
+		t.Errorf("TombstoneWindow: %v", err)
+	}
 	var n int
 	if err := pool.QueryRow(bg, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, d.schema).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("schema created by a refused open: %d %v", n, err)
