@@ -205,7 +205,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 		if err != nil {
 			if cerr := ctx.Err(); conflict && cerr != nil && errors.Is(err, cerr) {
 				// The context ended while this call waited for a holder.
-				return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: cerr}
+				return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: cerr, db: db}
 			}
 			return nil, nil, err
 		}
@@ -224,7 +224,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			wait = min(wait, time.Until(deadline))
 		}
 		if !cfg.wait || (!deadline.IsZero() && wait <= 0) {
-			return nil, nil, &InProgressError{Key: k, RetryAfter: hint}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: hint, db: db}
 		}
 		if w.c == nil { // registered after this read: read once more before waiting
 			if w.waiters == nil { // this call starts waiting
@@ -241,7 +241,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			if errors.Is(err, ErrClosed) {
 				return nil, nil, err
 			}
-			return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: err}
+			return nil, nil, &InProgressError{Key: k, RetryAfter: hint, cause: err, db: db}
 		}
 	}
 }
@@ -264,7 +264,7 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 	case driver.Expired:
 		return nil, nil, db.expired(k, res.Record.ExpiresAt)
 	}
-	return nil, nil, fmt.Errorf("receipts: claim %s: the %s engine answered outcome %d", k, db.eng.Name(), res.Outcome)
+	return nil, nil, fmt.Errorf("receipts: claim %s: the %s engine answered outcome %d", db.keyName(k), db.eng.Name(), res.Outcome)
 }
 
 // watch is a waiter's registration with the engine (driver.Engine.Watch).
@@ -328,5 +328,5 @@ func (db *DB) replay(ctx context.Context, r *Receipt) (*Receipt, error) {
 // mismatch counts a refused claim with a different intent.
 func (db *DB) mismatch(k Key) error {
 	db.hot.Mismatches.Add(1)
-	return fmt.Errorf("%w: %s", ErrIntentMismatch, k)
+	return fmt.Errorf("%w: %s", ErrIntentMismatch, db.keyName(k))
 }

@@ -38,6 +38,7 @@ func TestDataDriven(t *testing.T) {
 			o.LeaseTTL = 30 * time.Second
 			o.EpochWidth = 15 * time.Minute
 			o.TombstoneWindow = 2 * time.Hour
+			o.LogKeys = true // the scripts read errors that name keys as "scope"/"id"
 		})
 		sc.start = sc.s.clock.Now()
 		datadriven.RunTest(t, path, func(t *testing.T, td *datadriven.TestData) string {

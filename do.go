@@ -95,7 +95,7 @@ func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption, 
 	}
 	if r != nil {
 		if r.State == Failed {
-			return r, false, fmt.Errorf("receipts: %s: %w", k, ErrFailed)
+			return r, false, fmt.Errorf("receipts: %s: %w", db.keyName(k), ErrFailed)
 		}
 		return r, false, nil
 	}
@@ -138,7 +138,7 @@ func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Con
 				cancel(err)
 				return
 			case err != nil:
-				l.db.opts.Logger.Warn("receipts: renew lease", l.db.logKey(l.key), "err", err)
+				l.db.opts.Logger.Warn("receipts: renew lease", l.db.LogKey(l.key), "err", err)
 			}
 		}
 	}()

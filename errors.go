@@ -135,11 +135,13 @@ type InProgressError struct {
 	// a fresh estimate (and once the lease has run out, the key).
 	RetryAfter time.Duration
 	cause      error
+	db         *DB // names Key in Error (its hash, unless Options.LogKeys); nil: Key.String()
 }
 
-// Error says which key is in progress and when to retry.
+// Error says which key is in progress and when to retry. A store names the
+// key by its keyed hash (see DB.LogKey), unless Options.LogKeys is set.
 func (e *InProgressError) Error() string {
-	msg := fmt.Sprintf("receipts: operation in progress for %s (retry after %s)", e.Key, e.RetryAfter)
+	msg := fmt.Sprintf("receipts: operation in progress for %s (retry after %s)", e.db.keyName(e.Key), e.RetryAfter)
 	if e.cause != nil {
 		msg += ": " + e.cause.Error()
 	}
@@ -167,15 +169,17 @@ type ExpiredError struct {
 	// zero when KeyTime answered (never, for that key).
 	Until    time.Time
 	notFound bool
+	db       *DB // names Key in Error (its hash, unless Options.LogKeys); nil: Key.String()
 }
 
-// Error says which key expired and since when.
+// Error says which key expired and since when. A store names the key by its
+// keyed hash (see DB.LogKey), unless Options.LogKeys is set.
 func (e *ExpiredError) Error() string {
 	if e.ExpiredAt.IsZero() {
-		return fmt.Sprintf("%s: %s (minted more than Retention + TombstoneWindow ago)", ErrExpired, e.Key)
+		return fmt.Sprintf("%s: %s (minted more than Retention + TombstoneWindow ago)", ErrExpired, e.db.keyName(e.Key))
 	}
 	return fmt.Sprintf("%s: %s (receipt expired at %s; the key is marked used until %s)",
-		ErrExpired, e.Key, e.ExpiredAt.UTC().Format(time.RFC3339Nano), e.Until.UTC().Format(time.RFC3339Nano))
+		ErrExpired, e.db.keyName(e.Key), e.ExpiredAt.UTC().Format(time.RFC3339Nano), e.Until.UTC().Format(time.RFC3339Nano))
 }
 
 // Unwrap returns ErrExpired, and ErrNotFound from Lookup.

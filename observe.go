@@ -357,13 +357,31 @@ func (db *DB) logEvent(ctx context.Context, e *Event) {
 	lg.LogAttrs(ctx, lvl, "receipts: "+e.Kind.String(), attrs...)
 }
 
-// logKey is the attribute a diagnostic names k by: its hash, or the key
-// itself with Options.LogKeys.
-func (db *DB) logKey(k Key) slog.Attr {
+// LogKey is the attribute that names k in a log record the way the store's
+// own records do: "key_hash" with k's keyed hash (as Event.KeyHash), or,
+// with Options.LogKeys, "key" with k.String(). Front ends such as
+// receipthttp and receiptmcp log keys with it, so that a store that keeps
+// raw keys out of its logs keeps them out of theirs too.
+func (db *DB) LogKey(k Key) slog.Attr {
 	if db.opts.LogKeys {
 		return slog.String("key", k.String())
 	}
 	return slog.String("key_hash", keyHash(db.hashKey, k))
+}
+
+// KeyName is how the store names k in the text of its errors: "key#" and
+// k's keyed hash (the same hex digits as Event.KeyHash and LogKey), or, with
+// Options.LogKeys, k.String(). Errors end up in logs, so they name keys the
+// way the logs do; packages that wrap the store (pgstore.DoTx, front ends)
+// use it for theirs. A nil db names k itself.
+func (db *DB) KeyName(k Key) string { return db.keyName(k) }
+
+// keyName is KeyName.
+func (db *DB) keyName(k Key) string {
+	if db == nil || db.opts.LogKeys {
+		return k.String()
+	}
+	return "key#" + keyHash(db.hashKey, k)
 }
 
 // claimOutcome classifies what a claim returned.

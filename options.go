@@ -161,9 +161,12 @@ type Options struct {
 	// GC (see Observer for what each carries). A key is logged as its keyed hash (Event.KeyHash),
 	// never raw, unless LogKeys is set. Default slog.Default().
 	Logger *slog.Logger
-	// LogKeys makes the Logger's records name keys by their scope and ID
-	// instead of their keyed hash. Leave it off where logs are less
-	// protected than the data (an ID can carry personal data).
+	// LogKeys makes the Logger's records, the texts of the store's errors
+	// (which end up in logs) and DB.LogKey name keys by their scope and ID
+	// instead of their keyed hash ("key#" and 24 hex digits in an error).
+	// Leave it off where logs are less protected than the data (an ID can
+	// carry personal data). Structured errors keep the Key itself in their
+	// Key field either way (InProgressError, ExpiredError).
 	LogKeys bool
 	// Observer, if set, receives one event per transition (claims, waits,
 	// finishes, GC): see Observer. Packages receiptsprom and receiptsotel

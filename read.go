@@ -56,9 +56,9 @@ func (db *DB) lookup(ctx context.Context, k Key) (*Receipt, error) {
 		if t, err := db.tombstone(ctx, k); err != nil {
 			return nil, err
 		} else if t != nil {
-			return nil, &ExpiredError{Key: k, ExpiredAt: t.ExpiredAt, Until: t.Until, notFound: true}
+			return nil, &ExpiredError{Key: k, ExpiredAt: t.ExpiredAt, Until: t.Until, notFound: true, db: db}
 		}
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, k)
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, db.keyName(k))
 	}
 	return newReceipt(&rec), nil
 }

@@ -464,7 +464,7 @@ func (rc *Reconciler) check(ctx context.Context, l *Lease, r *Receipt) (result [
 	defer stop()
 	defer func() {
 		if p := recover(); p != nil {
-			result, err = nil, fmt.Errorf("receipts: reconciler check of %s panicked: %v", r.Key, p)
+			result, err = nil, fmt.Errorf("receipts: reconciler check of %s panicked: %v", l.db.keyName(r.Key), p)
 		}
 	}()
 	return rc.opts.Check(cctx, l, r)

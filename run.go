@@ -112,25 +112,26 @@ func (l *Lease) run(ctx context.Context, b *pebble.Batch,
 			return nil, l.outcomeUnknown("recording it failed", ferr, db.afterFinishError(detached, l, err))
 		}
 		if ferr != nil {
-			return r, fmt.Errorf("receipts: %s: %w: %w", l.key, ErrFailed, ferr)
+			return r, fmt.Errorf("receipts: %s: %w: %w", l.db.keyName(l.key), ErrFailed, ferr)
 		}
 		return r, nil
 
 	case kind == kindNotPerformed:
 		if err := l.release(detached); err != nil {
 			l.settleFailed("release", err)
-			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", l.key, ferr, err)
+			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", l.db.keyName(l.key), ferr, err)
 		}
-		return nil, fmt.Errorf("receipts: %s not performed: %w", l.key, ferr)
+		return nil, fmt.Errorf("receipts: %s not performed: %w", l.db.keyName(l.key), ferr)
 	}
 	return nil, l.outcomeUnknown("", ferr, l.abandonUnknown(detached))
 }
 
 // outcomeUnknown is the error Run returns when the effect may have happened
-// but no outcome is recorded: it wraps ErrOutcomeUnknown, names the key,
+// but no outcome is recorded: it wraps ErrOutcomeUnknown, names the key
+// (DB.keyName),
 // says why, and wraps every non-nil cause.
 func (l *Lease) outcomeUnknown(why string, causes ...error) error {
-	format, args := "%w: %s", []any{ErrOutcomeUnknown, l.key}
+	format, args := "%w: %s", []any{ErrOutcomeUnknown, l.db.keyName(l.key)}
 	if why != "" {
 		format, args = format+": %s", append(args, why)
 	}
@@ -162,7 +163,7 @@ func (l *Lease) abandonUnknown(ctx context.Context) error {
 // until its lease runs out.
 func (l *Lease) settleFailed(what string, err error) {
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
-		l.db.opts.Logger.Warn("receipts: "+what+" failed; the claim stays pending until its lease runs out", l.db.logKey(l.key), "err", err)
+		l.db.opts.Logger.Warn("receipts: "+what+" failed; the claim stays pending until its lease runs out", l.db.LogKey(l.key), "err", err)
 	}
 }
 

@@ -78,7 +78,7 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 	res, err := at.TakeOver(ctx, req, r.Token)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			return nil, fmt.Errorf("receipts: take over %s (token %d): %w", r.Key, r.Token, err)
+			return nil, fmt.Errorf("receipts: take over %s (token %d): %w", db.keyName(r.Key), r.Token, err)
 		}
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 		db.n.takeovers.Add(1)
 		return &Lease{db: db, key: r.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock()}, nil
 	case driver.InProgress:
-		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now)}
+		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now), db: db}
 	}
-	return nil, fmt.Errorf("receipts: take over %s: the %s engine answered outcome %d", r.Key, db.eng.Name(), res.Outcome)
+	return nil, fmt.Errorf("receipts: take over %s: the %s engine answered outcome %d", db.keyName(r.Key), db.eng.Name(), res.Outcome)
 }

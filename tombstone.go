@@ -79,7 +79,7 @@ func (db *DB) tombstone(ctx context.Context, k Key) (*Tombstone, error) {
 // retention ended at expiredAt).
 func (db *DB) expired(k Key, expiredAt time.Time) error {
 	db.n.expired.Add(1)
-	return &ExpiredError{Key: k, ExpiredAt: expiredAt, Until: expiredAt.Add(max(db.opts.TombstoneWindow, 0))}
+	return &ExpiredError{Key: k, ExpiredAt: expiredAt, Until: expiredAt.Add(max(db.opts.TombstoneWindow, 0)), db: db}
 }
 
 // keyTooOld returns ErrExpired if Options.KeyTime says k was minted more
@@ -95,7 +95,7 @@ func (db *DB) keyTooOld(ctx context.Context, k Key) error {
 	}
 	if now.Sub(minted) >= db.opts.Retention+max(db.opts.TombstoneWindow, 0) {
 		db.n.expired.Add(1)
-		return &ExpiredError{Key: k}
+		return &ExpiredError{Key: k, db: db}
 	}
 	return nil
 }

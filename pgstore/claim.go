@@ -52,7 +52,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		// committed a claim decided before Close began: the retry finds it ("own") and hands
 		// it out; a retry that decides afresh is refused by claimGated's own check.
 		if lost == 0 && e.closing() {
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
 		}
 		row, err := e.claimGated(ctx, req, nonce)
 		if err == nil && e.testLoseReply != nil {
@@ -63,7 +63,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		}
 		switch {
 		case errors.Is(err, driver.ErrClosed):
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, err)
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
 		case err == nil: // busy
 			lastBusy = row
 			if busy++; busy > maxBusy {

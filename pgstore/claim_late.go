@@ -39,5 +39,5 @@ func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 		return e.claimDecide(ctx, req)
 	}
 	// The claim stays pending until its lease runs out; no effect ran.
-	return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: renewing a lease granted late: %w", req.Key, err)
+	return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: renewing a lease granted late: %w", err)
 }

@@ -55,5 +55,5 @@ func (e *engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 	if found && cur.State == driver.Pending && cur.Token == token && now.Before(cur.LeaseExpiresAt) {
 		return driver.ClaimResult{Outcome: driver.InProgress, Record: cur, Now: now}, nil
 	}
-	return driver.ClaimResult{}, fmt.Errorf("pgstore: take over %s: no longer the attempt with token %d: %w", k, token, driver.ErrLeaseLost)
+	return driver.ClaimResult{}, fmt.Errorf("pgstore: take over: the key is no longer the attempt with token %d: %w", token, driver.ErrLeaseLost)
 }

@@ -135,7 +135,7 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 	if r != nil {
 		rollback()
 		if r.State == receipts.Failed {
-			return r, fmt.Errorf("receipts: %s: %w", k, receipts.ErrFailed)
+			return r, fmt.Errorf("receipts: %s: %w", db.KeyName(k), receipts.ErrFailed)
 		}
 		return r, nil
 	}
@@ -170,11 +170,11 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 	case err != nil:
 		return nil, err
 	case kind == notPerformed:
-		return nil, fmt.Errorf("receipts: %s not performed: %w", k, ferr)
+		return nil, fmt.Errorf("receipts: %s not performed: %w", db.KeyName(k), ferr)
 	case kind == unknown:
-		return nil, fmt.Errorf("receipts: %s: rolled back, nothing recorded: %w", k, ferr)
+		return nil, fmt.Errorf("receipts: %s: rolled back, nothing recorded: %w", db.KeyName(k), ferr)
 	case kind == permanent:
-		return rec, fmt.Errorf("receipts: %s: %w: %w", k, receipts.ErrFailed, ferr)
+		return rec, fmt.Errorf("receipts: %s: %w: %w", db.KeyName(k), receipts.ErrFailed, ferr)
 	}
 	return rec, nil
 }
@@ -234,7 +234,7 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 	busy, other := 0, 0
 	for {
 		if e.closing() {
-			return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+			return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
 		}
 		tx, row, err := e.claimTxOnce(ctx, req, nonce)
 		if err == nil && row.outcome != "busy" {
@@ -245,7 +245,7 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 			}
 			if e.closing() { // decided after its time was taken; nothing is committed yet
 				_ = tx.Rollback(context.WithoutCancel(ctx))
-				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, driver.ErrClosed)
+				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
 			}
 			return tx, res, nil
 		}
@@ -307,7 +307,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx pgx.Tx, li driver.LeaseInfo,
 	defer func() { _ = tx.Rollback(ctx) }() // no-op once committed
 	if state == driver.Failed {
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+effectSavepoint); err != nil {
-			return driver.Record{}, fmt.Errorf("pgstore: dotx %s: roll back the effect: %w", li.Key, err)
+			return driver.Record{}, fmt.Errorf("pgstore: dotx: roll back the effect: %w", err)
 		}
 	}
 	if result == nil {
@@ -315,21 +315,21 @@ func (e *engine) commitDoTx(ctx context.Context, tx pgx.Tx, li driver.LeaseInfo,
 	}
 	fin, _, err := e.write(ctx, tx, "dotx", e.q.finish, li.Key, e.fencedArgs(li.Key, li.Token, int16(state), result), nil)
 	if err != nil {
-		return driver.Record{}, fmt.Errorf("pgstore: dotx %s: rolled back, nothing happened: %w", li.Key, err)
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if !lostReply(ctx, err) {
-			return driver.Record{}, fmt.Errorf("pgstore: dotx %s: commit: rolled back, nothing happened: %w", li.Key, err)
+			return driver.Record{}, fmt.Errorf("pgstore: dotx: commit: rolled back, nothing happened: %w", err)
 		}
 		cur, found, _, lerr := e.Lookup(ctx, li.Key)
 		switch {
 		case lerr != nil:
-			return driver.Record{}, fmt.Errorf("pgstore: dotx %s: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", li.Key, err, lerr)
+			return driver.Record{}, fmt.Errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
 		case found && finished(li.Token, state, result)(cur):
 			e.wake(li.Key)
 			return cur, nil
 		}
-		return driver.Record{}, fmt.Errorf("pgstore: dotx %s: commit did not land, nothing happened: %w", li.Key, err)
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
 	}
 	e.wake(li.Key)
 	return fin, nil

@@ -117,7 +117,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	lease, rec, err := h.claim(r.Context(), key, fp)
 	switch {
 	case err != nil:
-		h.problem(w, r, claimProblem(c.Header, key, err))
+		p := claimProblem(c.Header, key, err)
+		if p.Type == ProblemInternal {
+			// Not the client's business (the error can name the store's
+			// internals), so the operator's: it goes to the log.
+			c.Logger.ErrorContext(r.Context(), "receipthttp: claiming the key failed", h.db.LogKey(key), "err", err)
+		}
+		h.problem(w, r, p)
 	case rec != nil:
 		h.replay(w, r, rec)
 	default:
@@ -207,7 +213,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 	resp, err := decodeResponse(rec.Result)
 	if err != nil {
 		h.cfg.Logger.ErrorContext(r.Context(), "receipthttp: cannot replay stored response",
-			"scope", rec.Key.Scope, "key", rec.Key.ID, "err", err)
+			h.db.LogKey(rec.Key), "err", err)
 		h.problem(w, r, &Problem{Type: ProblemInternal, Title: "Internal error",
 			Status: http.StatusInternalServerError, Detail: "the stored response cannot be read", Err: err})
 		return
@@ -278,12 +284,12 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	case (outcome == Succeed || outcome == Fail) && errors.Is(err, receipts.ErrOutcomeUnknown):
 		if tooLarge > 0 {
 			h.cfg.Logger.WarnContext(ctx, "receipthttp: response too large to store; claim abandoned",
-				"scope", a.Key.Scope, "key", a.Key.ID, "bytes", tooLarge)
+				h.db.LogKey(a.Key), "bytes", tooLarge)
 			rw.emit(r)
 			return
 		}
 		h.cfg.Logger.ErrorContext(ctx, "receipthttp: recording the response failed; claim abandoned",
-			"scope", a.Key.Scope, "key", a.Key.ID, "outcome", outcome, "err", err)
+			h.db.LogKey(a.Key), "outcome", outcome, "err", err)
 		clear(rw.Header())
 		h.problem(w, r, &Problem{Type: ProblemNotRecorded, Title: "Outcome not recorded",
 			Status: http.StatusServiceUnavailable, RetryAfter: 1,

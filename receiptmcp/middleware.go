@@ -177,8 +177,10 @@ func (m *middleware) claimError(tool string, key receipts.Key, err error) error 
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err // the client is gone
 	}
-	c.Logger.Error("receiptmcp: claiming an operation key failed", "scope", key.Scope, "key", key.ID, "tool", tool, "err", err)
-	return newError(CodeInternal, "the receipt store failed: "+err.Error(), ErrorData{Type: TypeStoreFailure, Tool: tool, MetaKey: c.MetaKey})
+	// The error's text stays in the log: it can name the store's internals
+	// (paths, hosts), which are not the client's business.
+	c.Logger.Error("receiptmcp: claiming an operation key failed", m.db.LogKey(key), "tool", tool, "err", err)
+	return newError(CodeInternal, "the receipt store failed, and the tool was not run; retry with the same operation key", ErrorData{Type: TypeStoreFailure, Tool: tool, MetaKey: c.MetaKey})
 }
 
 // replay returns the stored result of rec, marked as a replay.
@@ -186,7 +188,7 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 	var res mcp.CallToolResult
 	if err := json.Unmarshal(rec.Result, &res); err != nil {
 		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: cannot replay stored result",
-			"scope", rec.Key.Scope, "key", rec.Key.ID, "tool", tool, "err", err)
+			m.db.LogKey(rec.Key), "tool", tool, "err", err)
 		return nil, newError(CodeInternal, "the stored result cannot be read",
 			ErrorData{Type: TypeStoreFailure, Tool: tool, MetaKey: m.cfg.MetaKey})
 	}
@@ -245,7 +247,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 		}
 		if err != nil {
 			m.cfg.Logger.WarnContext(ctx, "receiptmcp: cannot store the result; claim abandoned",
-				"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
+				m.db.LogKey(a.Key), "tool", tool, "err", err)
 			return nil, err
 		}
 		tr = r
@@ -265,7 +267,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 		return nil, herr
 	case tr != nil && errors.Is(err, receipts.ErrOutcomeUnknown):
 		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: recording the result failed; claim abandoned",
-			"scope", a.Key.Scope, "key", a.Key.ID, "tool", tool, "err", err)
+			m.db.LogKey(a.Key), "tool", tool, "err", err)
 		if effects {
 			// The staged effects did not happen: the client must not take
 			// the result for a success.

@@ -26,7 +26,7 @@ func (e *Engine) fenced(ctx context.Context, k driver.Key, token uint64, b *pebb
 	next, _, err := e.rmw(ctx, k, lockKey, b, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
 		next, del, ok, err := decide(cur, now)
 		if err == nil && !ok {
-			err = fmt.Errorf("%w: %s (token %d)", driver.ErrLeaseLost, k, token)
+			err = fmt.Errorf("%w: token %d", driver.ErrLeaseLost, token)
 		}
 		return next, del, err
 	})
@@ -70,7 +70,7 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 		}
 		if effect != nil {
 			if err := effect(b); err != nil {
-				return nil, false, true, fmt.Errorf("receipts: effect of %s: %w", k, err)
+				return nil, false, true, fmt.Errorf("receipts: the effect: %w", err)
 			}
 		}
 		return next, false, true, nil

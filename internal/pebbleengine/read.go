@@ -90,7 +90,7 @@ func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *enc
 			return machine.Visible(rec, now, e.retention), key, nil
 		}
 		if !errors.Is(err, pebble.ErrNotFound) {
-			return false, nil, fmt.Errorf("receipts: read %s: %w", k, err)
+			return false, nil, fmt.Errorf("receipts: read the record: %w", err)
 		}
 		if ep <= lo {
 			return false, nil, nil

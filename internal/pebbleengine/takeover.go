@@ -23,7 +23,7 @@ func (e *Engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 	live := false
 	next, now, err := e.rmw(ctx, k, lockKey, nil, writeOpts{claim: true}, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
 		if cur == nil || cur.State != encoding.StatePending || cur.Token != token {
-			return nil, false, fmt.Errorf("%w: %s is no longer the attempt with token %d", driver.ErrLeaseLost, k, token)
+			return nil, false, fmt.Errorf("%w: the key is no longer the attempt with token %d", driver.ErrLeaseLost, token)
 		}
 		if machine.LeaseLive(cur, now) {
 			seen, live = *cur, true
@@ -34,7 +34,7 @@ func (e *Engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 			return nil, false, err
 		}
 		if mres.Outcome != machine.Claimed || !mres.Recovered {
-			return nil, false, fmt.Errorf("receipts: take over %s: the state machine answered outcome %d", k, mres.Outcome)
+			return nil, false, fmt.Errorf("receipts: take over: the state machine answered outcome %d", mres.Outcome)
 		}
 		return mres.Next, false, nil
 	})

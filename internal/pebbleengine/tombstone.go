@@ -87,7 +87,7 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 			return usedAt, machine.Tombstoned(usedAt, now, e.retention, e.window), nil
 		}
 		if !errors.Is(err, pebble.ErrNotFound) {
-			return 0, false, fmt.Errorf("receipts: read tombstone of %s: %w", k, err)
+			return 0, false, fmt.Errorf("receipts: read the tombstone: %w", err)
 		}
 		if ep == 0 {
 			break

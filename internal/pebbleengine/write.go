@@ -121,7 +121,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		err = commitBatch(b, wo.noSync)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("receipts: write %s: %w", k, err)
+		return nil, 0, fmt.Errorf("receipts: write the record: %w", err)
 	}
 	if next != nil && !wo.noSync {
 		e.cache.PutEncoded(lockKey, key, epoch, next, enc) // synced (finished records only)
