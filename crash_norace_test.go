@@ -5,8 +5,7 @@ package receipts_test
 // Sizes of the crash harnesses in CI (go test without -race). RECEIPTS_SOAK=1
 // and the RECEIPTS_CRASHES / RECEIPTS_KILLS knobs run longer versions.
 const (
-	crashPowerLossCrashes = 60  // power-loss crashes per mode (p0, prand)
-	crashKillCycles       = 100 // SIGKILL cycles of the child process
-	faultOps              = 300 // workload ops per k in TestFaultWriteErrorAtK
-	faultReadRounds       = 20  // rounds of 60 calls per probability in TestFaultRandomReadErrors
+	crashKillCycles = 100 // SIGKILL cycles of the child process
+	faultOps        = 300 // workload ops per k in TestFaultWriteErrorAtK
+	faultReadRounds = 20  // rounds of 60 calls per probability in TestFaultRandomReadErrors
 )
