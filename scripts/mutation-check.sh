@@ -44,7 +44,8 @@ trap 'rm -rf "$work"' EXIT
 # harnesses. Keep in step with suites in internal/harness/mutation_test.go.
 suites=(
 	"./internal/harness/crash ^TestCrashPowerLoss$"
-	". ^(TestKillProcess|TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
+	"./internal/harness/kill ^TestKillProcess$"
+	". ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
 	". ^(TestLinearizability|TestModel|TestScopeIsolation)"
 )
 

@@ -3,6 +3,7 @@
 // failing when the engine is broken on purpose:
 //
 //   - crash: power loss (Pebble's crashable in-memory FS, crash images)
+//   - kill: process crashes (SIGKILL of a re-executed child on disk)
 //   - workload: the workload and checker the crash harnesses share
 //
 // Every harness runs its CI size under plain go test (smaller under -race)

@@ -18,7 +18,8 @@ import (
 // suites in scripts/mutation-check.sh.
 var suites = []struct{ pkg, list string }{
 	{"./internal/harness/crash", "^TestCrashPowerLoss$"},
-	{".", "^(TestKillProcess|TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
+	{"./internal/harness/kill", "^TestKillProcess$"},
+	{".", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
 	{".", "^(TestLinearizability|TestModel|TestScopeIsolation)"},
 }
 

@@ -33,6 +33,7 @@ func EnvInt(name string, def int) int {
 // Seed is a run's seed: RECEIPTS_SEED, or the time. It logs it, with the
 // way to rerun.
 func Seed(t testing.TB) uint64 {
+	t.Helper()
 	seed := uint64(time.Now().UnixNano())
 	if v, err := strconv.ParseUint(os.Getenv("RECEIPTS_SEED"), 10, 64); err == nil {
 		seed = v

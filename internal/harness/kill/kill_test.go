@@ -1,4 +1,4 @@
-package receipts_test
+package kill_test
 
 import (
 	"bufio"
@@ -27,7 +27,7 @@ import (
 // The process-crash harness. The parent (TestKillProcess) starts this test
 // binary again as a child (TestKillProcessChild, switched on by
 // RECEIPTS_KILL_CHILD) that opens the store on disk and runs the 8-way
-// workload of crash_load_test.go. Effects go to provider.log, appended and
+// workload of internal/harness/workload. Effects go to provider.log, appended and
 // fsynced before the holder commits; acknowledged calls go to events.log.
 // The parent SIGKILLs the child at a random moment, starts it again, and
 // so on. Each child first checks the store it finds against both logs; the
