@@ -45,7 +45,7 @@ trap 'rm -rf "$work"' EXIT
 suites=(
 	"./internal/harness/crash ^TestCrashPowerLoss$"
 	"./internal/harness/kill ^TestKillProcess$"
-	". ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
+	"./internal/harness/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
 	". ^(TestLinearizability|TestModel|TestScopeIsolation)"
 )
 

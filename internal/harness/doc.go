@@ -4,6 +4,8 @@
 //
 //   - crash: power loss (Pebble's crashable in-memory FS, crash images)
 //   - kill: process crashes (SIGKILL of a re-executed child on disk)
+//   - fault: I/O faults (errorfs: write errors at every k, random read
+//     errors, fail-stop on a failed WAL write or sync)
 //   - workload: the workload and checker the crash harnesses share
 //
 // Every harness runs its CI size under plain go test (smaller under -race)

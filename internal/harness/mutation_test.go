@@ -19,7 +19,7 @@ import (
 var suites = []struct{ pkg, list string }{
 	{"./internal/harness/crash", "^TestCrashPowerLoss$"},
 	{"./internal/harness/kill", "^TestKillProcess$"},
-	{".", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
+	{"./internal/harness/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
 	{".", "^(TestLinearizability|TestModel|TestScopeIsolation)"},
 }
 

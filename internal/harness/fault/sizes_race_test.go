@@ -1,6 +1,6 @@
 //go:build race
 
-package receipts_test
+package fault_test
 
 // Under -race the harnesses run smaller (the race detector slows them down
 // about tenfold); the full CI sizes run without -race.

@@ -1,16 +1,4 @@
-package receipts_test
-
-// I/O fault harnesses on pebble/v2/vfs/errorfs.
-//
-// Fail-stop: Pebble cannot go on once a WAL write or sync has failed (it
-// may not know what reached the disk), so it calls Logger.Fatalf, in the
-// committing goroutine. The store's default logger exits the process
-// (status 1) after logging; a restart recovers from what was synced, and
-// since a claim or commit is acknowledged only after its sync, nothing
-// acknowledged is lost. Applications that set Options.Pebble.Logger take
-// over that decision: a Fatalf that returns would let Pebble report the
-// failed commit as done. These tests use a logger whose Fatalf panics in
-// the calling goroutine, recover the panic, and treat the DB as dead.
+package fault_test
 
 import (
 	"context"
