@@ -21,15 +21,16 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
 func isolationChecks() int {
 	switch {
-	case soak():
+	case testkit.Soak():
 		return 200_000
-	case raceEnabled:
+	case testkit.RaceEnabled:
 		return 1000
 	}
 	return 10_000
@@ -226,6 +227,6 @@ func TestScopeIsolation(t *testing.T) {
 			require.NoError(t, db.Close())
 		}
 	}()
-	runRapid(t, isolationChecks(), prop)
+	testkit.RunRapid(t, isolationChecks(), prop)
 	t.Logf("%d checks", checks)
 }

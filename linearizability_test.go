@@ -26,6 +26,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -43,9 +44,9 @@ const (
 
 func linHistories() int {
 	switch {
-	case soak():
+	case testkit.Soak():
 		return 2000
-	case raceEnabled:
+	case testkit.RaceEnabled:
 		return 12
 	}
 	return 100

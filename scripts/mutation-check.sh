@@ -46,7 +46,8 @@ suites=(
 	"./internal/harness/crash ^TestCrashPowerLoss$"
 	"./internal/harness/kill ^TestKillProcess$"
 	"./internal/harness/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
-	". ^(TestLinearizability|TestModel|TestScopeIsolation)"
+	"./internal/harness/model ^TestModel"
+	". ^(TestLinearizability|TestScopeIsolation)"
 )
 
 harnesses=()      # test names

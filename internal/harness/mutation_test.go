@@ -20,7 +20,8 @@ var suites = []struct{ pkg, list string }{
 	{"./internal/harness/crash", "^TestCrashPowerLoss$"},
 	{"./internal/harness/kill", "^TestKillProcess$"},
 	{"./internal/harness/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
-	{".", "^(TestLinearizability|TestModel|TestScopeIsolation)"},
+	{"./internal/harness/model", "^TestModel"},
+	{".", "^(TestLinearizability|TestScopeIsolation)"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
