@@ -47,7 +47,8 @@ suites=(
 	"./internal/harness/kill ^TestKillProcess$"
 	"./internal/harness/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
 	"./internal/harness/model ^TestModel"
-	". ^(TestLinearizability|TestScopeIsolation)"
+	"./internal/harness/linearize ^TestLinearizability"
+	". ^TestScopeIsolation"
 )
 
 harnesses=()      # test names

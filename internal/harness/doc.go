@@ -6,6 +6,7 @@
 //   - kill: process crashes (SIGKILL of a re-executed child on disk)
 //   - fault: I/O faults (errorfs: write errors at every k, random read
 //     errors, fail-stop on a failed WAL write or sync)
+//   - linearize: porcupine checks concurrent histories per key
 //   - model: a rapid state machine against an in-memory model of the contract
 //   - workload: the workload and checker the crash harnesses share
 //

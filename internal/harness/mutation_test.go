@@ -21,7 +21,8 @@ var suites = []struct{ pkg, list string }{
 	{"./internal/harness/kill", "^TestKillProcess$"},
 	{"./internal/harness/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
 	{"./internal/harness/model", "^TestModel"},
-	{".", "^(TestLinearizability|TestScopeIsolation)"},
+	{"./internal/harness/linearize", "^TestLinearizability"},
+	{".", "^TestScopeIsolation"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
