@@ -9,7 +9,6 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -92,9 +91,6 @@ func (s *testStore) reopen() {
 }
 
 var bg = context.Background()
-
-// modelBase is the fake clock's start, in nanoseconds.
-var modelBase = testkit.Start.UnixNano()
 
 func key(scope, id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
 

@@ -48,7 +48,7 @@ suites=(
 	"./internal/harness/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
 	"./internal/harness/model ^TestModel"
 	"./internal/harness/linearize ^TestLinearizability"
-	". ^TestScopeIsolation"
+	"./internal/harness/isolation ^TestScopeIsolation"
 )
 
 harnesses=()      # test names

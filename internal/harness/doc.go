@@ -3,6 +3,7 @@
 // failing when the engine is broken on purpose:
 //
 //   - crash: power loss (Pebble's crashable in-memory FS, crash images)
+//   - isolation: adversarial scopes and IDs never reach each other
 //   - kill: process crashes (SIGKILL of a re-executed child on disk)
 //   - fault: I/O faults (errorfs: write errors at every k, random read
 //     errors, fail-stop on a failed WAL write or sync)

@@ -22,7 +22,7 @@ var suites = []struct{ pkg, list string }{
 	{"./internal/harness/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
 	{"./internal/harness/model", "^TestModel"},
 	{"./internal/harness/linearize", "^TestLinearizability"},
-	{".", "^TestScopeIsolation"},
+	{"./internal/harness/isolation", "^TestScopeIsolation"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to

@@ -1,14 +1,4 @@
-package receipts_test
-
-// Scope isolation: a property test over adversarial scopes and IDs
-// (separators, NUL bytes, invalid UTF-8, empty halves of a split, parts that
-// are prefixes of each other, 254/255-byte edges, pairs that collide under
-// naive concatenation). Each key gets its own fingerprint and results; no
-// operation on one key may ever read, replay, conflict with or block on
-// another key, and Scan with Filter.Scope returns exactly that scope.
-//
-//	go test -run TestScopeIsolation .                   # CI: 10,000 checks
-//	RECEIPTS_SOAK=1 go test -run TestScopeIsolation .   # 200,000 checks
+package isolation_test
 
 import (
 	"context"
@@ -99,7 +89,7 @@ type isoState struct {
 
 func TestScopeIsolation(t *testing.T) {
 	var clock atomic.Int64
-	clock.Store(modelBase)
+	clock.Store(testkit.Start.UnixNano())
 	const retention = time.Hour
 	var db *receipts.DB
 	// One store per batch of checks; each check starts past the previous
