@@ -17,9 +17,6 @@ import (
 	"pgregory.net/rapid"
 )
 
-// Start is where the tests' fake clocks (receiptstest.Clock) start.
-var Start = time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC)
-
 // Soak reports whether the long versions of the harnesses should run
 // (RECEIPTS_SOAK=1, as scripts/soak.sh sets it).
 func Soak() bool { return os.Getenv("RECEIPTS_SOAK") == "1" }

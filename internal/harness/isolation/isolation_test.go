@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -89,7 +90,7 @@ type isoState struct {
 
 func TestScopeIsolation(t *testing.T) {
 	var clock atomic.Int64
-	clock.Store(testkit.Start.UnixNano())
+	clock.Store(receiptstest.DefaultStart.UnixNano())
 	const retention = time.Hour
 	var db *receipts.DB
 	// One store per batch of checks; each check starts past the previous

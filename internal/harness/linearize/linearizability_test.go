@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -33,7 +34,7 @@ const (
 )
 
 // modelBase is where the fake clock starts, in nanoseconds.
-var modelBase = testkit.Start.UnixNano()
+var modelBase = receiptstest.DefaultStart.UnixNano()
 
 func linHistories() int {
 	switch {

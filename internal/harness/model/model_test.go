@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -38,7 +39,7 @@ var modelKeys = []receipts.Key{
 }
 
 // modelBase is the fake clock's start.
-var modelBase = testkit.Start.UnixNano()
+var modelBase = receiptstest.DefaultStart.UnixNano()
 
 // resurrections counts records that were past retention and became visible
 // again after a restart with a clock that had gone back (see afterOpen).
