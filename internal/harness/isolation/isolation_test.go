@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,8 +88,7 @@ type isoState struct {
 }
 
 func TestScopeIsolation(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(receiptstest.DefaultStart.UnixNano())
+	clock := receiptstest.NewClock(receiptstest.DefaultStart)
 	const retention = time.Hour
 	var db *receipts.DB
 	// One store per batch of checks; each check starts past the previous
@@ -101,7 +99,7 @@ func TestScopeIsolation(t *testing.T) {
 			Retention:  retention,
 			LeaseTTL:   time.Minute,
 			GCInterval: -1,
-			Now:        func() time.Time { return time.Unix(0, clock.Load()) },
+			Now:        clock.Now,
 			Pebble:     &pebble.Options{FS: vfs.NewMem()},
 		})
 		require.NoError(t, err)
@@ -116,7 +114,7 @@ func TestScopeIsolation(t *testing.T) {
 			}
 			open()
 		}
-		clock.Add(int64(2*retention + receipts.DefaultTombstoneWindow(retention)))
+		clock.Advance(2*retention + receipts.DefaultTombstoneWindow(retention))
 		keys := isoKeys(rt)
 		st := make([]isoState, len(keys))
 		fp := func(i int) []byte { return []byte(fmt.Sprintf("fp-%d", i)) }
