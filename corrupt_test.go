@@ -19,6 +19,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,7 +32,7 @@ func withCRC(b []byte) []byte {
 func corruptValues() map[string][]byte {
 	valid := encoding.EncodeRecord(&encoding.Record{
 		State: encoding.StateSucceeded, Fingerprint: []byte("fp"), Result: []byte("result"),
-		Attempts: 1, Token: 7, CreatedAt: modelBase, UpdatedAt: modelBase,
+		Attempts: 1, Token: 7, CreatedAt: receiptstest.DefaultStart.UnixNano(), UpdatedAt: receiptstest.DefaultStart.UnixNano(),
 	})
 	flipped := append([]byte{}, valid...)
 	flipped[len(flipped)/2] ^= 0x40
@@ -65,7 +66,7 @@ type corruptStore struct {
 }
 
 func openCorruptStore(t *testing.T) *corruptStore {
-	s := &corruptStore{clock: time.Unix(0, modelBase)}
+	s := &corruptStore{clock: time.Unix(0, receiptstest.DefaultStart.UnixNano())}
 	db, err := receipts.Open("db", &receipts.Options{
 		Retention:  time.Hour,
 		LeaseTTL:   time.Minute,
@@ -246,7 +247,7 @@ func TestCorruptRecordKey(t *testing.T) {
 		require.NoError(t, err)
 	}
 	epoch := uint64(s.clock.UnixNano() / int64(15*time.Minute))
-	valid := encoding.EncodeRecord(&encoding.Record{State: encoding.StateSucceeded, Fingerprint: fp, Result: []byte{}, Attempts: 1, Token: 1, CreatedAt: modelBase, UpdatedAt: modelBase})
+	valid := encoding.EncodeRecord(&encoding.Record{State: encoding.StateSucceeded, Fingerprint: fp, Result: []byte{}, Attempts: 1, Token: 1, CreatedAt: receiptstest.DefaultStart.UnixNano(), UpdatedAt: receiptstest.DefaultStart.UnixNano()})
 	for _, tail := range [][]byte{{0}, {0, 'x'}, {200, 'x'}, {1, 's'}} { // scope length 0, too long, empty id
 		require.NoError(t, s.db.Pebble().Set(append(keys.EpochStart(epoch), tail...), valid, pebble.Sync))
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/receiptadmin"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -135,7 +136,7 @@ func TestReadersNeverReportUnsyncedWrites(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := vfs.NewCrashableMem()
 			gate := newWALSyncGate()
-			clock := newFakeClock()
+			clock := receiptstest.NewClock(receiptstest.DefaultStart)
 			open := func(fs vfs.FS) *receipts.DB {
 				db, err := receipts.Open("db", &receipts.Options{
 					Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1,

@@ -11,6 +11,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/pebbleengine"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,7 +39,7 @@ func openOtherEngine(t *testing.T, opts *receipts.Options) (*receipts.DB, *pebbl
 }
 
 func TestOpenEngineServesTheContract(t *testing.T) {
-	clock := newFakeClock()
+	clock := receiptstest.NewClock(receiptstest.DefaultStart)
 	db, _ := openOtherEngine(t, &receipts.Options{Retention: time.Hour, LeaseTTL: time.Minute, GCInterval: -1, Now: clock.Now})
 	ctx := context.Background()
 	k := receipts.Key{Scope: "acct", ID: "op-1"}

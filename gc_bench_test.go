@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // BenchmarkGC fills a store on disk with N receipts spread over 4 epochs
@@ -66,12 +67,12 @@ func BenchmarkGC(b *testing.B) {
 
 type gcBenchStore struct {
 	dir   string
-	clock *fakeClock
+	clock *receiptstest.Clock
 	db    *receipts.DB
 }
 
 func openGCBench(b *testing.B, compact bool) *gcBenchStore {
-	s := &gcBenchStore{dir: filepath.Join(b.TempDir(), "db"), clock: newFakeClock()}
+	s := &gcBenchStore{dir: filepath.Join(b.TempDir(), "db"), clock: receiptstest.NewClock(receiptstest.DefaultStart)}
 	opts := &receipts.Options{
 		Retention:   time.Hour,
 		LeaseTTL:    30 * time.Second,

@@ -2,44 +2,22 @@ package receipts_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
-
-// fakeClock is an injectable clock for Options.Now.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // testStore is a DB on an in-memory FS with a fake clock, reopenable.
 type testStore struct {
 	t     testing.TB
 	fs    vfs.FS
 	dir   string
-	clock *fakeClock
+	clock *receiptstest.Clock
 	opts  receipts.Options
 	db    *receipts.DB
 }
@@ -50,7 +28,7 @@ func noTombstones(o *receipts.Options) { o.TombstoneWindow = -1 }
 
 func newTestStore(t testing.TB, mod func(*receipts.Options)) *testStore {
 	t.Helper()
-	s := &testStore{t: t, fs: vfs.NewMem(), dir: "db", clock: newFakeClock()}
+	s := &testStore{t: t, fs: vfs.NewMem(), dir: "db", clock: receiptstest.NewClock(receiptstest.DefaultStart)}
 	s.opts = receipts.Options{
 		Retention:  time.Hour,
 		LeaseTTL:   30 * time.Second,

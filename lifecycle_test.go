@@ -15,12 +15,13 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
 func TestRestart(t *testing.T) {
 	dir := t.TempDir() // on disk
-	clock := newFakeClock()
+	clock := receiptstest.NewClock(receiptstest.DefaultStart)
 	opts := &receipts.Options{Now: clock.Now, GCInterval: -1}
 	db, err := receipts.Open(dir, opts)
 	require.NoError(t, err)

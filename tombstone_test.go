@@ -10,6 +10,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -88,7 +89,7 @@ func countMarkers(t *testing.T, db *receipts.DB) int {
 // it after the window. A claim released with no effect leaves none.
 func TestCrashTombstoneSurvivesPowerLoss(t *testing.T) {
 	fs := vfs.NewCrashableMem()
-	clock := newFakeClock()
+	clock := receiptstest.NewClock(receiptstest.DefaultStart)
 	opts := receipts.Options{Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1, Now: clock.Now}
 	open := func(fs vfs.FS) *receipts.DB {
 		o := opts

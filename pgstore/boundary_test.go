@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // Two nodes whose claims of the same fresh keys land on either side of an epoch boundary
@@ -15,8 +16,8 @@ import (
 func TestClaimAcrossEpochBoundary(t *testing.T) {
 	const width = time.Hour
 	boundary := time.UnixMicro((time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC).UnixMicro()/width.Microseconds() + 1) * width.Microseconds())
-	before := &fakeClock{t: boundary.Add(-time.Microsecond)}
-	after := &fakeClock{t: boundary}
+	before := receiptstest.NewClock(boundary.Add(-time.Microsecond))
+	after := receiptstest.NewClock(boundary)
 	d := newTestDB(t)
 	o := engineOptions{Retention: 4 * width, EpochWidth: width}
 	o.Now = before.Now

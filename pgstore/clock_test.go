@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // A node that crashed recorded its time nowhere (no Close, no GC pass wrote meta.clock): a
@@ -28,7 +29,7 @@ func TestClockResumesFromRecordsAfterCrash(t *testing.T) {
 		t.Fatalf("meta.clock %v, %v: want none recorded yet", recorded, err)
 	}
 
-	behind := &fakeClock{t: start.Add(-20 * time.Minute)}
+	behind := receiptstest.NewClock(start.Add(-20 * time.Minute))
 	o.Now = behind.Now
 	b := d.open(o)
 	floor := start.Add(30 * time.Minute) // the start of x's epoch

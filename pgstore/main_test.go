@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 func TestMain(m *testing.M) {
@@ -27,26 +27,10 @@ func leakCheck(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, opts) })
 }
 
-// fakeClock is an injectable test clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
+// newClock is the tests' fake clock, at 2026-12-03 12:00 UTC (on a
+// 15-minute boundary).
+func newClock() *receiptstest.Clock {
+	return receiptstest.NewClock(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
 }
 
 // node is one engine with its own pool: another node on the same database and schema.

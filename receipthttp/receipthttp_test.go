@@ -18,6 +18,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/receipthttp"
+	"github.com/receiptstore/receipts/receiptstest"
 	"go.uber.org/goleak"
 )
 
@@ -25,29 +26,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const leaseTTL = 30 * time.Second
 
-// clock is a fake clock for Options.Now.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // env is one store, one middleware and a handler that counts its runs.
 type env struct {
 	t   testing.TB
 	dir string
-	clk *clock
+	clk *receiptstest.Clock
 	db  *receipts.DB
 	cfg receipthttp.Config
 	h   http.Handler
@@ -70,7 +53,7 @@ func newEnv(t testing.TB, cfg receipthttp.Config, app http.Handler) *env {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &env{t: t, dir: t.TempDir(), clk: &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}, cfg: cfg, app: app}
+	e := &env{t: t, dir: t.TempDir(), clk: receiptstest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), cfg: cfg, app: app}
 	e.open()
 	t.Cleanup(func() {
 		if e.db != nil {
@@ -890,7 +873,7 @@ func TestTakeoverFencesTheStalledAttempt(t *testing.T) {
 func TestBeforeReplayProblem(t *testing.T) {
 	var revoked atomic.Bool
 	app := &counter{}
-	e := &env{t: t, dir: t.TempDir(), clk: &clock{t: time.Unix(1e9, 0)}, app: app,
+	e := &env{t: t, dir: t.TempDir(), clk: receiptstest.NewClock(time.Unix(1e9, 0)), app: app,
 		cfg: receipthttp.Config{Scope: callerScope}}
 	db, err := receipts.Open(e.dir, &receipts.Options{Now: e.clk.Now, GCInterval: -1,
 		BeforeReplay: func(ctx context.Context, r *receipts.Receipt) error {

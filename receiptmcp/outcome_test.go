@@ -15,6 +15,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/receiptmcp"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // slowServer is a store on a file system that outlives it, and a server
@@ -23,7 +24,7 @@ import (
 type slowServer struct {
 	t    *testing.T
 	fs   vfs.FS
-	clk  *clock
+	clk  *receiptstest.Clock
 	db   *receipts.DB
 	gate chan struct{}
 	open sync.Once // closes gate
@@ -33,7 +34,7 @@ type slowServer struct {
 func (s *slowServer) release() { s.open.Do(func() { close(s.gate) }) }
 
 func newSlowServer(t *testing.T) *slowServer {
-	s := &slowServer{t: t, fs: vfs.NewMem(), clk: &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}, gate: make(chan struct{})}
+	s := &slowServer{t: t, fs: vfs.NewMem(), clk: receiptstest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), gate: make(chan struct{})}
 	s.openDB()
 	t.Cleanup(func() {
 		s.release()

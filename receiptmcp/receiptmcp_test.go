@@ -25,37 +25,19 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/receiptmcp"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const leaseTTL = 30 * time.Second
 
-// clock is a fake clock for Options.Now: leases run out only when a test
-// advances it.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // openDB opens an in-memory store with a fake clock.
-func openDB(t testing.TB) (*receipts.DB, *clock) {
+func openDB(t testing.TB) (*receipts.DB, *receiptstest.Clock) {
 	t.Helper()
-	clk := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	clk := receiptstest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	db, err := receipts.Open("/db", &receipts.Options{
 		Now:        clk.Now,
 		LeaseTTL:   leaseTTL,
@@ -99,7 +81,7 @@ type itemOut struct {
 type fixture struct {
 	t      *testing.T
 	db     *receipts.DB
-	clk    *clock
+	clk    *receiptstest.Clock
 	server *mcp.Server
 
 	runs map[string]*atomic.Int64 // executions per tool

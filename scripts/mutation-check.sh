@@ -10,9 +10,10 @@
 #   nofence   commits skip the fencing-token check
 #   stalecache the replay cache answers for receipts past retention
 #
-# The script builds the root package's tests once with the tag, runs every
-# harness unmutated (each must pass, or the check means nothing), then runs
-# each harness under each mutation. "caught" = the harness failed. It prints
+# The script builds each harness package's tests once with the tag (the
+# packages and their harnesses are listed below, as in TestMutationCheck in
+# internal/harness), runs every harness unmutated (each must pass, or the
+# check means nothing), then runs each harness under each mutation. "caught" = the harness failed. It prints
 # a Markdown table and exits 1 if some mutation survives every harness,
 # 2 if the setup is broken (build failure, a harness failing unmutated).
 #
@@ -38,22 +39,42 @@ done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-bin="$work/receipts_mutate.test"
-echo "building the root package's tests with -tags receipts_mutate ..." >&2
-if ! go test -c -tags receipts_mutate -o "$bin" . >&2; then
-	echo "build failed" >&2
-	exit 2
-fi
 
-# The harnesses: this package's crash, kill and fault tests, plus the
-# linearizability, model and scope-isolation tests when present.
-harnesses=()
-for h in TestCrashPowerLoss TestKillProcess TestFaultWriteErrorAtK TestFaultOpenAtK TestFaultWALSyncFailStop TestFaultReturningFatalfIsFailStop TestFaultRandomReadErrors; do
-	harnesses+=("$h")
+# The harness packages and, for each, a regexp for -test.list that names its
+# harnesses. Keep in step with suites in internal/harness/mutation_test.go.
+suites=(
+	"./internal/harness/crash ^TestCrashPowerLoss$"
+	"./internal/harness/kill ^TestKillProcess$"
+	"./internal/harness/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
+	"./internal/harness/model ^TestModel"
+	"./internal/harness/linearize ^TestLinearizability"
+	"./internal/harness/isolation ^TestScopeIsolation"
+)
+
+harnesses=()      # test names
+declare -A binof # test name -> its package's test binary
+declare -A built # package -> binary
+for s in "${suites[@]}"; do
+	pkg="${s%% *}" re="${s#* }"
+	if [ -z "${built[$pkg]:-}" ]; then
+		bin="$work/$(echo "$pkg" | tr -c 'a-zA-Z0-9\n' _).test"
+		echo "building $pkg's tests with -tags receipts_mutate ..." >&2
+		if ! go test -c -tags receipts_mutate -o "$bin" "$pkg" >&2; then
+			echo "build of $pkg failed" >&2
+			exit 2
+		fi
+		built[$pkg]="$bin"
+	fi
+	bin="${built[$pkg]}"
+	n=0
+	while read -r h; do
+		case "$h" in Test*) harnesses+=("$h"); binof[$h]="$bin"; n=$((n + 1)) ;; esac
+	done < <("$bin" -test.list "$re" 2>/dev/null)
+	if [ "$n" = 0 ]; then
+		echo "$pkg has no test matching $re" >&2
+		exit 2
+	fi
 done
-while read -r h; do
-	case "$h" in Test*) harnesses+=("$h") ;; esac
-done < <("$bin" -test.list '^(TestLinearizability|TestModel|TestScopeIsolation)' 2>/dev/null)
 if [ -n "$only" ]; then
 	sel=()
 	for h in "${harnesses[@]}"; do
@@ -73,7 +94,7 @@ fi
 run() {
 	local h="$1" m="$2" log="$work/$1.$2.log" start end
 	start=$(date +%s)
-	env "${envs[@]}" RECEIPTS_MUTATION="$m" "$bin" -test.run "^$h\$" -test.count=1 -test.timeout="$timeout" >"$log" 2>&1
+	env "${envs[@]}" RECEIPTS_MUTATION="$m" "${binof[$h]}" -test.run "^$h\$" -test.count=1 -test.timeout="$timeout" >"$log" 2>&1
 	local rc=$?
 	end=$(date +%s)
 	if [ $rc = 0 ]; then

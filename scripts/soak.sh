@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# soak.sh: the long versions of the reliability harnesses (RECEIPTS_SOAK=1).
+# soak.sh: the long versions of the reliability harnesses (RECEIPTS_SOAK=1),
+# the packages under internal/harness:
 #
 #   TestCrashPowerLoss          2,000 power-loss crashes per mode (p0, prand)
 #   TestKillProcess             2,000 SIGKILL cycles of a child process
@@ -30,9 +31,11 @@ while [ $# -gt 0 ]; do
 done
 
 log=$(mktemp -t receipts-soak.XXXXXX)
-echo "soak: go test $race -run '$run' (log: $log)" >&2
+# The harness packages (internal/harness/*), one at a time (-p 1).
+pkgs="./internal/harness/..."
+echo "soak: go test $race -p 1 -run '$run' $pkgs (log: $log)" >&2
 start=$(date +%s)
-RECEIPTS_SOAK=1 go test $race -count=1 -timeout 6h -v -run "$run" . 2>&1 | tee "$log" |
+RECEIPTS_SOAK=1 go test $race -count=1 -p 1 -timeout 6h -v -run "$run" $pkgs 2>&1 | tee "$log" |
 	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation)_test\.go:[0-9]+: '
 rc=${PIPESTATUS[0]}
 if [ -z "${PGNODES_SKIP:-}" ]; then

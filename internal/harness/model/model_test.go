@@ -1,26 +1,10 @@
-package receipts_test
-
-// Model-based property test: random sequences of Claim, Commit, Fail,
-// CommitWith, Release, Renew, Lookup, Scan, Count, GC, clock jumps (forward,
-// onto lease and retention boundaries, and backwards), reopen and power-loss
-// crash, run against the real engine and against an in-memory model of the
-// contract the package documents (doc.go and the README's "What it
-// guarantees": per key the fingerprint, state, token, attempts, lease expiry
-// and last write). Every
-// outcome is checked field by field.
-//
-//	go test -run TestModel .                      # CI: 1,000 checks
-//	RECEIPTS_SOAK=1 go test -run TestModel .      # 100,000 checks
-//	go test -run TestModel -rapid.seed=N .        # replay one failure
+package model_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,42 +12,17 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
-// soak reports whether the long versions of the harnesses should run.
-func soak() bool { return os.Getenv("RECEIPTS_SOAK") != "" }
-
-// runRapid runs prop for at least target checks: rapid.Check runs
-// -rapid.checks (default 100) per call, so it is called as often as needed.
-// With -rapid.seed or -rapid.failfile (reproducing a failure) it runs once.
-func runRapid(t *testing.T, target int, prop func(*rapid.T)) {
-	t.Helper()
-	per := 100
-	if f := flag.Lookup("rapid.checks"); f != nil {
-		if n, err := strconv.Atoi(f.Value.String()); err == nil && n > 0 {
-			per = n
-		}
-	}
-	rounds := (target + per - 1) / per
-	for _, name := range []string{"rapid.seed", "rapid.failfile"} {
-		if f := flag.Lookup(name); f != nil && f.Value.String() != f.DefValue {
-			rounds = 1
-		}
-	}
-	start := time.Now()
-	for i := 0; i < rounds && !t.Failed(); i++ {
-		rapid.Check(t, prop)
-	}
-	t.Logf("%d rounds of %d checks in %s", rounds, per, time.Since(start).Round(time.Millisecond))
-}
-
 func modelChecks() int {
 	switch {
-	case soak():
+	case testkit.Soak():
 		return 100_000
-	case raceEnabled: // about 0.6 CPU-seconds a check under the race detector
+	case testkit.RaceEnabled: // about 0.6 CPU-seconds a check under the race detector
 		return 50
 	}
 	return 1000
@@ -80,7 +39,7 @@ var modelKeys = []receipts.Key{
 }
 
 // modelBase is the fake clock's start.
-var modelBase = time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC).UnixNano()
+var modelBase = receiptstest.DefaultStart.UnixNano()
 
 // resurrections counts records that were past retention and became visible
 // again after a restart with a clock that had gone back (see afterOpen).
@@ -825,7 +784,7 @@ func modelActions(m *modelSM) map[string]func(*rapid.T) {
 }
 
 func TestModel(t *testing.T) {
-	runRapid(t, modelChecks(), func(t *rapid.T) {
+	testkit.RunRapid(t, modelChecks(), func(t *rapid.T) {
 		m := newModelSM(t)
 		defer func() { _ = m.db.Close() }()
 		t.Repeat(modelActions(m))

@@ -1,14 +1,4 @@
-package receipts_test
-
-// Linearizability: 8 clients call Claim, Commit, Fail, Release, Renew and
-// Lookup concurrently on a few keys of the real engine; porcupine checks that
-// the history is linearizable against a per-key model (absent / leased(token)
-// / succeeded(result) / failed(result)). Time is a fake clock that moves only
-// between "eras" (all clients pause), so every operation's time is known and
-// leases run out (and are taken over) between eras.
-//
-//	go test -run TestLinearizability .                   # CI: 100 histories of 8x300
-//	RECEIPTS_SOAK=1 go test -run TestLinearizability .   # 2,000 histories
+package linearize_test
 
 import (
 	"context"
@@ -26,6 +16,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -41,11 +33,14 @@ const (
 	linWindow    = 2 * linRetention
 )
 
+// modelBase is where the fake clock starts, in nanoseconds.
+var modelBase = receiptstest.DefaultStart.UnixNano()
+
 func linHistories() int {
 	switch {
-	case soak():
+	case testkit.Soak():
 		return 2000
-	case raceEnabled:
+	case testkit.RaceEnabled:
 		return 12
 	}
 	return 100

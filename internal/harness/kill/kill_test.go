@@ -1,4 +1,4 @@
-package receipts_test
+package kill_test
 
 import (
 	"bufio"
@@ -19,12 +19,15 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/harness/workload"
+	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // The process-crash harness. The parent (TestKillProcess) starts this test
 // binary again as a child (TestKillProcessChild, switched on by
 // RECEIPTS_KILL_CHILD) that opens the store on disk and runs the 8-way
-// workload of crash_load_test.go. Effects go to provider.log, appended and
+// workload of internal/harness/workload. Effects go to provider.log, appended and
 // fsynced before the holder commits; acknowledged calls go to events.log.
 // The parent SIGKILLs the child at a random moment, starts it again, and
 // so on. Each child first checks the store it finds against both logs; the
@@ -46,11 +49,11 @@ func TestKillProcess(t *testing.T) {
 	if os.Getenv(crashKillEnvDir) != "" {
 		t.Skip("in the child")
 	}
-	cycles := crashEnvInt("RECEIPTS_KILLS", crashKillCycles)
-	if crashSoak() {
-		cycles = crashEnvInt("RECEIPTS_KILLS", 2000)
+	cycles := testkit.EnvInt("RECEIPTS_KILLS", crashKillCycles)
+	if testkit.Soak() {
+		cycles = testkit.EnvInt("RECEIPTS_KILLS", 2000)
 	}
-	seed := crashSeed(t)
+	seed := testkit.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, 0xdead))
 	dir := t.TempDir()
 
@@ -125,28 +128,28 @@ func TestKillProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	ackedEvents = len(evs)
-	clock := newCrashClock(crashStart.Add(time.Duration(cycles+1) * time.Hour))
+	clock := receiptstest.NewClock(workload.Start.Add(time.Duration(cycles+1) * time.Hour))
 	db, err := receipts.Open(filepath.Join(dir, "db"), &receipts.Options{
-		Retention: crashRetention, LeaseTTL: crashTTL, GCInterval: -1, Now: clock.Now,
-		Pebble: &pebble.Options{FS: vfs.Default, Logger: &crashTestLogger{}},
+		Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+		Pebble: &pebble.Options{FS: vfs.Default, Logger: &workload.TestLogger{}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := &crashBad{}
-	cs := crashCheck(context.Background(), db, evs, effects, bad, cycles, true)
+	bad := &workload.Bad{}
+	cs := workload.Check(context.Background(), db, evs, effects, bad, cycles, true)
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if bad.count() > 0 {
+	if bad.Count() > 0 {
 		t.Fatalf("final check (seed %d): %s", seed, bad)
 	}
 	var commits, grants, takeovers int
 	for _, e := range evs {
 		switch e.Kind {
-		case evCommitted:
+		case workload.EvCommitted:
 			commits++
-		case evGrant, evGrantBatch:
+		case workload.EvGrant, workload.EvGrantBatch:
 			grants++
 			if e.State == receipts.Pending { // a takeover
 				takeovers++
@@ -157,30 +160,30 @@ func TestKillProcess(t *testing.T) {
 		t.Fatalf("workload too thin: %d commits, %d effects, %d of %d cycles killed", commits, len(effects), killed, cycles)
 	}
 	t.Logf("%d cycles in %s: %d SIGKILLed, %d exited on their own, %d killed before ready; %d acknowledged events (%d claims, %d takeovers, %d commits), %d provider effects; final check: %d records, duplicate effects %d, lost acknowledged receipts %d, lost claims %d",
-		cycles, time.Since(start).Round(time.Millisecond), killed, exited, notReady, ackedEvents, grants, takeovers, commits, len(effects), cs.records, cs.duplicates, cs.lostAcks, cs.lostClaims)
+		cycles, time.Since(start).Round(time.Millisecond), killed, exited, notReady, ackedEvents, grants, takeovers, commits, len(effects), cs.Records, cs.Duplicates, cs.LostAcks, cs.LostClaims)
 }
 
 // crashKillLoad reads the two logs.
-func crashKillLoad(dir string) ([]crashEvent, []crashEffect, error) {
-	evLines, err := crashReadLines(filepath.Join(dir, "events.log"))
+func crashKillLoad(dir string) ([]workload.Event, []workload.Effect, error) {
+	evLines, err := workload.ReadLines(filepath.Join(dir, "events.log"))
 	if err != nil {
 		return nil, nil, err
 	}
-	fxLines, err := crashReadLines(filepath.Join(dir, "provider.log"))
+	fxLines, err := workload.ReadLines(filepath.Join(dir, "provider.log"))
 	if err != nil {
 		return nil, nil, err
 	}
-	evs := make([]crashEvent, 0, len(evLines))
+	evs := make([]workload.Event, 0, len(evLines))
 	for _, l := range evLines {
-		e, err := parseCrashEvent(l)
+		e, err := workload.ParseEvent(l)
 		if err != nil {
 			return nil, nil, err
 		}
 		evs = append(evs, e)
 	}
-	fx := make([]crashEffect, 0, len(fxLines))
+	fx := make([]workload.Effect, 0, len(fxLines))
 	for _, l := range fxLines {
-		e, err := parseCrashEffect(l)
+		e, err := workload.ParseEffect(l)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -203,38 +206,38 @@ func TestKillProcessChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer vf.Close()
-	bad := &crashBad{onAdd: func(msg string) { _, _ = vf.WriteString(msg + "\n") }}
+	bad := &workload.Bad{OnAdd: func(msg string) { _, _ = vf.WriteString(msg + "\n") }}
 
 	evs, effects, err := crashKillLoad(dir) // also trims a torn last line
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &crashRecorder{evs: evs}
-	prov := newCrashProvider()
+	rec := &workload.Recorder{Evs: evs}
+	prov := workload.NewProvider()
 	for _, e := range effects {
-		prov.load(e)
+		prov.Load(e)
 	}
-	if rec.f, err = os.OpenFile(filepath.Join(dir, "events.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err != nil {
+	if rec.F, err = os.OpenFile(filepath.Join(dir, "events.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	defer rec.f.Close()
-	if prov.f, err = os.OpenFile(filepath.Join(dir, "provider.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err != nil {
+	defer rec.F.Close()
+	if prov.F, err = os.OpenFile(filepath.Join(dir, "provider.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	defer prov.f.Close()
+	defer prov.F.Close()
 
-	clock := newCrashClock(crashStart.Add(time.Duration(gen) * time.Hour))
+	clock := receiptstest.NewClock(workload.Start.Add(time.Duration(gen) * time.Hour))
 	db, err := receipts.Open(filepath.Join(dir, "db"), &receipts.Options{
-		Retention: crashRetention, LeaseTTL: crashTTL, GCInterval: -1, Now: clock.Now,
-		Pebble: &pebble.Options{FS: vfs.Default, Logger: &crashTestLogger{}},
+		Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+		Pebble: &pebble.Options{FS: vfs.Default, Logger: &workload.TestLogger{}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	ctx := context.Background()
-	crashCheck(ctx, db, evs, effects, bad, gen, false)
-	if bad.count() > 0 {
+	workload.Check(ctx, db, evs, effects, bad, gen, false)
+	if bad.Count() > 0 {
 		t.Fatalf("check at start of gen %d: %s", gen, bad)
 	}
 
@@ -242,26 +245,26 @@ func TestKillProcessChild(t *testing.T) {
 	// its abandoned claims are taken over (and reconciled) here.
 	var base int64
 	for _, e := range evs {
-		if e.Kind == evGrant || e.Kind == evGrantBatch {
-			base = max(base, crashKeyIndex(e.Key)-6)
+		if e.Kind == workload.EvGrant || e.Kind == workload.EvGrantBatch {
+			base = max(base, workload.KeyIndex(e.Key)-6)
 		}
 	}
-	st := &crashLoadStats{}
-	load := &crashLoad{
-		db: db, clock: clock, gen: gen, prov: prov, rec: rec, bad: bad, st: st,
-		window: 12, base: base, maxJumps: 20, doWait: 3 * time.Millisecond,
+	st := &workload.LoadStats{}
+	load := &workload.Load{
+		DB: db, Clock: clock, Gen: gen, Prov: prov, Rec: rec, Bad: bad, St: st,
+		Window: 12, Base: base, MaxJumps: 20, DoWait: 3 * time.Millisecond,
 	}
 	fmt.Println("KILLCHILD READY")
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wrng := rand.New(rand.NewPCG(seed, uint64(w)))
-		wg.Go(func() { load.worker(w, wrng, 1500) })
+		wg.Go(func() { load.Worker(w, wrng, 1500) })
 	}
 	wg.Wait()
-	if rec.err != nil {
-		t.Fatal(rec.err)
+	if rec.Err != nil {
+		t.Fatal(rec.Err)
 	}
-	if bad.count() > 0 {
+	if bad.Count() > 0 {
 		t.Fatalf("gen %d: %s", gen, bad)
 	}
 }

@@ -1,35 +1,26 @@
-package receipts_test
-
-// Scope isolation: a property test over adversarial scopes and IDs
-// (separators, NUL bytes, invalid UTF-8, empty halves of a split, parts that
-// are prefixes of each other, 254/255-byte edges, pairs that collide under
-// naive concatenation). Each key gets its own fingerprint and results; no
-// operation on one key may ever read, replay, conflict with or block on
-// another key, and Scan with Filter.Scope returns exactly that scope.
-//
-//	go test -run TestScopeIsolation .                   # CI: 10,000 checks
-//	RECEIPTS_SOAK=1 go test -run TestScopeIsolation .   # 200,000 checks
+package isolation_test
 
 import (
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
 
 func isolationChecks() int {
 	switch {
-	case soak():
+	case testkit.Soak():
 		return 200_000
-	case raceEnabled:
+	case testkit.RaceEnabled:
 		return 1000
 	}
 	return 10_000
@@ -97,8 +88,7 @@ type isoState struct {
 }
 
 func TestScopeIsolation(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(modelBase)
+	clock := receiptstest.NewClock(receiptstest.DefaultStart)
 	const retention = time.Hour
 	var db *receipts.DB
 	// One store per batch of checks; each check starts past the previous
@@ -109,7 +99,7 @@ func TestScopeIsolation(t *testing.T) {
 			Retention:  retention,
 			LeaseTTL:   time.Minute,
 			GCInterval: -1,
-			Now:        func() time.Time { return time.Unix(0, clock.Load()) },
+			Now:        clock.Now,
 			Pebble:     &pebble.Options{FS: vfs.NewMem()},
 		})
 		require.NoError(t, err)
@@ -124,7 +114,7 @@ func TestScopeIsolation(t *testing.T) {
 			}
 			open()
 		}
-		clock.Add(int64(2*retention + receipts.DefaultTombstoneWindow(retention)))
+		clock.Advance(2*retention + receipts.DefaultTombstoneWindow(retention))
 		keys := isoKeys(rt)
 		st := make([]isoState, len(keys))
 		fp := func(i int) []byte { return []byte(fmt.Sprintf("fp-%d", i)) }
@@ -226,6 +216,6 @@ func TestScopeIsolation(t *testing.T) {
 			require.NoError(t, db.Close())
 		}
 	}()
-	runRapid(t, isolationChecks(), prop)
+	testkit.RunRapid(t, isolationChecks(), prop)
 	t.Logf("%d checks", checks)
 }

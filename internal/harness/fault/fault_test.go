@@ -1,16 +1,4 @@
-package receipts_test
-
-// I/O fault harnesses on pebble/v2/vfs/errorfs.
-//
-// Fail-stop: Pebble cannot go on once a WAL write or sync has failed (it
-// may not know what reached the disk), so it calls Logger.Fatalf, in the
-// committing goroutine. The store's default logger exits the process
-// (status 1) after logging; a restart recovers from what was synced, and
-// since a claim or commit is acknowledged only after its sync, nothing
-// acknowledged is lost. Applications that set Options.Pebble.Logger take
-// over that decision: a Fatalf that returns would let Pebble report the
-// failed commit as done. These tests use a logger whose Fatalf panics in
-// the calling goroutine, recover the panic, and treat the DB as dead.
+package fault_test
 
 import (
 	"context"
@@ -31,6 +19,9 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/harness/workload"
+	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 func faultInjected(err error) bool {
@@ -39,10 +30,10 @@ func faultInjected(err error) bool {
 
 // faultCut is the history a process that died at mark leaves: events
 // before mark, and after it only attempts, releases begun and rejections.
-func faultCut(evs []crashEvent, mark int) []crashEvent {
-	out := append([]crashEvent(nil), evs[:mark]...)
+func faultCut(evs []workload.Event, mark int) []workload.Event {
+	out := append([]workload.Event(nil), evs[:mark]...)
 	for _, e := range evs[mark:] {
-		if e.Kind == evAttempt || e.Kind == evRejected || e.Kind == evReleasing {
+		if e.Kind == workload.EvAttempt || e.Kind == workload.EvRejected || e.Kind == workload.EvReleasing {
 			out = append(out, e)
 		}
 	}
@@ -53,7 +44,7 @@ func faultCut(evs []crashEvent, mark int) []crashEvent {
 type faultKStats struct {
 	runs, fatal, errReturned, silent int
 	imageChecks, survivorChecks      int
-	load                             crashLoadStats
+	load                             workload.LoadStats
 }
 
 // TestFaultWriteErrorAtK runs a seeded single-worker workload (claims,
@@ -74,9 +65,9 @@ type faultKStats struct {
 // different runs. One worker: after Pebble's Fatalf, other committers
 // would wait forever on the wedged commit pipeline.
 func TestFaultWriteErrorAtK(t *testing.T) {
-	seed := crashSeed(t)
+	seed := testkit.Seed(t)
 	ops := faultOps
-	if crashSoak() {
+	if testkit.Soak() {
 		ops = 600
 	}
 	var st faultKStats
@@ -102,10 +93,10 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 	t.Helper()
 	ctx := context.Background()
 	mem := vfs.NewCrashableMem()
-	clock := newCrashClock(crashStart)
-	rec := &crashRecorder{}
-	prov := newCrashProvider()
-	bad := &crashBad{}
+	clock := receiptstest.NewClock(workload.Start)
+	rec := &workload.Recorder{}
+	prov := workload.NewProvider()
+	bad := &workload.Bad{}
 
 	var (
 		armed      atomic.Bool // counting starts once Open has returned
@@ -128,18 +119,18 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 			cfg.UnsyncedDataPercent = 10 + imgRNG.IntN(91)
 			cfg.RNG = imgRNG
 		}
-		markFault, fxFault = rec.mark(), len(prov.effects())
+		markFault, fxFault = rec.Mark(), len(prov.Effects())
 		image = mem.CrashClone(cfg)
 		hit.Store(true)
 		return errorfs.ErrInjected
 	})
 	logger := &faultLogger{onFatal: func() {
 		// The process exits here: the OS keeps every byte written so far.
-		markDeath, fxDeath = rec.mark(), len(prov.effects())
+		markDeath, fxDeath = rec.Mark(), len(prov.Effects())
 		deathImage = mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 100, RNG: imgRNG})
 	}}
 	opts := &receipts.Options{
-		Retention: crashRetention, LeaseTTL: crashTTL, GCInterval: -1, Now: clock.Now,
+		Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
 		Pebble: &pebble.Options{FS: errorfs.Wrap(mem, inj), Logger: logger},
 	}
 
@@ -148,18 +139,18 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 		t.Fatalf("k=%d: open: %v", k, err)
 	}
 	armed.Store(true)
-	var load *crashLoad
+	var load *workload.Load
 	var fatal bool
-	lst := &crashLoadStats{}
-	defer st.load.add(lst)
+	lst := &workload.LoadStats{}
+	defer st.load.Add(lst)
 	{
-		load = &crashLoad{
-			db: db, clock: clock, prov: prov, rec: rec, bad: bad, st: lst,
-			window: 6, maxJumps: 4, doWait: time.Millisecond,
-			expected: func(err error) bool { return hit.Load() && faultInjected(err) },
+		load = &workload.Load{
+			DB: db, Clock: clock, Prov: prov, Rec: rec, Bad: bad, St: lst,
+			Window: 6, MaxJumps: 4, DoWait: time.Millisecond,
+			Expected: func(err error) bool { return hit.Load() && faultInjected(err) },
 		}
 		rng := rand.New(rand.NewPCG(seed, uint64(k))) // a different workload for every k
-		fatal = faultCatch(func() { load.worker(0, rng, ops) })
+		fatal = faultCatch(func() { load.Worker(0, rng, ops) })
 	}
 	closed := false
 	if !hit.Load() {
@@ -185,20 +176,20 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 	switch {
 	case fatal:
 		st.fatal++
-	case load.stop.Load():
+	case load.Stop.Load():
 		st.errReturned++
 	default:
 		st.silent++
 	}
-	if bad.count() > 0 {
+	if bad.Count() > 0 {
 		t.Errorf("k=%d: workload: %s", k, bad)
 	}
 
 	// The survivor: closed cleanly, or dead at Fatalf.
 	survivor := vfs.FS(mem)
-	evsSurvivor, fxSurvivor := rec.events(), prov.effects()
+	evsSurvivor, fxSurvivor := rec.Events(), prov.Effects()
 	if fatal && deathImage == nil { // a panic without Fatalf: the process dies now
-		markDeath, fxDeath = rec.mark(), len(prov.effects())
+		markDeath, fxDeath = rec.Mark(), len(prov.Effects())
 		deathImage = mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 100, RNG: imgRNG})
 	}
 	switch {
@@ -218,29 +209,29 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 	for _, w := range []struct {
 		name string
 		fs   vfs.FS
-		evs  []crashEvent
-		fx   []crashEffect
+		evs  []workload.Event
+		fx   []workload.Effect
 	}{
-		{"image at the fault", image, faultCut(rec.events(), markFault), prov.effects()[:fxFault]},
+		{"image at the fault", image, faultCut(rec.Events(), markFault), prov.Effects()[:fxFault]},
 		{"survivor", survivor, evsSurvivor, fxSurvivor},
 	} {
 		if w.fs == nil {
 			continue
 		}
-		clock.Advance(crashTTL + time.Second)
+		clock.Advance(workload.TTL + time.Second)
 		db2, err := receipts.Open("db", &receipts.Options{
-			Retention: crashRetention, LeaseTTL: crashTTL, GCInterval: -1, Now: clock.Now,
-			Pebble: &pebble.Options{FS: w.fs, Logger: &crashTestLogger{}},
+			Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+			Pebble: &pebble.Options{FS: w.fs, Logger: &workload.TestLogger{}},
 		})
 		if err != nil {
 			t.Fatalf("k=%d: %s: reopen: %v", k, w.name, err)
 		}
-		bad2 := &crashBad{}
-		crashCheck(ctx, db2, w.evs, w.fx, bad2, k, true)
+		bad2 := &workload.Bad{}
+		workload.Check(ctx, db2, w.evs, w.fx, bad2, k, true)
 		if err := db2.Close(); err != nil {
 			t.Errorf("k=%d: %s: close: %v", k, w.name, err)
 		}
-		if bad2.count() > 0 {
+		if bad2.Count() > 0 {
 			t.Errorf("k=%d: %s: %s", k, w.name, bad2)
 		}
 		if w.name == "survivor" {
@@ -252,9 +243,9 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 	return true
 }
 
-// faultLogger is crashTestLogger plus a hook that runs at Fatalf.
+// faultLogger is workload.TestLogger plus a hook that runs at Fatalf.
 type faultLogger struct {
-	crashTestLogger
+	workload.TestLogger
 	onFatal func()
 }
 
@@ -262,7 +253,7 @@ func (l *faultLogger) Fatalf(format string, args ...any) {
 	if l.onFatal != nil {
 		l.onFatal()
 	}
-	l.crashTestLogger.Fatalf(format, args...)
+	l.TestLogger.Fatalf(format, args...)
 }
 
 // faultCatch runs fn and reports whether it panicked with Fatalf's panic
@@ -271,7 +262,7 @@ func (l *faultLogger) Fatalf(format string, args ...any) {
 func faultCatch(fn func()) (fatal bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			_, isFatal := r.(crashFatal)
+			_, isFatal := r.(workload.Fatal)
 			err, isErr := r.(error)
 			if !isFatal && !(isErr && faultInjected(err)) {
 				panic(r)
@@ -300,9 +291,9 @@ func faultClose(db *receipts.DB) {
 // finished key, Lookup never says ErrNotFound for a stored key, and Scan
 // either returns every stored record or an error.
 func TestFaultRandomReadErrors(t *testing.T) {
-	seed := crashSeed(t)
+	seed := testkit.Seed(t)
 	rounds := faultReadRounds
-	if crashSoak() {
+	if testkit.Soak() {
 		rounds = 200
 	}
 	var total faultReadStats
@@ -341,7 +332,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 	t.Helper()
 	ctx := context.Background()
 	mem := vfs.NewMem()
-	clock := newCrashClock(crashStart)
+	clock := receiptstest.NewClock(workload.Start)
 	var on atomic.Bool
 	var injected atomic.Int64
 	var rngMu sync.Mutex
@@ -364,7 +355,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 	opts := &receipts.Options{
 		Retention: 8 * time.Hour, LeaseTTL: time.Hour, EpochWidth: time.Hour, GCInterval: -1, Now: clock.Now,
 		Pebble: &pebble.Options{
-			FS: errorfs.Wrap(mem, inj), Logger: &crashTestLogger{}, Cache: cache,
+			FS: errorfs.Wrap(mem, inj), Logger: &workload.TestLogger{}, Cache: cache,
 			DisableTableStats: true, DisableAutomaticCompactions: true,
 		},
 	}
@@ -393,7 +384,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 		for range perEpoch {
 			k := fk(n)
 			n++
-			l, _, err := db.Claim(ctx, k, crashFP(k))
+			l, _, err := db.Claim(ctx, k, workload.FP(k))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -420,7 +411,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 	}
 	for i := range 30 { // live claims, in the newest epoch
 		k := fk(n + i)
-		if _, _, err := db.Claim(ctx, k, crashFP(k)); err != nil {
+		if _, _, err := db.Claim(ctx, k, workload.FP(k)); err != nil {
 			t.Fatal(err)
 		}
 		state[k] = held
@@ -474,7 +465,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 			case finished:
 				switch orng.IntN(3) {
 				case 0:
-					l, r, err := db.Claim(ctx, k, crashFP(k))
+					l, r, err := db.Claim(ctx, k, workload.FP(k))
 					if errOK("claim", k, err) {
 						continue
 					}
@@ -484,7 +475,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 					faultSameReceipt(t, k, want[k], r)
 					s.replays++
 				case 1:
-					r, err := db.Do(ctx, k, crashFP(k), func(context.Context, *receipts.Lease) ([]byte, error) {
+					r, err := db.Do(ctx, k, workload.FP(k), func(context.Context, *receipts.Lease) ([]byte, error) {
 						t.Fatalf("p=%.2f: Do ran its function again for finished %s", p, k)
 						return nil, nil
 					})
@@ -508,11 +499,11 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 						continue
 					}
 					if r.State != receipts.Pending {
-						t.Errorf("p=%.2f: lookup of held %s: %s", p, k, crashFmtReceipt(r))
+						t.Errorf("p=%.2f: lookup of held %s: %s", p, k, workload.FmtReceipt(r))
 					}
 					continue
 				}
-				l, r, err := db.Claim(ctx, k, crashFP(k))
+				l, r, err := db.Claim(ctx, k, workload.FP(k))
 				if errors.Is(err, receipts.ErrInProgress) {
 					s.claimsRefused++
 					continue
@@ -520,7 +511,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 				if errOK("claim", k, err) {
 					continue
 				}
-				t.Fatalf("p=%.2f: claim of held %s: lease %v, receipt %s (a second claim)", p, k, l != nil, crashFmtReceipt(r))
+				t.Fatalf("p=%.2f: claim of held %s: lease %v, receipt %s (a second claim)", p, k, l != nil, workload.FmtReceipt(r))
 			case absent:
 				if orng.IntN(2) == 0 {
 					_, err := db.Lookup(ctx, k)
@@ -533,12 +524,12 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 					}
 					continue
 				}
-				l, r, err := db.Claim(ctx, k, crashFP(k))
+				l, r, err := db.Claim(ctx, k, workload.FP(k))
 				switch {
 				case err != nil && faultInjected(err):
 					s.surfaced++
 				case err != nil || r != nil:
-					t.Errorf("p=%.2f: claim of absent %s: %s, %v", p, k, crashFmtReceipt(r), err)
+					t.Errorf("p=%.2f: claim of absent %s: %s, %v", p, k, workload.FmtReceipt(r), err)
 				default:
 					s.notFoundAbsent++
 					r, err := l.Commit(ctx, []byte("ok: "+k.ID))
@@ -595,7 +586,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 func faultSameReceipt(t *testing.T, k receipts.Key, want, got *receipts.Receipt) {
 	t.Helper()
 	if got == nil || want == nil || got.Key != k || got.State != want.State || got.Token != want.Token || string(got.Result) != string(want.Result) {
-		t.Errorf("receipt of %s: got %s, want %s", k, crashFmtReceipt(got), crashFmtReceipt(want))
+		t.Errorf("receipt of %s: got %s, want %s", k, workload.FmtReceipt(got), workload.FmtReceipt(want))
 	}
 }
 
@@ -606,7 +597,7 @@ func faultSameReceipt(t *testing.T, k receipts.Key, want, got *receipts.Receipt)
 func TestFaultWALSyncFailStop(t *testing.T) {
 	ctx := context.Background()
 	mem := vfs.NewCrashableMem()
-	clock := newCrashClock(crashStart)
+	clock := receiptstest.NewClock(workload.Start)
 	var on atomic.Bool
 	var image *vfs.MemFS
 	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
@@ -622,12 +613,12 @@ func TestFaultWALSyncFailStop(t *testing.T) {
 		image = mem.CrashClone(vfs.CrashCloneCfg{})
 		return errorfs.ErrInjected
 	})
-	logger := &crashTestLogger{}
-	db := crashOpen(t, errorfs.Wrap(mem, inj), clock, logger)
+	logger := &workload.TestLogger{}
+	db := workload.Open(t, errorfs.Wrap(mem, inj), clock, logger)
 	before := make(map[receipts.Key]*receipts.Receipt)
 	for i := range 20 {
 		k := receipts.Key{Scope: "s", ID: fmt.Sprintf("done-%d", i)}
-		r, err := db.Do(ctx, k, crashFP(k), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte(k.ID), nil })
+		r, err := db.Do(ctx, k, workload.FP(k), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte(k.ID), nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -636,15 +627,15 @@ func TestFaultWALSyncFailStop(t *testing.T) {
 	victim := receipts.Key{Scope: "s", ID: "victim"}
 	on.Store(true)
 	var lease *receipts.Lease
-	fatal := faultCatch(func() { lease, _, _ = db.Claim(ctx, victim, crashFP(victim)) })
-	if !fatal || lease != nil || logger.count() != 1 {
-		t.Fatalf("WAL sync failure: fatal=%v lease=%v fatals=%d; want Fatalf and no lease", fatal, lease != nil, logger.count())
+	fatal := faultCatch(func() { lease, _, _ = db.Claim(ctx, victim, workload.FP(victim)) })
+	if !fatal || lease != nil || logger.Count() != 1 {
+		t.Fatalf("WAL sync failure: fatal=%v lease=%v fatals=%d; want Fatalf and no lease", fatal, lease != nil, logger.Count())
 	}
 	faultClose(db)
-	t.Logf("Pebble: %s", logger.fatals[0])
+	t.Logf("Pebble: %s", logger.Fatals[0])
 
-	clock.Advance(crashTTL + time.Second)
-	db = crashOpen(t, image, clock, &crashTestLogger{})
+	clock.Advance(workload.TTL + time.Second)
+	db = workload.Open(t, image, clock, &workload.TestLogger{})
 	defer db.Close()
 	for k, want := range before {
 		got, err := db.Lookup(ctx, k)
@@ -653,9 +644,9 @@ func TestFaultWALSyncFailStop(t *testing.T) {
 		}
 		faultSameReceipt(t, k, want, got)
 	}
-	l, r, err := db.Claim(ctx, victim, crashFP(victim))
+	l, r, err := db.Claim(ctx, victim, workload.FP(victim))
 	if err != nil || l == nil {
-		t.Fatalf("claim of %s after restart: %s, %v", victim, crashFmtReceipt(r), err)
+		t.Fatalf("claim of %s after restart: %s, %v", victim, workload.FmtReceipt(r), err)
 	}
 }
 
@@ -715,7 +706,7 @@ func faultWALSyncChild() {
 // process dead and parks that goroutine for good: the process would have
 // exited there, and the child abandons that DB.
 type faultChildLogger struct {
-	crashTestLogger
+	workload.TestLogger
 	gid  string
 	once sync.Once
 	dead chan struct{}
@@ -737,7 +728,7 @@ func newFaultChildLogger() *faultChildLogger {
 
 func (l *faultChildLogger) Fatalf(format string, args ...any) {
 	if faultGoroutineID() == l.gid {
-		l.crashTestLogger.Fatalf(format, args...)
+		l.TestLogger.Fatalf(format, args...)
 	}
 	l.die()
 }
@@ -771,7 +762,7 @@ func TestFaultOpenAtK(t *testing.T) {
 		faultOpenChild()
 		return
 	}
-	seed := crashSeed(t)
+	seed := testkit.Seed(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultOpenAtK$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "RECEIPTS_FAULT_OPEN_CHILD=1", fmt.Sprintf("RECEIPTS_SEED=%d", seed))
 	out, err := cmd.CombinedOutput()
@@ -793,31 +784,31 @@ func faultOpenChild() {
 		fmt.Printf("FAIL: "+format+"\n", args...)
 		os.Exit(1)
 	}
-	open := func(fs vfs.FS, clock *crashClock, logger pebble.Logger) (*receipts.DB, error) {
+	open := func(fs vfs.FS, clock *receiptstest.Clock, logger pebble.Logger) (*receipts.DB, error) {
 		return receipts.Open("db", &receipts.Options{
-			Retention: crashRetention, LeaseTTL: crashTTL, GCInterval: -1, Now: clock.Now,
+			Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
 			Pebble: &pebble.Options{FS: fs, Logger: logger},
 		})
 	}
 
 	// A store with history, left by a process crash.
 	base := vfs.NewCrashableMem()
-	clock := newCrashClock(crashStart)
-	rec := &crashRecorder{}
-	prov := newCrashProvider()
-	bad := &crashBad{}
-	db, err := open(base, clock, &crashTestLogger{})
+	clock := receiptstest.NewClock(workload.Start)
+	rec := &workload.Recorder{}
+	prov := workload.NewProvider()
+	bad := &workload.Bad{}
+	db, err := open(base, clock, &workload.TestLogger{})
 	if err != nil {
 		die("open: %v", err)
 	}
-	load := &crashLoad{db: db, clock: clock, prov: prov, rec: rec, bad: bad, st: &crashLoadStats{}, window: 8, maxJumps: 2, doWait: time.Millisecond}
-	load.worker(0, rand.New(rand.NewPCG(seed, 0x09e)), 300)
-	if bad.count() > 0 {
+	load := &workload.Load{DB: db, Clock: clock, Prov: prov, Rec: rec, Bad: bad, St: &workload.LoadStats{}, Window: 8, MaxJumps: 2, DoWait: time.Millisecond}
+	load.Worker(0, rand.New(rand.NewPCG(seed, 0x09e)), 300)
+	if bad.Count() > 0 {
 		die("workload: %s", bad)
 	}
 	crashed := base.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 100, RNG: rand.New(rand.NewPCG(seed, 1))})
 	_ = db.Close()
-	evs, fx := rec.events(), prov.effects()
+	evs, fx := rec.Events(), prov.Effects()
 
 	imgRNG := rand.New(rand.NewPCG(seed, 2))
 	var opened, failed, panicked, checked int
@@ -852,7 +843,7 @@ func faultOpenChild() {
 			}
 			return errorfs.ErrInjected
 		})
-		clock.Advance(crashTTL + time.Second)
+		clock.Advance(workload.TTL + time.Second)
 		var db *receipts.DB
 		var err error
 		var fatal, died bool
@@ -880,11 +871,11 @@ func faultOpenChild() {
 		default:
 			// Pebble may hit the fault later, in the flush of the replayed
 			// WAL; the process would then be gone (see faultChildLogger).
-			bad := &crashBad{}
+			bad := &workload.Bad{}
 			done := make(chan bool, 1)
 			go func() {
 				done <- faultCatch(func() {
-					crashCheck(ctx, db, evs, fx, bad, k, true)
+					workload.Check(ctx, db, evs, fx, bad, k, true)
 					_ = db.Close()
 				})
 			}()
@@ -897,7 +888,7 @@ func faultOpenChild() {
 				} else {
 					opened++
 				}
-				if bad.count() > 0 && image == nil {
+				if bad.Count() > 0 && image == nil {
 					die("k=%d: opened despite the fault: %s", k, bad)
 				}
 			}
@@ -908,16 +899,16 @@ func faultOpenChild() {
 			}
 			break
 		}
-		db2, err := open(image, clock, &crashTestLogger{})
+		db2, err := open(image, clock, &workload.TestLogger{})
 		if err != nil {
 			die("k=%d: reopen after the fault: %v", k, err)
 		}
-		bad := &crashBad{}
-		crashCheck(ctx, db2, evs, fx, bad, k, true)
+		bad := &workload.Bad{}
+		workload.Check(ctx, db2, evs, fx, bad, k, true)
 		if err := db2.Close(); err != nil {
 			die("k=%d: close: %v", k, err)
 		}
-		if bad.count() > 0 {
+		if bad.Count() > 0 {
 			die("k=%d: image at the fault: %s", k, bad)
 		}
 		checked++
@@ -943,7 +934,7 @@ func (l *faultReturningLogger) Fatalf(string, ...any) { l.fatals.Add(1) }
 func TestFaultReturningFatalfIsFailStop(t *testing.T) {
 	ctx := context.Background()
 	mem := vfs.NewCrashableMem()
-	clock := newCrashClock(crashStart)
+	clock := receiptstest.NewClock(workload.Start)
 	var on atomic.Bool
 	var image *vfs.MemFS
 	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
@@ -958,19 +949,19 @@ func TestFaultReturningFatalfIsFailStop(t *testing.T) {
 		return nil
 	})
 	logger := &faultReturningLogger{}
-	db := crashOpen(t, errorfs.Wrap(mem, inj), clock, logger)
+	db := workload.Open(t, errorfs.Wrap(mem, inj), clock, logger)
 	k := receipts.Key{Scope: "s", ID: "x"}
 	on.Store(true)
 	var lease *receipts.Lease
 	var err error
-	faultCatchAny(func() { lease, _, err = db.Claim(ctx, k, crashFP(k)) })
+	faultCatchAny(func() { lease, _, err = db.Claim(ctx, k, workload.FP(k)) })
 	faultCatchAny(func() { _ = db.Close() }) // releases Pebble even if it panics
 	if logger.fatals.Load() == 0 {
 		t.Fatal("the injected WAL sync failure never reached Fatalf")
 	}
 	if lease != nil {
 		// Show what that costs: the claim is gone after a power loss.
-		db2 := crashOpen(t, image, clock, &crashTestLogger{})
+		db2 := workload.Open(t, image, clock, &workload.TestLogger{})
 		_, lerr := db2.Lookup(ctx, k)
 		_ = db2.Close()
 		t.Fatalf("Claim handed out a lease (token %d, err %v) after its WAL sync failed; after a power loss Lookup says %v", lease.Token(), err, lerr)

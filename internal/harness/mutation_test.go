@@ -1,4 +1,4 @@
-package receipts_test
+package harness_test
 
 import (
 	"bytes"
@@ -13,12 +13,24 @@ import (
 	"time"
 )
 
+// suites are the harness packages (relative to the module root) and, for
+// each, a regexp for -test.list that names its harnesses. Keep in step with
+// suites in scripts/mutation-check.sh.
+var suites = []struct{ pkg, list string }{
+	{"./internal/harness/crash", "^TestCrashPowerLoss$"},
+	{"./internal/harness/kill", "^TestKillProcess$"},
+	{"./internal/harness/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
+	{"./internal/harness/model", "^TestModel"},
+	{"./internal/harness/linearize", "^TestLinearizability"},
+	{"./internal/harness/isolation", "^TestScopeIsolation"},
+}
+
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
 // run when it chooses (RECEIPTS_MUTATION_CHECK=1; it takes a few minutes):
-// it builds this package's tests with -tags receipts_mutate, checks that
-// every harness passes unmutated, runs every harness under every mutation
-// (nosync, nolock, naivekey, nofence, stalecache), logs the table, and fails if a
-// mutation survives every harness.
+// it builds each harness package's tests with -tags receipts_mutate, checks
+// that every harness passes unmutated, runs every harness under every
+// mutation (nosync, nolock, naivekey, nofence, stalecache), logs the table,
+// and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
 		t.Skip("set RECEIPTS_MUTATION_CHECK=1 (or run scripts/mutation-check.sh)")
@@ -27,18 +39,39 @@ func TestMutationCheck(t *testing.T) {
 	if err != nil {
 		t.Skip("no go command")
 	}
-	bin := filepath.Join(t.TempDir(), "receipts_mutate.test")
-	if out, err := exec.Command(gobin, "test", "-c", "-tags", "receipts_mutate", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	harnesses := []string{"TestCrashPowerLoss", "TestKillProcess", "TestFaultWriteErrorAtK", "TestFaultOpenAtK", "TestFaultWALSyncFailStop", "TestFaultReturningFatalfIsFailStop", "TestFaultRandomReadErrors"}
-	out, err := exec.Command(bin, "-test.list", "^(TestLinearizability|TestModel|TestScopeIsolation)").Output()
+	root, err := exec.Command(gobin, "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
-		t.Fatalf("list: %v", err)
+		t.Fatalf("module root: %v", err)
 	}
-	for _, h := range strings.Fields(string(out)) {
-		if strings.HasPrefix(h, "Test") {
-			harnesses = append(harnesses, h)
+	dir := t.TempDir()
+	var harnesses []string
+	binOf := make(map[string]string) // harness -> its package's test binary
+	built := make(map[string]string) // package -> binary
+	for i, s := range suites {
+		bin, ok := built[s.pkg]
+		if !ok {
+			bin = filepath.Join(dir, fmt.Sprintf("suite%d.test", i))
+			cmd := exec.Command(gobin, "test", "-c", "-tags", "receipts_mutate", "-o", bin, s.pkg)
+			cmd.Dir = strings.TrimSpace(string(root))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("build %s: %v\n%s", s.pkg, err, out)
+			}
+			built[s.pkg] = bin
+		}
+		out, err := exec.Command(bin, "-test.list", s.list).Output()
+		if err != nil {
+			t.Fatalf("list %s: %v", s.pkg, err)
+		}
+		n := 0
+		for _, h := range strings.Fields(string(out)) {
+			if strings.HasPrefix(h, "Test") {
+				harnesses = append(harnesses, h)
+				binOf[h] = bin
+				n++
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%s has no test matching %s", s.pkg, s.list)
 		}
 	}
 
@@ -50,7 +83,7 @@ func TestMutationCheck(t *testing.T) {
 	run := func(h, m string) outcome {
 		ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, "-test.run=^"+h+"$", "-test.count=1", "-test.timeout=600s")
+		cmd := exec.CommandContext(ctx, binOf[h], "-test.run=^"+h+"$", "-test.count=1", "-test.timeout=600s")
 		cmd.Env = append(os.Environ(), "RECEIPTS_MUTATION="+m, "RECEIPTS_CRASHES=12", "RECEIPTS_KILLS=25", "RECEIPTS_MUTATION_CHECK=")
 		var buf bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &buf, &buf

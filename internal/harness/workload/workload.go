@@ -1,32 +1,4 @@
-package receipts_test
-
-// The workload and the checker shared by the crash harnesses (power loss in
-// crash_test.go, process kills in kill_test.go, I/O faults in fault_test.go).
-//
-// Workers run Claim/Commit/Fail/Release/Renew/Do/DoBatch/Lookup on a sliding
-// window of keys. Effects go to an external "provider" that survives every
-// crash of the store. Every acknowledged call is recorded as an event; after
-// a crash the checker compares the reopened store with the events and the
-// provider:
-//
-//   - every acknowledged commit (and every committed outcome a caller saw)
-//     is present with its result: lost acknowledged receipts = 0;
-//   - no key has two committed outcomes, and a committed result is one some
-//     holder of that very token tried to commit, never one the store
-//     rejected (ErrLeaseLost);
-//   - every acknowledged claim survives (its token, or a newer one), so no
-//     fencing token goes backwards, and fresh tokens exceed every token seen;
-//   - the provider saw at most one effect per key (duplicate effects = 0),
-//     the key of every effect is still claimed, and the receipt names the
-//     effect;
-//   - DoBatch effects are in the store exactly when their receipt is;
-//   - every record decodes (Scan yields no error, Stats.Corrupt == 0).
-//
-// Leases only run out when the fake clock jumps; a jump waits for every
-// holder that is between its lease check (Renew) and its effect, so a holder
-// whose lease ran out is a zombie that must be fenced off, never a false
-// duplicate. A holder that was taken over reconciles with the provider by
-// ProviderKey, as the API tells users to.
+package workload
 
 import (
 	"bufio"
@@ -44,31 +16,23 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
-// crashClock is the fake clock of the crash harnesses.
-type crashClock struct{ ns atomic.Int64 }
+// Start is the fake clock's start.
+var Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newCrashClock(start time.Time) *crashClock {
-	c := &crashClock{}
-	c.ns.Store(start.UnixNano())
-	return c
-}
-
-func (c *crashClock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *crashClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-// crashStart is the fake clock's start.
-var crashStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// Store options of the harnesses: nothing expires during a run.
+// Store options of the harnesses: nothing expires during a run. Retention
+// is the receipts' retention, TTL the lease TTL.
 const (
-	crashRetention = 100000 * time.Hour
-	crashTTL       = 10 * time.Second
+	Retention = 100000 * time.Hour
+	TTL       = 10 * time.Second
 )
 
 // crashKey is the i-th key of the provider workload. Every fourth pair of
@@ -93,9 +57,9 @@ func crashBatchKey(i int64) receipts.Key {
 
 func crashIsBatchKey(k receipts.Key) bool { return k.Scope == "b" || k.Scope == "bb" }
 
-// crashFP is the fingerprint of k's intent: distinct for every key, even
+// FP is the fingerprint of k's intent: distinct for every key, even
 // for keys that collide under naive concatenation.
-func crashFP(k receipts.Key) []byte {
+func FP(k receipts.Key) []byte {
 	h := sha256.Sum256(fmt.Appendf(nil, "%d:%s|%s", len(k.Scope), k.Scope, k.ID))
 	return h[:]
 }
@@ -140,20 +104,21 @@ func parseCrashResult(b []byte) (crashResult, error) {
 	return r, nil
 }
 
-// Event kinds.
+// Event kinds (Event.Kind): EvGrant, EvGrantBatch, EvAttempt, EvCommitted,
+// EvObserved, EvReleased, EvReleasing, EvRejected.
 const (
-	evGrant      = 'G' // a lease was handed out (its claim is durable)
-	evGrantBatch = 'g' // a DoBatch lease (its claim is not synced)
-	evAttempt    = 'A' // a holder is about to commit or fail with Result
-	evCommitted  = 'C' // a Commit/Fail/Do/DoBatch returned this receipt
+	EvGrant      = 'G' // a lease was handed out (its claim is durable)
+	EvGrantBatch = 'g' // a DoBatch lease (its claim is not synced)
+	EvAttempt    = 'A' // a holder is about to commit or fail with Result
+	EvCommitted  = 'C' // a Commit/Fail/Do/DoBatch returned this receipt
 	evObserved   = 'O' // a replay or Lookup showed this finished receipt
 	evReleased   = 'R' // Release of Token returned nil
-	evReleasing  = 'r' // Token is about to be released (Release, or Do after NotPerformed)
-	evRejected   = 'L' // the commit of Result by Token got ErrLeaseLost
+	EvReleasing  = 'r' // Token is about to be released (Release, or Do after NotPerformed)
+	EvRejected   = 'L' // the commit of Result by Token got ErrLeaseLost
 )
 
-// crashEvent is one acknowledged (or, for evAttempt, attempted) call.
-type crashEvent struct {
+// Event is one acknowledged (or, for evAttempt, attempted) call.
+type Event struct {
 	Kind   byte
 	Gen    int
 	Key    receipts.Key
@@ -162,14 +127,15 @@ type crashEvent struct {
 	Result []byte
 }
 
-func (e crashEvent) line() []byte {
+func (e Event) line() []byte {
 	return fmt.Appendf(nil, "%c %d %x %x %d %d %x\n", e.Kind, e.Gen, e.Key.Scope, e.Key.ID, e.Token, e.State, e.Result)
 }
 
-func parseCrashEvent(line string) (crashEvent, error) {
+// ParseEvent parses a line written by Event.line.
+func ParseEvent(line string) (Event, error) {
 	f := strings.Split(line, " ")
 	if len(f) != 7 || len(f[0]) != 1 {
-		return crashEvent{}, fmt.Errorf("malformed event %q", line)
+		return Event{}, fmt.Errorf("malformed event %q", line)
 	}
 	gen, err1 := strconv.Atoi(f[1])
 	s, err2 := hex.DecodeString(f[2])
@@ -178,160 +144,168 @@ func parseCrashEvent(line string) (crashEvent, error) {
 	st, err5 := strconv.ParseUint(f[5], 10, 8)
 	res, err6 := hex.DecodeString(f[6])
 	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
-		return crashEvent{}, fmt.Errorf("malformed event %q: %w", line, err)
+		return Event{}, fmt.Errorf("malformed event %q: %w", line, err)
 	}
-	return crashEvent{Kind: f[0][0], Gen: gen, Key: receipts.Key{Scope: string(s), ID: string(id)}, Token: tok, State: receipts.State(st), Result: res}, nil
+	return Event{Kind: f[0][0], Gen: gen, Key: receipts.Key{Scope: string(s), ID: string(id)}, Token: tok, State: receipts.State(st), Result: res}, nil
 }
 
-// crashRecorder keeps the event history, in memory and optionally in an
+// Recorder keeps the event history, in memory and optionally in an
 // append-only file (one write per event, so a killed process never leaves a
 // torn line behind a complete one).
-type crashRecorder struct {
+type Recorder struct {
 	mu  sync.Mutex
-	evs []crashEvent
-	f   *os.File
-	err error
+	Evs []Event
+	F   *os.File
+	Err error
 }
 
-func (r *crashRecorder) add(e crashEvent) {
+func (r *Recorder) add(e Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.evs = append(r.evs, e)
-	if r.f != nil && r.err == nil {
-		_, r.err = r.f.Write(e.line())
+	r.Evs = append(r.Evs, e)
+	if r.F != nil && r.Err == nil {
+		_, r.Err = r.F.Write(e.line())
 	}
 }
 
-// mark returns the number of events so far.
-func (r *crashRecorder) mark() int {
+// Mark returns the number of events so far.
+func (r *Recorder) Mark() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.evs)
+	return len(r.Evs)
 }
 
-// cut keeps what the world saw before a crash: every event before mark,
+// Cut keeps what the world saw before a crash: every event before mark,
 // and after it only attempts and rejections (harmless: they only widen or
 // narrow what a commit may have written, and are true either way).
-func (r *crashRecorder) cut(mark int) {
+func (r *Recorder) Cut(mark int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	kept := r.evs[:mark:mark]
-	for _, e := range r.evs[mark:] {
-		if e.Kind == evAttempt || e.Kind == evRejected || e.Kind == evReleasing {
+	kept := r.Evs[:mark:mark]
+	for _, e := range r.Evs[mark:] {
+		if e.Kind == EvAttempt || e.Kind == EvRejected || e.Kind == EvReleasing {
 			kept = append(kept, e)
 		}
 	}
-	r.evs = kept
+	r.Evs = kept
 }
 
-func (r *crashRecorder) events() []crashEvent {
+// Events returns a copy of the history.
+func (r *Recorder) Events() []Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]crashEvent(nil), r.evs...)
+	return append([]Event(nil), r.Evs...)
 }
 
-// crashEffect is one effect the provider performed.
-type crashEffect struct {
+// Effect is one effect the provider performed.
+type Effect struct {
 	PK    string // the lease's ProviderKey
 	Key   receipts.Key
 	Token uint64 // the lease that performed it
 	Gen   int
 }
 
-func (e crashEffect) line() []byte {
+func (e Effect) line() []byte {
 	return fmt.Appendf(nil, "%s %x %x %d %d\n", e.PK, e.Key.Scope, e.Key.ID, e.Token, e.Gen)
 }
 
-func parseCrashEffect(line string) (crashEffect, error) {
+// ParseEffect parses a line written by Effect.line.
+func ParseEffect(line string) (Effect, error) {
 	f := strings.Split(line, " ")
 	if len(f) != 5 {
-		return crashEffect{}, fmt.Errorf("malformed effect %q", line)
+		return Effect{}, fmt.Errorf("malformed effect %q", line)
 	}
 	s, err1 := hex.DecodeString(f[1])
 	id, err2 := hex.DecodeString(f[2])
 	tok, err3 := strconv.ParseUint(f[3], 10, 64)
 	gen, err4 := strconv.Atoi(f[4])
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		return crashEffect{}, fmt.Errorf("malformed effect %q: %w", line, err)
+		return Effect{}, fmt.Errorf("malformed effect %q: %w", line, err)
 	}
-	return crashEffect{PK: f[0], Key: receipts.Key{Scope: string(s), ID: string(id)}, Token: tok, Gen: gen}, nil
+	return Effect{PK: f[0], Key: receipts.Key{Scope: string(s), ID: string(id)}, Token: tok, Gen: gen}, nil
 }
 
-// crashProvider is the external system the effects go to. It survives every
-// crash of the store. If f is set, every effect is appended and fsynced
+// Provider is the external system the effects go to. It survives every
+// crash of the store. If F is set, every effect is appended and fsynced
 // there before perform returns (the process-kill harness).
-type crashProvider struct {
+type Provider struct {
 	mu     sync.Mutex
-	byPK   map[string]crashEffect
-	all    []crashEffect
-	f      *os.File
+	byPK   map[string]Effect
+	all    []Effect
+	F      *os.File
 	frozen bool // the world ended (power loss): nothing more happens
 }
 
-func newCrashProvider() *crashProvider { return &crashProvider{byPK: make(map[string]crashEffect)} }
+// NewProvider returns a provider that has seen no effect.
+func NewProvider() *Provider { return &Provider{byPK: make(map[string]Effect)} }
 
 var errCrashWorldEnded = errors.New("crash harness: the world ended")
 
-func (p *crashProvider) find(pk string) (crashEffect, bool) {
+func (p *Provider) find(pk string) (Effect, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e, ok := p.byPK[pk]
 	return e, ok
 }
 
-func (p *crashProvider) perform(e crashEffect) error {
+func (p *Provider) perform(e Effect) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.frozen {
 		return errCrashWorldEnded
 	}
-	if p.f != nil {
-		if _, err := p.f.Write(e.line()); err != nil {
+	if p.F != nil {
+		if _, err := p.F.Write(e.line()); err != nil {
 			return err
 		}
-		if err := p.f.Sync(); err != nil {
+		if err := p.F.Sync(); err != nil {
 			return err
 		}
 	}
-	p.load(e)
+	p.Load(e)
 	return nil
 }
 
-func (p *crashProvider) load(e crashEffect) {
+// Load records e as performed without writing it anywhere (an effect read
+// back from a provider log).
+func (p *Provider) Load(e Effect) {
 	if _, ok := p.byPK[e.PK]; !ok {
 		p.byPK[e.PK] = e
 	}
 	p.all = append(p.all, e)
 }
 
-func (p *crashProvider) freeze() {
+// Freeze ends the world (power loss): every later effect fails.
+func (p *Provider) Freeze() {
 	p.mu.Lock()
 	p.frozen = true
 	p.mu.Unlock()
 }
 
-func (p *crashProvider) thaw() {
+// Thaw lets effects happen again, after the restart.
+func (p *Provider) Thaw() {
 	p.mu.Lock()
 	p.frozen = false
 	p.mu.Unlock()
 }
 
-func (p *crashProvider) effects() []crashEffect {
+// Effects returns every effect performed so far, in order.
+func (p *Provider) Effects() []Effect {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]crashEffect(nil), p.all...)
+	return append([]Effect(nil), p.all...)
 }
 
-// crashBad collects violations. onAdd, if set, sees each one as it happens
+// Bad collects violations. onAdd, if set, sees each one as it happens
 // (the kill harness's child writes them to a file).
-type crashBad struct {
+type Bad struct {
 	mu    sync.Mutex
 	n     int
 	msgs  []string
-	onAdd func(string)
+	OnAdd func(string)
 }
 
-func (b *crashBad) addf(format string, args ...any) {
+func (b *Bad) addf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -339,42 +313,46 @@ func (b *crashBad) addf(format string, args ...any) {
 	if len(b.msgs) < 30 {
 		b.msgs = append(b.msgs, msg)
 	}
-	if b.onAdd != nil {
-		b.onAdd(msg)
+	if b.OnAdd != nil {
+		b.OnAdd(msg)
 	}
 }
 
-func (b *crashBad) count() int {
+// Count is the number of violations so far.
+func (b *Bad) Count() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.n
 }
 
-func (b *crashBad) String() string {
+// String lists the first violations.
+func (b *Bad) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return fmt.Sprintf("%d violations:\n  %s", b.n, strings.Join(b.msgs, "\n  "))
 }
 
-// crashLoadStats counts what a workload did.
-type crashLoadStats struct {
-	ops, grants, takeovers, effects, reconciled, commits, fails, releases,
+// LoadStats counts what a workload did.
+type LoadStats struct {
+	ops, grants, Takeovers, Effects, reconciled, Commits, fails, releases,
 	replays, zombiesFenced, doCalls, batchCommits, jumps atomic.Int64
 }
 
-func (s *crashLoadStats) String() string {
+// String is the counts on one line.
+func (s *LoadStats) String() string {
 	return fmt.Sprintf("ops=%d grants=%d takeovers=%d effects=%d reconciled=%d commits=%d fails=%d releases=%d replays=%d zombies-fenced=%d batch-commits=%d clock-jumps=%d",
-		s.ops.Load(), s.grants.Load(), s.takeovers.Load(), s.effects.Load(), s.reconciled.Load(), s.commits.Load(), s.fails.Load(),
+		s.ops.Load(), s.grants.Load(), s.Takeovers.Load(), s.Effects.Load(), s.reconciled.Load(), s.Commits.Load(), s.fails.Load(),
 		s.releases.Load(), s.replays.Load(), s.zombiesFenced.Load(), s.batchCommits.Load(), s.jumps.Load())
 }
 
-func (s *crashLoadStats) add(o *crashLoadStats) {
+// Add adds o's counts to s.
+func (s *LoadStats) Add(o *LoadStats) {
 	s.ops.Add(o.ops.Load())
 	s.grants.Add(o.grants.Load())
-	s.takeovers.Add(o.takeovers.Load())
-	s.effects.Add(o.effects.Load())
+	s.Takeovers.Add(o.Takeovers.Load())
+	s.Effects.Add(o.Effects.Load())
 	s.reconciled.Add(o.reconciled.Load())
-	s.commits.Add(o.commits.Load())
+	s.Commits.Add(o.Commits.Load())
 	s.fails.Add(o.fails.Load())
 	s.releases.Add(o.releases.Load())
 	s.replays.Add(o.replays.Load())
@@ -383,32 +361,32 @@ func (s *crashLoadStats) add(o *crashLoadStats) {
 	s.jumps.Add(o.jumps.Load())
 }
 
-// crashLoad is one generation's workload against one open DB.
-type crashLoad struct {
-	db       *receipts.DB
-	clock    *crashClock
-	gen      int
-	prov     *crashProvider
-	rec      *crashRecorder
-	bad      *crashBad
-	st       *crashLoadStats
-	window   int64 // keys are drawn from [base+ops/8, base+ops/8+window)
-	base     int64
-	maxJumps int64
-	doWait   time.Duration // how long Do waits for another holder
+// Load is one generation's workload against one open DB.
+type Load struct {
+	DB       *receipts.DB
+	Clock    *receiptstest.Clock
+	Gen      int
+	Prov     *Provider
+	Rec      *Recorder
+	Bad      *Bad
+	St       *LoadStats
+	Window   int64 // keys are drawn from [base+ops/8, base+ops/8+window)
+	Base     int64
+	MaxJumps int64
+	DoWait   time.Duration // how long Do waits for another holder
 
 	// expected, if set, says which errors the harness injected on purpose:
 	// such an error stops the workload (fail-stop) instead of counting as a
 	// violation.
-	expected func(error) bool
+	Expected func(error) bool
 
 	gate  sync.RWMutex // a clock jump excludes every lease-check-then-effect section
 	nonce atomic.Uint64
-	stop  atomic.Bool
+	Stop  atomic.Bool
 	// onOps, if set, is called by the worker whose op brings the count to
 	// onOpsAt.
-	onOpsAt int64
-	onOps   func()
+	OnOpsAt int64
+	OnOps   func()
 }
 
 type crashHeld struct {
@@ -416,8 +394,8 @@ type crashHeld struct {
 	fx uint64 // the effect this lease reports (0: none yet)
 }
 
-func (w *crashLoad) keyIndex(rng *rand.Rand) int64 {
-	return w.base + w.st.ops.Load()/8 + rng.Int64N(w.window)
+func (w *Load) keyIndex(rng *rand.Rand) int64 {
+	return w.Base + w.St.ops.Load()/8 + rng.Int64N(w.Window)
 }
 
 var (
@@ -426,14 +404,14 @@ var (
 	errCrashDeclined     = errors.New("crash harness: declined by provider")
 )
 
-// worker runs ops until stopped or limit ops (0: no limit) are done.
-func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
+// Worker runs ops until stopped or limit ops (0: no limit) are done.
+func (w *Load) Worker(id int, rng *rand.Rand, limit int) {
 	var held []crashHeld
 	ctx := context.Background()
-	for i := 0; !w.stop.Load() && (limit == 0 || i < limit); i++ {
-		w.clock.Advance(time.Millisecond)
-		if n := w.st.ops.Add(1); w.onOps != nil && n == w.onOpsAt {
-			w.onOps()
+	for i := 0; !w.Stop.Load() && (limit == 0 || i < limit); i++ {
+		w.Clock.Advance(time.Millisecond)
+		if n := w.St.ops.Add(1); w.OnOps != nil && n == w.OnOpsAt {
+			w.OnOps()
 		}
 		x := rng.IntN(100)
 		switch {
@@ -454,9 +432,9 @@ func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
 			j := rng.IntN(len(held))
 			if err := held[j].l.Renew(ctx); err != nil {
 				if !errors.Is(err, receipts.ErrLeaseLost) {
-					w.fail(err, "gen %d: renew %s: %v", w.gen, held[j].l.Key(), err)
+					w.fail(err, "gen %d: renew %s: %v", w.Gen, held[j].l.Key(), err)
 				}
-				w.st.zombiesFenced.Add(1)
+				w.St.zombiesFenced.Add(1)
 				held = append(held[:j], held[j+1:]...)
 			}
 		case x < 62:
@@ -466,11 +444,11 @@ func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
 		case x < 97:
 			w.lookupOp(ctx, rng)
 		default:
-			if w.st.jumps.Load() < w.maxJumps {
+			if w.St.jumps.Load() < w.MaxJumps {
 				w.gate.Lock()
-				w.clock.Advance(crashTTL + time.Second)
+				w.Clock.Advance(TTL + time.Second)
 				w.gate.Unlock()
-				w.st.jumps.Add(1)
+				w.St.jumps.Add(1)
 			}
 		}
 	}
@@ -479,34 +457,34 @@ func (w *crashLoad) worker(id int, rng *rand.Rand, limit int) {
 
 // fail reports an unexpected error from the store, unless the harness
 // injected it: then the workload stops, as a fail-stop process would.
-func (w *crashLoad) fail(err error, format string, args ...any) {
-	if err != nil && w.expected != nil && w.expected(err) {
-		w.stop.Store(true)
+func (w *Load) fail(err error, format string, args ...any) {
+	if err != nil && w.Expected != nil && w.Expected(err) {
+		w.Stop.Store(true)
 		return
 	}
-	w.bad.addf(format, args...)
+	w.Bad.addf(format, args...)
 }
 
-func (w *crashLoad) granted(l *receipts.Lease, durable bool) {
-	e := crashEvent{Kind: evGrant, Gen: w.gen, Key: l.Key(), Token: l.Token()}
+func (w *Load) granted(l *receipts.Lease, durable bool) {
+	e := Event{Kind: EvGrant, Gen: w.Gen, Key: l.Key(), Token: l.Token()}
 	if !durable {
-		e.Kind = evGrantBatch
+		e.Kind = EvGrantBatch
 	}
 	if l.Recovered() {
 		e.State = receipts.Pending // marks a takeover
 	}
-	w.rec.add(e)
-	w.st.grants.Add(1)
+	w.Rec.add(e)
+	w.St.grants.Add(1)
 	if l.Recovered() {
-		w.st.takeovers.Add(1)
+		w.St.Takeovers.Add(1)
 	}
 }
 
 // reconcile asks the provider, by ProviderKey, whether a previous attempt's
 // effect happened; it returns that effect's token or 0.
-func (w *crashLoad) reconcile(l *receipts.Lease) uint64 {
-	if fx, ok := w.prov.find(l.ProviderKey()); ok {
-		w.st.reconciled.Add(1)
+func (w *Load) reconcile(l *receipts.Lease) uint64 {
+	if fx, ok := w.Prov.find(l.ProviderKey()); ok {
+		w.St.reconciled.Add(1)
 		return fx.Token
 	}
 	return 0
@@ -516,32 +494,32 @@ func (w *crashLoad) reconcile(l *receipts.Lease) uint64 {
 // effect at the provider. No clock jump happens in between, so a lease that
 // passed the check is live while the effect runs. It returns the effect's
 // token, or 0 if the lease was lost (nothing happened).
-func (w *crashLoad) effect(l *receipts.Lease) (uint64, error) {
+func (w *Load) effect(l *receipts.Lease) (uint64, error) {
 	w.gate.RLock()
 	defer w.gate.RUnlock()
 	if err := l.Renew(context.Background()); err != nil {
 		if errors.Is(err, receipts.ErrLeaseLost) {
-			w.st.zombiesFenced.Add(1)
+			w.St.zombiesFenced.Add(1)
 			return 0, nil
 		}
 		return 0, err
 	}
-	if err := w.prov.perform(crashEffect{PK: l.ProviderKey(), Key: l.Key(), Token: l.Token(), Gen: w.gen}); err != nil {
+	if err := w.Prov.perform(Effect{PK: l.ProviderKey(), Key: l.Key(), Token: l.Token(), Gen: w.Gen}); err != nil {
 		return 0, err
 	}
-	w.st.effects.Add(1)
+	w.St.Effects.Add(1)
 	return l.Token(), nil
 }
 
-func (w *crashLoad) result(l *receipts.Lease, fx uint64) []byte {
-	return crashResult{Key: l.Key(), Token: l.Token(), Fx: fx, Gen: w.gen, Nonce: w.nonce.Add(1)}.encode()
+func (w *Load) result(l *receipts.Lease, fx uint64) []byte {
+	return crashResult{Key: l.Key(), Token: l.Token(), Fx: fx, Gen: w.Gen, Nonce: w.nonce.Add(1)}.encode()
 }
 
 // claimOp claims a key; with a lease, it reconciles if recovered and maybe
 // performs the effect.
-func (w *crashLoad) claimOp(ctx context.Context, rng *rand.Rand) (crashHeld, bool) {
+func (w *Load) claimOp(ctx context.Context, rng *rand.Rand) (crashHeld, bool) {
 	k := crashKey(w.keyIndex(rng))
-	l, r, err := w.db.Claim(ctx, k, crashFP(k))
+	l, r, err := w.DB.Claim(ctx, k, FP(k))
 	switch {
 	case err == nil && l != nil:
 		w.granted(l, true)
@@ -553,7 +531,7 @@ func (w *crashLoad) claimOp(ctx context.Context, rng *rand.Rand) (crashHeld, boo
 			fx, err := w.effect(l)
 			if err != nil {
 				if !errors.Is(err, errCrashWorldEnded) {
-					w.fail(err, "gen %d: effect of %s: %v", w.gen, k, err)
+					w.fail(err, "gen %d: effect of %s: %v", w.Gen, k, err)
 				}
 				return h, false
 			}
@@ -567,27 +545,27 @@ func (w *crashLoad) claimOp(ctx context.Context, rng *rand.Rand) (crashHeld, boo
 		w.observe(k, r, "claim replay")
 	case errors.Is(err, receipts.ErrInProgress):
 	default:
-		w.fail(err, "gen %d: claim %s: %v", w.gen, k, err)
+		w.fail(err, "gen %d: claim %s: %v", w.Gen, k, err)
 	}
 	return crashHeld{}, false
 }
 
 // finish ends a held lease: commit, fail, release, or drop (the holder dies).
-func (w *crashLoad) finish(ctx context.Context, rng *rand.Rand, h crashHeld) {
+func (w *Load) finish(ctx context.Context, rng *rand.Rand, h crashHeld) {
 	x := rng.IntN(100)
 	if h.fx == 0 {
 		switch {
 		case x < 70:
-			w.rec.add(crashEvent{Kind: evReleasing, Gen: w.gen, Key: h.l.Key(), Token: h.l.Token()})
+			w.Rec.add(Event{Kind: EvReleasing, Gen: w.Gen, Key: h.l.Key(), Token: h.l.Token()})
 			err := h.l.Release(ctx)
 			switch {
 			case err == nil:
-				w.rec.add(crashEvent{Kind: evReleased, Gen: w.gen, Key: h.l.Key(), Token: h.l.Token()})
-				w.st.releases.Add(1)
+				w.Rec.add(Event{Kind: evReleased, Gen: w.Gen, Key: h.l.Key(), Token: h.l.Token()})
+				w.St.releases.Add(1)
 			case errors.Is(err, receipts.ErrLeaseLost):
-				w.st.zombiesFenced.Add(1)
+				w.St.zombiesFenced.Add(1)
 			default:
-				w.fail(err, "gen %d: release %s: %v", w.gen, h.l.Key(), err)
+				w.fail(err, "gen %d: release %s: %v", w.Gen, h.l.Key(), err)
 			}
 		case x < 90:
 			w.commit(ctx, h, receipts.Succeeded)
@@ -602,10 +580,10 @@ func (w *crashLoad) finish(ctx context.Context, rng *rand.Rand, h crashHeld) {
 	}
 }
 
-func (w *crashLoad) commit(ctx context.Context, h crashHeld, st receipts.State) {
+func (w *Load) commit(ctx context.Context, h crashHeld, st receipts.State) {
 	k := h.l.Key()
 	res := w.result(h.l, h.fx)
-	w.rec.add(crashEvent{Kind: evAttempt, Gen: w.gen, Key: k, Token: h.l.Token(), State: st, Result: res})
+	w.Rec.add(Event{Kind: EvAttempt, Gen: w.Gen, Key: k, Token: h.l.Token(), State: st, Result: res})
 	var r *receipts.Receipt
 	var err error
 	if st == receipts.Succeeded {
@@ -617,40 +595,40 @@ func (w *crashLoad) commit(ctx context.Context, h crashHeld, st receipts.State) 
 	case err == nil:
 		w.committed(h.l, r, st, res)
 	case errors.Is(err, receipts.ErrLeaseLost):
-		w.rec.add(crashEvent{Kind: evRejected, Gen: w.gen, Key: k, Token: h.l.Token(), State: st, Result: res})
-		w.st.zombiesFenced.Add(1)
+		w.Rec.add(Event{Kind: EvRejected, Gen: w.Gen, Key: k, Token: h.l.Token(), State: st, Result: res})
+		w.St.zombiesFenced.Add(1)
 	default:
-		w.fail(err, "gen %d: commit %s: %v", w.gen, k, err)
+		w.fail(err, "gen %d: commit %s: %v", w.Gen, k, err)
 	}
 }
 
 // committed checks and records the receipt of l's own commit.
-func (w *crashLoad) committed(l *receipts.Lease, r *receipts.Receipt, st receipts.State, res []byte) {
+func (w *Load) committed(l *receipts.Lease, r *receipts.Receipt, st receipts.State, res []byte) {
 	k := l.Key()
 	if r == nil || r.Key != k || r.Token != l.Token() || r.State != st || !bytes.Equal(r.Result, res) {
-		w.bad.addf("gen %d: commit of %s by token %d (%s %q) returned %s", w.gen, k, l.Token(), st, res, crashFmtReceipt(r))
+		w.Bad.addf("gen %d: commit of %s by token %d (%s %q) returned %s", w.Gen, k, l.Token(), st, res, FmtReceipt(r))
 		return
 	}
-	w.rec.add(crashEvent{Kind: evCommitted, Gen: w.gen, Key: k, Token: r.Token, State: r.State, Result: r.Result})
+	w.Rec.add(Event{Kind: EvCommitted, Gen: w.Gen, Key: k, Token: r.Token, State: r.State, Result: r.Result})
 	if st == receipts.Succeeded {
-		w.st.commits.Add(1)
+		w.St.Commits.Add(1)
 	} else {
-		w.st.fails.Add(1)
+		w.St.fails.Add(1)
 	}
 }
 
 // observe checks and records a finished receipt someone was shown.
-func (w *crashLoad) observe(k receipts.Key, r *receipts.Receipt, src string) {
-	w.st.replays.Add(1)
+func (w *Load) observe(k receipts.Key, r *receipts.Receipt, src string) {
+	w.St.replays.Add(1)
 	if r.State != receipts.Succeeded && r.State != receipts.Failed {
-		w.bad.addf("gen %d: %s of %s returned a %s receipt", w.gen, src, k, r.State)
+		w.Bad.addf("gen %d: %s of %s returned a %s receipt", w.Gen, src, k, r.State)
 		return
 	}
 	if err := crashCheckReceipt(k, r); err != nil {
-		w.bad.addf("gen %d: %s: %v", w.gen, src, err)
+		w.Bad.addf("gen %d: %s: %v", w.Gen, src, err)
 		return
 	}
-	w.rec.add(crashEvent{Kind: evObserved, Gen: w.gen, Key: k, Token: r.Token, State: r.State, Result: r.Result})
+	w.Rec.add(Event{Kind: evObserved, Gen: w.Gen, Key: k, Token: r.Token, State: r.State, Result: r.Result})
 }
 
 // crashCheckReceipt checks that a finished receipt of k is k's and was
@@ -672,16 +650,17 @@ func crashCheckReceipt(k receipts.Key, r *receipts.Receipt) error {
 	return nil
 }
 
-func crashFmtReceipt(r *receipts.Receipt) string {
+// FmtReceipt formats r for violation messages.
+func FmtReceipt(r *receipts.Receipt) string {
 	if r == nil {
 		return "<nil>"
 	}
 	return fmt.Sprintf("{%s %s token=%d attempts=%d result=%q}", r.Key, r.State, r.Token, r.Attempts, r.Result)
 }
 
-func (w *crashLoad) doOp(ctx context.Context, rng *rand.Rand) {
+func (w *Load) doOp(ctx context.Context, rng *rand.Rand) {
 	k := crashKey(w.keyIndex(rng))
-	ctx, cancel := context.WithTimeout(ctx, w.doWait)
+	ctx, cancel := context.WithTimeout(ctx, w.DoWait)
 	defer cancel()
 	var (
 		lease   *receipts.Lease
@@ -689,7 +668,7 @@ func (w *crashLoad) doOp(ctx context.Context, rng *rand.Rand) {
 		wantSt  receipts.State
 		outcome error
 	)
-	r, err := w.db.Do(ctx, k, crashFP(k), func(_ context.Context, l *receipts.Lease) ([]byte, error) {
+	r, err := w.DB.Do(ctx, k, FP(k), func(_ context.Context, l *receipts.Lease) ([]byte, error) {
 		lease = l
 		w.granted(l, true)
 		var fx uint64
@@ -698,7 +677,7 @@ func (w *crashLoad) doOp(ctx context.Context, rng *rand.Rand) {
 		}
 		x := rng.IntN(100)
 		if fx == 0 && x < 8 {
-			w.rec.add(crashEvent{Kind: evReleasing, Gen: w.gen, Key: k, Token: l.Token()})
+			w.Rec.add(Event{Kind: EvReleasing, Gen: w.Gen, Key: k, Token: l.Token()})
 			outcome = errCrashNotPerformed
 			return nil, receipts.NotPerformed(outcome)
 		}
@@ -706,9 +685,9 @@ func (w *crashLoad) doOp(ctx context.Context, rng *rand.Rand) {
 			var err error
 			if fx, err = w.effect(l); err != nil || fx == 0 {
 				if err != nil && !errors.Is(err, errCrashWorldEnded) {
-					w.fail(err, "gen %d: effect of %s: %v", w.gen, k, err)
+					w.fail(err, "gen %d: effect of %s: %v", w.Gen, k, err)
 				}
-				w.rec.add(crashEvent{Kind: evReleasing, Gen: w.gen, Key: k, Token: l.Token()})
+				w.Rec.add(Event{Kind: EvReleasing, Gen: w.Gen, Key: k, Token: l.Token()})
 				outcome = errCrashNotPerformed
 				return nil, receipts.NotPerformed(outcome)
 			}
@@ -723,54 +702,54 @@ func (w *crashLoad) doOp(ctx context.Context, rng *rand.Rand) {
 		default:
 			want, wantSt = res, receipts.Succeeded
 		}
-		w.rec.add(crashEvent{Kind: evAttempt, Gen: w.gen, Key: k, Token: l.Token(), State: wantSt, Result: want})
+		w.Rec.add(Event{Kind: EvAttempt, Gen: w.Gen, Key: k, Token: l.Token(), State: wantSt, Result: want})
 		if wantSt == receipts.Failed {
 			outcome = errCrashDeclined
 			return res, receipts.Permanent(outcome)
 		}
 		return res, nil
 	})
-	w.st.doCalls.Add(1)
+	w.St.doCalls.Add(1)
 	w.doDone(k, lease, want, wantSt, outcome, r, err)
 }
 
 // doDone checks what Do or DoBatch returned.
-func (w *crashLoad) doDone(k receipts.Key, lease *receipts.Lease, want []byte, wantSt receipts.State, outcome error, r *receipts.Receipt, err error) {
+func (w *Load) doDone(k receipts.Key, lease *receipts.Lease, want []byte, wantSt receipts.State, outcome error, r *receipts.Receipt, err error) {
 	switch {
 	case lease == nil && r != nil && (err == nil || errors.Is(err, receipts.ErrFailed)):
 		if (r.State == receipts.Failed) != (err != nil) {
-			w.bad.addf("gen %d: Do replay of %s: %s receipt with error %v", w.gen, k, r.State, err)
+			w.Bad.addf("gen %d: Do replay of %s: %s receipt with error %v", w.Gen, k, r.State, err)
 		}
 		w.observe(k, r, "Do replay")
 	case lease == nil && (errors.Is(err, receipts.ErrInProgress) || errors.Is(err, context.DeadlineExceeded)):
 	case lease == nil:
-		w.fail(err, "gen %d: Do %s: %s, %v", w.gen, k, crashFmtReceipt(r), err)
+		w.fail(err, "gen %d: Do %s: %s, %v", w.Gen, k, FmtReceipt(r), err)
 	case want != nil && r != nil && (err == nil) == (wantSt == receipts.Succeeded):
 		w.committed(lease, r, wantSt, want)
 	case want != nil && r == nil && errors.Is(err, receipts.ErrLeaseLost):
-		w.rec.add(crashEvent{Kind: evRejected, Gen: w.gen, Key: k, Token: lease.Token(), State: wantSt, Result: want})
-		w.st.zombiesFenced.Add(1)
+		w.Rec.add(Event{Kind: EvRejected, Gen: w.Gen, Key: k, Token: lease.Token(), State: wantSt, Result: want})
+		w.St.zombiesFenced.Add(1)
 	case want == nil && r == nil && outcome != nil && errors.Is(err, outcome):
 		if errors.Is(err, receipts.ErrLeaseLost) {
-			w.st.zombiesFenced.Add(1)
+			w.St.zombiesFenced.Add(1)
 		}
 	case want == nil && r == nil && errors.Is(err, receipts.ErrLeaseLost):
-		w.st.zombiesFenced.Add(1)
+		w.St.zombiesFenced.Add(1)
 	default:
-		w.fail(err, "gen %d: Do %s (token %d, wanted %s %q, fn said %v): %s, %v", w.gen, k, lease.Token(), wantSt, want, outcome, crashFmtReceipt(r), err)
+		w.fail(err, "gen %d: Do %s (token %d, wanted %s %q, fn said %v): %s, %v", w.Gen, k, lease.Token(), wantSt, want, outcome, FmtReceipt(r), err)
 	}
 }
 
-func (w *crashLoad) doBatchOp(ctx context.Context, rng *rand.Rand) {
+func (w *Load) doBatchOp(ctx context.Context, rng *rand.Rand) {
 	k := crashBatchKey(w.keyIndex(rng))
-	ctx, cancel := context.WithTimeout(ctx, w.doWait)
+	ctx, cancel := context.WithTimeout(ctx, w.DoWait)
 	defer cancel()
 	var (
 		lease   *receipts.Lease
 		want    []byte
 		outcome error
 	)
-	r, err := w.db.DoBatch(ctx, k, crashFP(k), func(_ context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+	r, err := w.DB.DoBatch(ctx, k, FP(k), func(_ context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
 		lease = l
 		w.granted(l, false)
 		if l.Recovered() {
@@ -781,8 +760,8 @@ func (w *crashLoad) doBatchOp(ctx context.Context, rng *rand.Rand) {
 			// zombie, fenced at commit) may well see its successor's.
 			w.gate.RLock()
 			if err := l.Renew(context.Background()); err == nil {
-				if v, closer, err := w.db.Pebble().Get(crashAppKey(k)); err == nil {
-					w.bad.addf("gen %d: DoBatch %s recovered (token %d) with its effect %x already stored", w.gen, k, l.Token(), v)
+				if v, closer, err := w.DB.Pebble().Get(crashAppKey(k)); err == nil {
+					w.Bad.addf("gen %d: DoBatch %s recovered (token %d) with its effect %x already stored", w.Gen, k, l.Token(), v)
 					_ = closer.Close()
 				}
 			}
@@ -796,49 +775,49 @@ func (w *crashLoad) doBatchOp(ctx context.Context, rng *rand.Rand) {
 			return nil, err
 		}
 		want = w.result(l, l.Token())
-		w.rec.add(crashEvent{Kind: evAttempt, Gen: w.gen, Key: k, Token: l.Token(), State: receipts.Succeeded, Result: want})
+		w.Rec.add(Event{Kind: EvAttempt, Gen: w.Gen, Key: k, Token: l.Token(), State: receipts.Succeeded, Result: want})
 		return want, nil
 	})
 	if lease != nil && want != nil && err == nil {
-		w.st.batchCommits.Add(1)
+		w.St.batchCommits.Add(1)
 	}
 	w.doDone(k, lease, want, receipts.Succeeded, outcome, r, err)
 }
 
-func (w *crashLoad) lookupOp(ctx context.Context, rng *rand.Rand) {
+func (w *Load) lookupOp(ctx context.Context, rng *rand.Rand) {
 	i := w.keyIndex(rng)
 	k := crashKey(i)
 	if rng.IntN(4) == 0 {
 		k = crashBatchKey(i)
 	}
-	r, err := w.db.Lookup(ctx, k)
+	r, err := w.DB.Lookup(ctx, k)
 	switch {
 	case errors.Is(err, receipts.ErrNotFound):
 	case err != nil:
-		w.fail(err, "gen %d: lookup %s: %v", w.gen, k, err)
+		w.fail(err, "gen %d: lookup %s: %v", w.Gen, k, err)
 	case r.State == receipts.Pending:
 		if r.Key != k {
-			w.bad.addf("gen %d: lookup %s returned %s", w.gen, k, crashFmtReceipt(r))
+			w.Bad.addf("gen %d: lookup %s returned %s", w.Gen, k, FmtReceipt(r))
 		}
 	default:
 		w.observe(k, r, "lookup")
 	}
 }
 
-// crashProbeSeq makes every probe key of crashCheck new.
+// crashProbeSeq makes every probe key of Check new.
 var crashProbeSeq atomic.Int64
 
-// crashCheckStats is what one check looked at.
-type crashCheckStats struct {
-	records, committed, pending, effects, duplicates, lostAcks, lostClaims int
+// CheckStats is what one check looked at.
+type CheckStats struct {
+	Records, committed, pending, effects, Duplicates, LostAcks, LostClaims int
 }
 
-// crashCheck compares the store with the history of acknowledged events and
+// Check compares the store with the history of acknowledged events and
 // the provider's effects. gen names the check in messages.
 //
 // It scans the whole store; Stats (a second scan) runs only if withStats.
-func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects []crashEffect, bad *crashBad, gen int, withStats bool) crashCheckStats {
-	var cs crashCheckStats
+func Check(ctx context.Context, db *receipts.DB, evs []Event, effects []Effect, bad *Bad, gen int, withStats bool) CheckStats {
+	var cs CheckStats
 	recs := make(map[receipts.Key]*receipts.Receipt)
 	var maxTok uint64
 	for r, err := range db.Scan(ctx, receipts.Filter{}) {
@@ -859,7 +838,7 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 			bad.addf("check %d: %d corrupt records", gen, st.Corrupt)
 		}
 	}
-	cs.records = len(recs)
+	cs.Records = len(recs)
 
 	type outcome struct {
 		st  receipts.State
@@ -895,18 +874,18 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 	for _, e := range evs {
 		maxTok = max(maxTok, e.Token)
 		switch e.Kind {
-		case evGrant:
+		case EvGrant:
 			ki := get(e.Key)
 			ki.maxGrant = max(ki.maxGrant, e.Token)
 		case evReleased:
 			get(e.Key).released[e.Token] = true
-		case evReleasing:
+		case EvReleasing:
 			get(e.Key).releasing[e.Token] = true
-		case evAttempt:
+		case EvAttempt:
 			attempts[aKey(e.Key, e.Token, e.State, e.Result)] = true
-		case evRejected:
+		case EvRejected:
 			rejected[aKey(e.Key, e.Token, e.State, e.Result)] = true
-		case evCommitted, evObserved:
+		case EvCommitted, evObserved:
 			ki := get(e.Key)
 			o := outcome{e.State, e.Token, string(e.Result)}
 			switch {
@@ -949,7 +928,7 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 				tok := binary.BigEndian.Uint64(append(make([]byte, 8-min(len(v), 8)), v...))
 				_ = closer.Close()
 				if r.State != receipts.Succeeded || tok != r.Token {
-					bad.addf("check %d: DoBatch effect of %s (token %d) stored, receipt is %s", gen, k, tok, crashFmtReceipt(r))
+					bad.addf("check %d: DoBatch effect of %s (token %d) stored, receipt is %s", gen, k, tok, FmtReceipt(r))
 				}
 			case errors.Is(err, pebble.ErrNotFound):
 				if r.State == receipts.Succeeded {
@@ -966,8 +945,8 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 		r := recs[k]
 		if ki.out != nil {
 			if r == nil || r.State != ki.out.st || r.Token != ki.out.tok || string(r.Result) != ki.out.res {
-				cs.lostAcks++
-				bad.addf("check %d: acknowledged receipt of %s (%s token %d %q) lost: store has %s", gen, k, ki.out.st, ki.out.tok, ki.out.res, crashFmtReceipt(r))
+				cs.LostAcks++
+				bad.addf("check %d: acknowledged receipt of %s (%s token %d %q) lost: store has %s", gen, k, ki.out.st, ki.out.tok, ki.out.res, FmtReceipt(r))
 			}
 			continue
 		}
@@ -979,7 +958,7 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 			// abandoned; a first attempt's release deletes it.
 			kept := r != nil && r.Token == ki.maxGrant && r.State == receipts.Pending && r.Attempts > 1
 			if r != nil && r.Token <= ki.maxGrant && !kept {
-				bad.addf("check %d: %s was released at token %d, store has %s", gen, k, ki.maxGrant, crashFmtReceipt(r))
+				bad.addf("check %d: %s was released at token %d, store has %s", gen, k, ki.maxGrant, FmtReceipt(r))
 			}
 			continue
 		}
@@ -987,8 +966,8 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 			continue // a release in flight at the crash may have landed
 		}
 		if r == nil || r.Token < ki.maxGrant {
-			cs.lostClaims++
-			bad.addf("check %d: acknowledged claim of %s (token %d) lost: store has %s", gen, k, ki.maxGrant, crashFmtReceipt(r))
+			cs.LostClaims++
+			bad.addf("check %d: acknowledged claim of %s (token %d) lost: store has %s", gen, k, ki.maxGrant, FmtReceipt(r))
 		}
 	}
 	// DoBatch effects without a record.
@@ -1018,14 +997,14 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 
 	// Effects: one per key, under a claim the store still knows, and named by
 	// its receipt.
-	byKey := make(map[receipts.Key][]crashEffect)
+	byKey := make(map[receipts.Key][]Effect)
 	for _, e := range effects {
 		byKey[e.Key] = append(byKey[e.Key], e)
 	}
 	cs.effects = len(effects)
 	for k, fx := range byKey {
 		if len(fx) > 1 {
-			cs.duplicates += len(fx) - 1
+			cs.Duplicates += len(fx) - 1
 			toks := make([]string, len(fx))
 			for i, e := range fx {
 				toks[i] = fmt.Sprintf("token %d (gen %d)", e.Token, e.Gen)
@@ -1067,9 +1046,9 @@ func crashCheck(ctx context.Context, db *receipts.DB, evs []crashEvent, effects 
 	return cs
 }
 
-// crashReadLines reads the complete lines of a file, truncating a torn last
+// ReadLines reads the complete lines of a file, truncating a torn last
 // line (a write cut short) so that later appends start on a fresh line.
-func crashReadLines(path string) ([]string, error) {
+func ReadLines(path string) ([]string, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
@@ -1096,10 +1075,61 @@ func crashReadLines(path string) ([]string, error) {
 	return lines, sc.Err()
 }
 
-// crashKeyIndex is the index i of crashKey(i) or crashBatchKey(i) (for the
+// KeyIndex is the index i of crashKey(i) or crashBatchKey(i) (for the
 // odd key of a colliding pair, i-1), from the digits that end the ID.
-func crashKeyIndex(k receipts.Key) int64 {
+func KeyIndex(k receipts.Key) int64 {
 	id := strings.TrimLeft(k.ID, "abcdefghijklmnopqrstuvwxyz-")
 	n, _ := strconv.ParseInt(id, 10, 64)
 	return n
+}
+
+// TestLogger is a Pebble logger for tests: Fatalf panics (in the
+// calling goroutine) instead of exiting the process, after recording the
+// message.
+type TestLogger struct {
+	mu     sync.Mutex
+	Fatals []string
+}
+
+// Infof drops the message.
+func (l *TestLogger) Infof(string, ...any) {}
+
+// Errorf drops the message.
+func (l *TestLogger) Errorf(string, ...any) {}
+
+// Fatalf records the message and panics with it as a Fatal.
+func (l *TestLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	l.mu.Lock()
+	l.Fatals = append(l.Fatals, msg)
+	l.mu.Unlock()
+	panic(Fatal(msg))
+}
+
+// Count is the number of Fatalf calls so far.
+func (l *TestLogger) Count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.Fatals)
+}
+
+// Fatal is the panic value of TestLogger.Fatalf.
+type Fatal string
+
+// Open opens the harnesses' store in directory "db" of fs: the
+// harnesses' Retention and TTL, no background GC, clock's time and the
+// given Pebble logger. It fails the test if Open fails.
+func Open(t testing.TB, fs vfs.FS, clock *receiptstest.Clock, logger pebble.Logger) *receipts.DB {
+	t.Helper()
+	db, err := receipts.Open("db", &receipts.Options{
+		Retention:  Retention,
+		LeaseTTL:   TTL,
+		GCInterval: -1,
+		Now:        clock.Now,
+		Pebble:     &pebble.Options{FS: fs, Logger: logger},
+	})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	return db
 }
