@@ -35,7 +35,10 @@ const (
 	maxOther     = 20
 )
 
-// claimDecide is Claim after its replay fast path (see claim_late.go and replayfast.go):
+// claimDecide is Claim after its replay fast path (see claim_late.go and replayfast.go): a
+// first attempt sends [BEGIN; advisory lock; fresh insert; COMMIT] in one round trip and
+// undoes a claim it committed if Close began meanwhile (claimGated's oneTrip); a key with a
+// record, and every retry after a lost reply, runs
 // [BEGIN; advisory lock; claim CTE] in one pgx batch (one
 // round trip), then COMMIT (a second one) once the closing gate has been read, retried
 // internally with the same nonce. The explicit transaction is what lets a claim that decided
@@ -54,9 +57,14 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		if lost == 0 && e.closing() {
 			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
 		}
-		row, err := e.claimGated(ctx, req, nonce)
+		row, err := e.claimGated(ctx, req, nonce, lost == 0)
 		if err == nil && e.testLoseReply != nil {
 			err = e.testLoseReply()
+		}
+		if err == nil && row.outcome == "own" && row.rec.Attempts == 1 && e.closing() {
+			// A first claim an earlier attempt committed, maybe in one round trip (claimGated's
+			// oneTrip) after Close began: undone, as that attempt would have undone it.
+			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, e.undoFresh(ctx, req, row.rec.Token))
 		}
 		if err == nil && row.outcome != "busy" {
 			return e.claimResult(req, row)
@@ -106,14 +114,36 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // has begun (then ROLLBACK and driver.ErrClosed: nothing is written). Any other outcome wrote
 // nothing and is rolled back. A lost COMMIT reply is a lost reply like any other (the retry's
 // nonce finds the claim if it landed).
-func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce []byte) (claimRow, error) {
+//
+// With oneTrip, the first batch carries its COMMIT ([BEGIN; lock; insert if absent; COMMIT]:
+// a first call's claim in one round trip). A claim it granted is committed before the closing
+// gate is read, so if Close has begun by then the claim is undone (undoFresh: deleted by its
+// token) and the answer is driver.ErrClosed: still no lease handed out after Close began, and
+// nothing decided after Close began stays. If the key had a record, that batch committed
+// nothing and the claim statement decides in a second transaction, gated as above.
+func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce []byte, oneTrip bool) (claimRow, error) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return claimRow{}, err
 	}
-	defer conn.Release()                                   // a connection left in a transaction is closed by the pool
-	row, fresh, err := e.claimFresh(ctx, conn, req, nonce) // [BEGIN; lock; insert if absent]
-	if err == nil && !fresh {                              // the key has a record: the claim statement decides
+	defer conn.Release() // a connection left in a transaction is closed by the pool
+	if oneTrip {
+		row, fresh, err := e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
+		if err != nil {
+			if conn.Conn().PgConn().TxStatus() != 'I' { // the batch failed inside its transaction
+				_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+			}
+			return claimRow{}, err
+		}
+		if fresh {
+			if e.closing() { // committed, but decided after Close began, or handed out after it
+				return claimRow{}, e.undoFresh(ctx, req, row.rec.Token)
+			}
+			return row, nil
+		}
+	}
+	row, fresh, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; lock; insert if absent]
+	if err == nil && !fresh {                                     // the key has a record: the claim statement decides
 		row, err = e.claimOnce(ctx, conn, req, nonce)
 	}
 	end := "ROLLBACK"

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,13 +19,21 @@ import (
 // the caller then sends the claim statement in the same transaction, which decides as
 // before (the lock is re-entrant). The decision is the claim statement's "fresh" branch on
 // a snapshot taken after the lock, so it is the one the claim statement would have made.
-func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte) (row claimRow, ok bool, err error) {
+//
+// With commit, COMMIT is the batch's last statement ([BEGIN; lock; fresh; COMMIT]: a first
+// call's claim in one round trip), and the transaction is over when claimFresh returns, with
+// or without a claim: the caller reads the closing gate after the claim is committed and
+// undoes it (undoFresh) if Close began meanwhile.
+func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte, commit bool) (row claimRow, ok bool, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(e.q.lock, lockClass, lockID(keyHash(req.Key)))
 	now := e.nowArg()
 	b.Queue(e.q.fresh, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
 		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), now)
+	if commit {
+		b.Queue("COMMIT")
+	}
 	br := conn.SendBatch(ctx, b)
 	if _, err = br.Exec(); err == nil {
 		_, err = br.Exec()
@@ -39,6 +48,9 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 			err = nil
 		}
 	}
+	if commit && err == nil {
+		_, err = br.Exec()
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -52,4 +64,18 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 	e.fill(&row.rec)
 	row.now = e.saw(row.rec.CreatedAt, now)
 	return row, true, nil
+}
+
+// undoFresh removes a claim a one-round-trip batch (claimFresh with commit) committed after
+// the DB's Close began, so that nothing decided after Close began stays and no lease is handed
+// out: the record is deleted by its token, as Release of a lease that never took over does
+// (the key had no record, or only one past retention, before it). It runs even if ctx is
+// done. An error is returned with driver.ErrClosed: the claim then stays Pending until its
+// lease runs out, with no effect run under it.
+func (e *engine) undoFresh(ctx context.Context, req driver.ClaimRequest, token uint64) error {
+	err := e.delete(context.WithoutCancel(ctx), "claim: undo after close", req.Key, token)
+	if err != nil && !errors.Is(err, driver.ErrLeaseLost) {
+		return fmt.Errorf("%w (%w)", driver.ErrClosed, err)
+	}
+	return driver.ErrClosed
 }
