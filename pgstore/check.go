@@ -183,8 +183,8 @@ func (c *pgChecker) records(ctx context.Context) error {
 	return nil
 }
 
-// partitions reports a detached partition whose records could still be visible: reads no
-// longer see them. (Detaching a dead partition is how GC drops it: that is no problem.)
+// partitions reports a detached partition whose records could still be visible, or whose
+// tombstone markers could still be in force: reads no longer see them. (Detaching a dead partition is how GC drops it: that is no problem.)
 func (c *pgChecker) partitions(ctx context.Context) error {
 	if c.width <= 0 {
 		return nil
@@ -195,8 +195,12 @@ func (c *pgChecker) partitions(ctx context.Context) error {
 	}
 	retention := c.e.o.Retention.Microseconds()
 	for _, p := range parts {
-		if !p.attached && (p.epoch+1)*c.width+retention > c.now {
+		switch {
+		case p.attached:
+		case p.family == famRecords && (p.epoch+1)*c.width+retention > c.now:
 			c.add(p.name, p.epoch, "partition detached while its records are still within retention")
+		case p.family == famMarkers && (p.epoch+1)*c.width+c.e.tombUS() > c.now && c.e.tombs():
+			c.add(p.name, p.epoch, "partition detached while its tombstones are still in force")
 		}
 	}
 	return nil

@@ -180,8 +180,7 @@ func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimReque
 	b := &pgx.Batch{}
 	b.Queue(e.q.lock, lockClass, lockID(h))
 	now := e.nowArg() // the claim's time, on an injected clock
-	b.Queue(e.q.claim, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
-		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), now)
+	b.Queue(e.q.claim, e.claimArgs(req, nonce, now)...)
 	for _, s := range extra { // statements after the claim, in the same batch (DoTx's savepoint)
 		b.Queue(s)
 	}
@@ -216,6 +215,17 @@ func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimReque
 	return row, nil
 }
 
+// claimArgs are the claim statements' parameters (queries.claim, queries.fresh), with the
+// tombstone bounds when tombstones are on.
+func (e *engine) claimArgs(req driver.ClaimRequest, nonce []byte, now any) []any {
+	args := []any{[]byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
+		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), now}
+	if e.q.tombs {
+		args = append(args, e.markerBottom(), e.tombUS())
+	}
+	return args
+}
+
 func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.ClaimResult, error) {
 	res := driver.ClaimResult{Record: row.rec, Now: row.now}
 	switch row.outcome {
@@ -234,6 +244,9 @@ func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.Clai
 		res.Outcome = driver.Mismatch
 	case "in_progress":
 		res.Outcome = driver.InProgress
+	case "expired": // a tombstone: Record holds the time of the key's last write
+		res.Outcome = driver.Expired
+		res.Record = driver.Record{Key: req.Key, UpdatedAt: row.rec.UpdatedAt, ExpiresAt: row.rec.UpdatedAt.Add(e.o.Retention)}
 	default:
 		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: unknown outcome %q", row.outcome)
 	}

@@ -29,8 +29,7 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(e.q.lock, lockClass, lockID(keyHash(req.Key)))
 	now := e.nowArg()
-	b.Queue(e.q.fresh, []byte(req.Key.Scope), []byte(req.Key.ID), req.Fingerprint, nonce,
-		req.LeaseTTL.Microseconds(), e.retentionUS(), e.width, e.oldest(), now)
+	b.Queue(e.q.fresh, e.claimArgs(req, nonce, now)...)
 	if commit {
 		b.Queue("COMMIT")
 	}

@@ -72,6 +72,11 @@ type engineOptions struct {
 	// StoredRetention and StoredLeaseTTL: the option was left zero, so an existing schema's
 	// recorded value takes the place of the default (driver.Config).
 	StoredRetention, StoredLeaseTTL bool
+	// TombstoneWindow is how long after a record's retention ends its key stays tombstoned
+	// (driver.Config.TombstoneWindow): > 0 on, < 0 off; 0 (or StoredTombstoneWindow) means
+	// the schema's recorded window, or driver.DefaultTombstoneWindow(Retention).
+	TombstoneWindow       time.Duration
+	StoredTombstoneWindow bool
 	// Check, if set, validates the settings in force (the recorded values put in, the
 	// stored epoch width) once meta is read, before anything is written (driver.Config.Check);
 	// its error is returned wrapped.
@@ -182,13 +187,14 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 	if err := o.fill(); err != nil {
 		return nil, err
 	}
-	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil)}
+	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil, false)}
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	e.me = hex.EncodeToString(id)
 	if err := e.migrate(ctx); err != nil {
 		return nil, err
 	}
+	e.q = buildQueries(o.Schema, o.Now != nil, e.tombs()) // the window in force is known now
 	if err := e.loadClockFromRecords(ctx); err != nil {
 		return nil, err
 	}
@@ -227,11 +233,34 @@ func (e *engine) Config() driver.Config {
 		EpochWidth:      time.Duration(e.width) * time.Microsecond,
 		StoredRetention: e.o.StoredRetention,
 		StoredLeaseTTL:  e.o.StoredLeaseTTL,
-		Now:             e.o.Now,
-		Logger:          e.o.Logger,
-		Check:           e.o.Check,
-		Closing:         e.o.Closing,
+		// the window in force once the schema is read (-1: off)
+		TombstoneWindow:       e.o.TombstoneWindow,
+		StoredTombstoneWindow: e.o.StoredTombstoneWindow,
+		Now:                   e.o.Now,
+		Logger:                e.o.Logger,
+		Check:                 e.o.Check,
+		Closing:               e.o.Closing,
 	}
+}
+
+// tombs reports whether tombstones are on (a positive window in force).
+func (e *engine) tombs() bool { return e.o.TombstoneWindow > 0 }
+
+// windowUS is the window in force as meta records it: µs, -1 when off.
+func (e *engine) windowUS() int64 {
+	if !e.tombs() {
+		return -1
+	}
+	return e.o.TombstoneWindow.Microseconds()
+}
+
+// tombUS is Retention + TombstoneWindow in µs: a key's newest write tombstones it until then.
+func (e *engine) tombUS() int64 { return e.retentionUS() + max(e.windowUS(), 0) }
+
+// markerBottom is the oldest epoch whose markers can be in force: the epoch of now - Retention
+// - TombstoneWindow, less one epoch of margin (as oldest). It only prunes the probes.
+func (e *engine) markerBottom() int64 {
+	return e.epochOf(e.estimate().Add(-e.o.Retention-max(e.o.TombstoneWindow, 0))) - 1
 }
 
 // Secret implements driver.Engine.

@@ -12,8 +12,9 @@ import (
 )
 
 // GC implements driver.Engine: partition maintenance under the maintenance lease. It creates
-// the partitions of the next PartitionsAhead epochs and removes every dead one (all of its
-// records past retention: its end plus Retention has passed) with DETACH PARTITION …
+// the partitions of the next PartitionsAhead epochs and removes every dead one (a records
+// partition once its end plus Retention has passed: all of its records are past retention; a
+// markers partition once its end plus Retention plus TombstoneWindow has) with DETACH PARTITION …
 // CONCURRENTLY and DROP TABLE, each statement on its own (DETACH CONCURRENTLY cannot run in a
 // transaction block), under a lock_timeout. Cost: O(partitions) statements, whatever the
 // number of records.
@@ -26,7 +27,7 @@ import (
 func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 	start := time.Now()
 	var st driver.GCStats
-	now, metaRet, ok, err := e.maintLease(ctx)
+	now, metaRet, metaWin, ok, err := e.maintLease(ctx)
 	if err != nil {
 		return st, err
 	}
@@ -46,13 +47,19 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 	if err != nil {
 		return st, fmt.Errorf("pgstore: gc: list partitions: %w", err)
 	}
-	// a node with a longer Retention wrote meta last, or this one has: keep the longer
+	// a node with a longer Retention (or TombstoneWindow) wrote meta last, or this one has:
+	// keep the longer
 	ret := max(e.o.Retention, time.Duration(metaRet)*time.Microsecond)
+	win := max(e.o.TombstoneWindow, time.Duration(metaWin)*time.Microsecond, 0)
 	for _, p := range parts {
-		if e.epochEnd(p.epoch).Add(ret).After(now) {
+		keep := ret
+		if p.family == famMarkers {
+			keep = ret + win // tombstones off everywhere: markers (none written) go with records
+		}
+		if e.epochEnd(p.epoch).Add(keep).After(now) {
 			continue
 		}
-		if _, _, ok, err := e.maintLease(ctx); err != nil || !ok {
+		if _, _, _, ok, err := e.maintLease(ctx); err != nil || !ok {
 			st.Duration = time.Since(start)
 			return st, err // the lease went to another node: it carries on
 		}
@@ -62,7 +69,11 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 			return st, err
 		}
 		st.Writes += 2
-		st.EpochsDropped++
+		if p.family == famMarkers {
+			st.TombstoneEpochsDropped++
+		} else {
+			st.EpochsDropped++
+		}
 		st.BytesFreed += uint64(max(p.bytes, 0))
 	}
 	st.Duration = time.Since(start)
@@ -71,22 +82,22 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 
 // maintLease takes or renews the maintenance lease, and records the engine's time in meta
 // (clock: a restart with the clock behind resumes from it). ok: this engine holds it.
-func (e *engine) maintLease(ctx context.Context) (now time.Time, retentionUS int64, ok bool, err error) {
+func (e *engine) maintLease(ctx context.Context) (now time.Time, retentionUS, windowUS int64, ok bool, err error) {
 	arg := e.nowArg()
 	err = e.pool.QueryRow(ctx, `UPDATE `+e.q.schema+`.meta m
    SET maint_owner = $1, maint_until = t.n + $2::bigint * interval '1 microsecond',
        clock = greatest(m.clock, t.n)
   FROM (SELECT `+e.q.clock("$3")+` AS n) t
  WHERE m.maint_owner = $1 OR m.maint_until IS NULL OR m.maint_until <= t.n
-RETURNING t.n, m.retention_us`, e.me, e.o.MaintLease.Microseconds(), arg).Scan(&now, &retentionUS)
+RETURNING t.n, m.retention_us, coalesce(m.tombstone_window_us, 0)`, e.me, e.o.MaintLease.Microseconds(), arg).Scan(&now, &retentionUS, &windowUS)
 	if errors.Is(err, pgx.ErrNoRows) {
 		now, err = e.Now(ctx)
-		return now, 0, false, err
+		return now, 0, 0, false, err
 	}
 	if err != nil {
-		return now, 0, false, fmt.Errorf("pgstore: gc: maintenance lease: %w", err)
+		return now, 0, 0, false, fmt.Errorf("pgstore: gc: maintenance lease: %w", err)
 	}
-	return e.saw(now, arg), retentionUS, true, nil
+	return e.saw(now, arg), retentionUS, windowUS, true, nil
 }
 
 // dropPartition detaches (concurrently, or finishing an interrupted detach) and drops p.
@@ -100,9 +111,9 @@ func (e *engine) dropPartition(ctx context.Context, p partition) error {
 	stmts := []string{"SET lock_timeout = '5s'"}
 	switch {
 	case p.pending:
-		stmts = append(stmts, `ALTER TABLE `+e.q.schema+`.records DETACH PARTITION `+qn+` FINALIZE`)
+		stmts = append(stmts, `ALTER TABLE `+e.q.schema+`.`+p.family+` DETACH PARTITION `+qn+` FINALIZE`)
 	case p.attached:
-		stmts = append(stmts, `ALTER TABLE `+e.q.schema+`.records DETACH PARTITION `+qn+` CONCURRENTLY`)
+		stmts = append(stmts, `ALTER TABLE `+e.q.schema+`.`+p.family+` DETACH PARTITION `+qn+` CONCURRENTLY`)
 	}
 	stmts = append(stmts, `DROP TABLE IF EXISTS `+qn)
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout") }()

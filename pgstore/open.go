@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,23 +71,20 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*receipts.DB,
 
 // openPG is the engine's constructor for receipts.OpenEngine.
 func openPG(ctx context.Context, pool *pgxpool.Pool, cfg driver.Config, o Options) (*engine, error) {
-	if cfg.TombstoneWindow > 0 && !cfg.StoredTombstoneWindow {
-		// Refused before anything is created: the engine keeps no tombstones (yet), and a
-		// refused open must leave the database as it was.
-		return nil, fmt.Errorf("%w: TombstoneWindow %s: the postgres engine keeps no tombstones", receipts.ErrUnsupported, cfg.TombstoneWindow)
-	}
 	return newEngine(ctx, pool, engineOptions{
-		Schema:          o.Schema,
-		Retention:       cfg.Retention,
-		LeaseTTL:        cfg.LeaseTTL,
-		StoredRetention: cfg.StoredRetention,
-		StoredLeaseTTL:  cfg.StoredLeaseTTL,
-		EpochWidth:      cfg.EpochWidth,
-		Now:             cfg.Now,
-		ListenConn:      o.ListenConn,
-		PollInterval:    o.PollInterval,
-		Logger:          cfg.Logger,
-		Check:           cfg.Check,
-		Closing:         cfg.Closing,
+		Schema:                o.Schema,
+		Retention:             cfg.Retention,
+		LeaseTTL:              cfg.LeaseTTL,
+		StoredRetention:       cfg.StoredRetention,
+		StoredLeaseTTL:        cfg.StoredLeaseTTL,
+		TombstoneWindow:       cfg.TombstoneWindow,
+		StoredTombstoneWindow: cfg.StoredTombstoneWindow,
+		EpochWidth:            cfg.EpochWidth,
+		Now:                   cfg.Now,
+		ListenConn:            o.ListenConn,
+		PollInterval:          o.PollInterval,
+		Logger:                cfg.Logger,
+		Check:                 cfg.Check,
+		Closing:               cfg.Closing,
 	})
 }

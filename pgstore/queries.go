@@ -9,15 +9,19 @@ import (
 )
 
 // formatVersion is the schema format this code reads and writes (meta.format).
-const formatVersion = 1
+// Format 2 adds tombstones (the markers family, meta.tombstone_window_us) and the reserved
+// records.meta column; Open migrates format 1 (migrate1).
+const formatVersion = 2
 
 // queries holds the engine's SQL with the schema name filled in.
 type queries struct {
 	schema   string // quoted
 	channel  string // NOTIFY channel (unquoted value)
 	injected bool   // the clock parameter is the injected time (else the floor of the database's)
+	tombs    bool   // tombstones are on: writes keep markers, claims check them
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
+	tombstone, scanTombstones                                            string // tombs only
 }
 
 // clock is the SQL of a statement's time, from its clock parameter p (engine.nowArg): the
@@ -44,10 +48,13 @@ func (q queries) clockCTE(nowParam, widthParam string) string {
 const recCols = `r.state, r.fp, r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at, r.result`
 
 // buildQueries fills in the schema; injected: the engine runs on an injected clock
-// (engineOptions.Now), whose time is the statements' clock parameter.
-func buildQueries(schema string, injected bool) queries {
+// (engineOptions.Now), whose time is the statements' clock parameter; tombs: tombstones are
+// on (the claim statements then take two more parameters, $10 the oldest epoch whose markers
+// can be in force and $11 Retention + TombstoneWindow in µs, and Release/Forget's delete $8
+// that epoch).
+func buildQueries(schema string, injected, tombs bool) queries {
 	s := pgx.Identifier{schema}.Sanitize()
-	q := queries{schema: s, channel: schema + "_receipts", injected: injected}
+	q := queries{schema: s, channel: schema + "_receipts", injected: injected, tombs: tombs}
 	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
 	us := ` * interval '1 microsecond'`
 
@@ -57,6 +64,36 @@ func buildQueries(schema string, injected bool) queries {
 	// insert without it. Statement 2 takes its snapshot after the lock is granted.
 	q.lock = `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`
 
+	// Tombstones in the claim statement (tombs only): tomb is the key's tombstone in force, the
+	// time of its newest write (its newest marker, or an expired record still in a live
+	// partition), evaluated only when the key has no visible record (a one-time filter); a
+	// tombstoned key is neither taken over nor claimed afresh, and answers 'expired'. Every
+	// claim written also writes the key's marker (mark).
+	tombCTE, notTomb, tombRow, claimMarks := "", "", "", ""
+	if tombs {
+		tombCTE = `tomb AS MATERIALIZED (
+  SELECT s.u AS used_at FROM t, (SELECT greatest(
+      (SELECT max(m.used_at) FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint),
+      (SELECT c.updated_at FROM cur c)) AS u) s
+   WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.updated_at + $6::bigint` + us + ` > t.now)
+     AND s.u + $11::bigint` + us + ` > t.now
+),
+`
+		notTomb = `
+     AND NOT EXISTS (SELECT 1 FROM tomb)`
+		tombRow = `
+UNION ALL
+SELECT 'expired', 0::bigint, 0, 0::smallint, NULL::bytea, NULL::bytea, b.used_at, b.used_at, NULL::timestamptz, t.now
+  FROM tomb b, t`
+		claimMarks = `,
+mark AS (
+  INSERT INTO S.markers (scope, id, epoch, used_at)
+  SELECT $1, $2, w.epoch, w.updated_at FROM (SELECT epoch, updated_at FROM fresh
+                                             UNION ALL SELECT epoch, updated_at FROM takeover) w
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
+)`
+	}
+
 	// Statement 2: one decision on one snapshot. $1 scope, $2 id, $3 fp, $4 nonce, $5 lease µs,
 	// $6 retention µs, $7 epoch width µs, $8 oldest live epoch, $9 now (NULL: database clock).
 	q.claim = x(`WITH ` + q.clockCTE("$9", "$7") + `,
@@ -65,14 +102,14 @@ cur AS MATERIALIZED (           -- the key's newest record (ordered Append: stop
    WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8
    ORDER BY r.epoch DESC LIMIT 1
 ),
-lk AS (                         -- takeable: past retention (logically absent) or a run-out lease;
+` + tombCTE + `lk AS (                         -- takeable: past retention (logically absent) or a run-out lease;
                                 -- conditions on r are re-checked on the newest row version;
                                 -- a row a writer holds is skipped (reported busy, retried)
   SELECT r.epoch, (r.updated_at + $6::bigint` + us + ` <= t.now) AS reset
     FROM S.records r, cur, t
    WHERE r.scope = $1 AND r.id = $2 AND r.epoch = cur.epoch
      AND (r.updated_at + $6::bigint` + us + ` <= t.now
-          OR (r.state = 1 AND r.fp = $3 AND r.lease_expires_at <= t.now))
+          OR (r.state = 1 AND r.fp = $3 AND r.lease_expires_at <= t.now))` + notTomb + `
    FOR UPDATE OF r SKIP LOCKED
 ),
 takeover AS (                   -- new token; a reset (expired record) starts afresh at attempt 1
@@ -85,16 +122,16 @@ takeover AS (                   -- new token; a reset (expired record) starts af
     FROM lk, t
    WHERE r.scope = $1 AND r.id = $2 AND r.epoch = lk.epoch
      AND (lk.reset OR (r.state = 1 AND r.fp = $3 AND r.lease_expires_at <= t.now))
-  RETURNING r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at
+  RETURNING r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at, r.epoch
 ),
 fresh AS (                      -- absent key; DO NOTHING takes no lock (a conflict: no row, re-send)
   INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
                          created_at, updated_at, lease_expires_at)
   SELECT $1, $2, t.ep, 1, $3, nextval('S.token_seq'), 1, $4, t.now, t.now, t.now + $5::bigint` + us + `
-    FROM t WHERE NOT EXISTS (SELECT 1 FROM cur)
+    FROM t WHERE NOT EXISTS (SELECT 1 FROM cur)` + notTomb + `
   ON CONFLICT DO NOTHING
-  RETURNING token, attempts, created_at, updated_at, lease_expires_at
-)
+  RETURNING token, attempts, created_at, updated_at, lease_expires_at, epoch
+)` + claimMarks + `
 SELECT 'claimed'::text, f.token, f.attempts, 1::smallint, $3::bytea, NULL::bytea,
        f.created_at, f.updated_at, f.lease_expires_at, t.now
   FROM fresh f, t
@@ -111,21 +148,40 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
             ELSE 'in_progress' END,
        c.token, c.attempts, c.state, c.fp, c.result, c.created_at, c.updated_at, c.lease_expires_at, t.now
   FROM cur c, t
- WHERE NOT EXISTS (SELECT 1 FROM takeover)`)
+ WHERE NOT EXISTS (SELECT 1 FROM takeover)` + notTomb + tombRow)
 
 	// The first statement of a gated claim (claimfresh.go), after the lock: the claim
 	// statement's "fresh" branch alone, for a key with no record in the live partitions (the
 	// common first call); no row back: the key has one, and the claim statement decides. Same
 	// parameters as claim.
-	q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `
-INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
+	freshIns := `INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
                        created_at, updated_at, lease_expires_at)
 SELECT $1, $2, t.ep, 1, $3, nextval('S.token_seq'), 1, $4, t.now, t.now, t.now + $5::bigint` + us + `
   FROM t
  WHERE NOT EXISTS (SELECT 1 FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8)
-   AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)
+   AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)`
+	if !tombs {
+		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `
+` + freshIns + `
 ON CONFLICT DO NOTHING
 RETURNING token, attempts, created_at, updated_at, lease_expires_at`)
+	} else {
+		// no marker in force either (else the claim statement answers 'expired'); the claim's
+		// marker is written by the same statement
+		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `,
+ins AS (
+` + freshIns + `
+   AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint
+                      AND m.used_at + $11::bigint` + us + ` > t.now)
+ON CONFLICT DO NOTHING
+RETURNING token, attempts, created_at, updated_at, lease_expires_at, epoch
+),
+mark AS (
+  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, epoch, updated_at FROM ins
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
+)
+SELECT token, attempts, created_at, updated_at, lease_expires_at FROM ins`)
+	}
 
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.
@@ -140,33 +196,82 @@ RETURNING token, attempts, created_at, updated_at, lease_expires_at`)
 	fenced := `r.scope = $1 AND r.id = $2 AND r.epoch >= $4 AND r.token = $3 AND r.state = 1
    AND r.updated_at + $5::bigint` + us + ` > t.now`
 	ret := ` RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text`
+	// upd is a fenced UPDATE that returns the record; with tombstones on, the key's marker is
+	// written by the same statement (the record's new epoch and updated_at).
+	upd := func(set string) string {
+		if !tombs {
+			return `WITH ` + q.clockCTE("$7", "$6") + `
+UPDATE S.records r
+   SET ` + set + `
+  FROM t
+ WHERE ` + fenced + ret
+		}
+		return `WITH ` + q.clockCTE("$7", "$6") + `,
+u AS (
+UPDATE S.records r
+   SET ` + set + `
+  FROM t
+ WHERE ` + fenced + `
+ RETURNING ` + recCols + `, r.epoch, t.now, pg_current_xact_id()::text AS xid
+),
+mark AS (
+  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, epoch, updated_at FROM u
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
+)
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid FROM u`
+	}
 
 	// Renew: $8 ttl µs. The lease never shrinks.
-	q.renew = x(`WITH ` + q.clockCTE("$7", "$6") + `
-UPDATE S.records r
-   SET lease_expires_at = greatest(r.lease_expires_at, t.now + $8::bigint` + us + `),
-       updated_at = t.now, epoch = t.ep
-  FROM t
- WHERE ` + fenced + ret)
+	q.renew = x(upd(`lease_expires_at = greatest(r.lease_expires_at, t.now + $8::bigint` + us + `),
+       updated_at = t.now, epoch = t.ep`))
 
 	// Finish: $8 state, $9 result.
-	q.finish = x(`WITH ` + q.clockCTE("$7", "$6") + `
-UPDATE S.records r
-   SET state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep
-  FROM t
- WHERE ` + fenced + ret)
+	q.finish = x(upd(`state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`))
 
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
-	q.abandon = x(`WITH ` + q.clockCTE("$7", "$6") + `
-UPDATE S.records r
-   SET lease_expires_at = t.now, updated_at = t.now, epoch = t.ep
-  FROM t
- WHERE ` + fenced + ret)
+	q.abandon = x(upd(`lease_expires_at = t.now, updated_at = t.now, epoch = t.ep`))
 
-	// Release (never taken over) and Forget: the record goes.
+	// Release (never taken over) and Forget: the record goes, and with tombstones on its
+	// markers too ($8: the oldest epoch whose markers can be in force): no effect to protect.
 	q.del = x(`WITH ` + q.clockCTE("$7", "$6") + `
 DELETE FROM S.records r USING t
  WHERE ` + fenced + ` RETURNING t.now`)
+	if tombs {
+		q.del = x(`WITH ` + q.clockCTE("$7", "$6") + `,
+d AS (
+DELETE FROM S.records r USING t
+ WHERE ` + fenced + ` RETURNING t.now
+),
+dm AS (
+  DELETE FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $8::bigint AND EXISTS (SELECT 1 FROM d)
+)
+SELECT now FROM d`)
+		// A key's tombstone: the time of its newest write, if that is past retention and
+		// within the window. $1 scope, $2 id, $3 markers' oldest epoch, $4 records' oldest
+		// epoch, $5 now, $6 Retention + TombstoneWindow µs, $7 Retention µs.
+		q.tombstone = x(`WITH t AS MATERIALIZED (SELECT ` + q.clock("$5") + ` AS now)
+SELECT s.u, t.now FROM t, (SELECT greatest(
+    (SELECT max(m.used_at) FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $3),
+    (SELECT r.updated_at FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $4
+      ORDER BY r.epoch DESC LIMIT 1)) AS u) s
+ WHERE s.u + $6::bigint` + us + ` > t.now AND s.u + $7::bigint` + us + ` <= t.now`)
+		// Tombstones page, oldest epoch first, keyset-paginated on (epoch, scope, id): a
+		// marker in force that is its key's newest, with no newer record (a visible one is
+		// always newer). $1 markers' oldest epoch, $2 scope ('' = all), $3 now, $4 Retention +
+		// TombstoneWindow µs, $5 Retention µs, $6 records' oldest epoch, $7 after epoch,
+		// $8 after scope, $9 after id, $10 page size.
+		q.scanTombstones = x(`WITH t AS MATERIALIZED (SELECT ` + q.clock("$3") + ` AS now)
+SELECT m.epoch, m.scope, m.id, m.used_at, t.now
+  FROM S.markers m, t
+ WHERE m.epoch >= $1 AND m.used_at + $4::bigint` + us + ` > t.now AND m.used_at + $5::bigint` + us + ` <= t.now
+   AND ($2::bytea = '' OR m.scope = $2)
+   AND (m.epoch, m.scope, m.id) > ($7::bigint, $8::bytea, $9::bytea)
+   AND NOT EXISTS (SELECT 1 FROM S.markers n WHERE n.scope = m.scope AND n.id = m.id AND n.epoch > m.epoch)
+   AND NOT EXISTS (SELECT 1 FROM S.records r WHERE r.scope = m.scope AND r.id = m.id AND r.epoch >= $6
+                      AND r.updated_at > m.used_at)
+ ORDER BY m.epoch, m.scope, m.id
+ LIMIT $10`)
+	}
 
 	// Fence-first in the caller's transaction: lock the holder's row (no row: lease lost).
 	q.fence = x(`WITH ` + q.clockCTE("$7", "$6") + `
@@ -193,7 +298,7 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 	return q
 }
 
-// schemaSQL creates format 1 (run once, under the schema's advisory lock).
+// schemaSQL creates format 2 (run once, under the schema's advisory lock).
 func schemaSQL(schema string) []string {
 	s := pgx.Identifier{schema}.Sanitize()
 	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
@@ -211,11 +316,12 @@ func schemaSQL(schema string) []string {
   created_at     timestamptz NOT NULL,
   maint_owner    text,
   maint_until    timestamptz,
-  clock          timestamptz             -- the latest time the store has used (clockColumn)
+  clock          timestamptz,            -- the latest time the store has used (clockColumn)
+  tombstone_window_us bigint             -- the TombstoneWindow in force at the last open (-1: off)
 )`),
 		// One row per key, in the partition of its last write (epoch = last write / width).
-		// Results inline: tombstones (a separate results table dropped before records) are
-		// phase 2. No index on state or times: renew and finish stay HOT-eligible.
+		// Results inline: past retention only the key's marker is kept (markers). No index on
+		// state or times: renew and finish stay HOT-eligible.
 		x(`CREATE TABLE S.records (
   scope            bytea       NOT NULL,
   id               bytea       NOT NULL,
@@ -229,7 +335,26 @@ func schemaSQL(schema string) []string {
   updated_at       timestamptz NOT NULL,   -- visible while now < updated_at + retention
   lease_expires_at timestamptz,            -- pending only
   result           bytea,                  -- finished only
+  meta             bytea,                  -- reserved (a later format's per-record data); NULL
   PRIMARY KEY (scope, id, epoch)
 ) PARTITION BY RANGE (epoch)`),
+		markersSQL(s),
 	}
+}
+
+// markersSQL creates the markers family: tombstones (Options.TombstoneWindow). Every write of
+// a record, while tombstones are on, also writes the key's marker in the same statement, in
+// the partition of the same epoch, holding the record's updated_at; a deletion of a record
+// (Release of a first attempt, Forget) deletes the key's markers. A key without a visible
+// record whose newest marker is within Retention + TombstoneWindow is tombstoned: a claim
+// answers Expired. GC drops a markers partition once its end plus Retention plus
+// TombstoneWindow has passed, as it drops records partitions after Retention.
+func markersSQL(schema string) string {
+	return `CREATE TABLE ` + schema + `.markers (
+  scope   bytea       NOT NULL,
+  id      bytea       NOT NULL,
+  epoch   bigint      NOT NULL,
+  used_at timestamptz NOT NULL,   -- the record's updated_at at this write
+  PRIMARY KEY (scope, id, epoch)
+) PARTITION BY RANGE (epoch)`
 }

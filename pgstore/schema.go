@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
 )
 
 // schemaLock is the advisory lock (class lockClass) that serializes DDL on one schema:
@@ -87,16 +88,24 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
 			}
 		}
 		var format int
-		var retUS, ttlUS int64
-		if err := tx.QueryRow(ctx, `SELECT format, epoch_width_us, retention_us, lease_ttl_us, secret FROM `+e.q.schema+`.meta`).Scan(
-			&format, &e.width, &retUS, &ttlUS, &e.secret); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT format FROM `+e.q.schema+`.meta`).Scan(&format); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("%w: schema %s has an empty meta table", receipts.ErrCorrupt, e.o.Schema)
 			}
 			return fmt.Errorf("read meta: %w", err)
 		}
-		if format != formatVersion {
-			return fmt.Errorf("%w: schema %s has format %d, this version reads format %d", receipts.ErrUnknownFormat, e.o.Schema, format, formatVersion)
+		if format != formatVersion && format != 1 {
+			return fmt.Errorf("%w: schema %s has format %d, this version reads formats 1 and %d", receipts.ErrUnknownFormat, e.o.Schema, format, formatVersion)
+		}
+		var retUS, ttlUS int64
+		var winUS *int64 // format 1 records no window
+		winCol := `NULL::bigint`
+		if format >= 2 {
+			winCol = `tombstone_window_us`
+		}
+		if err := tx.QueryRow(ctx, `SELECT epoch_width_us, retention_us, lease_ttl_us, secret, `+winCol+` FROM `+e.q.schema+`.meta`).Scan(
+			&e.width, &retUS, &ttlUS, &e.secret, &winUS); err != nil {
+			return fmt.Errorf("read meta: %w", err)
 		}
 		if e.width <= 0 {
 			return fmt.Errorf("%w: schema %s: epoch width %d µs", receipts.ErrCorrupt, e.o.Schema, e.width)
@@ -109,18 +118,85 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
 		if e.o.StoredLeaseTTL && ttlUS > 0 {
 			e.o.LeaseTTL = time.Duration(ttlUS) * time.Microsecond
 		}
+		if e.o.TombstoneWindow == 0 || e.o.StoredTombstoneWindow {
+			if winUS != nil && *winUS != 0 {
+				e.o.TombstoneWindow = time.Duration(*winUS) * time.Microsecond
+			} else {
+				e.o.TombstoneWindow = driver.DefaultTombstoneWindow(e.o.Retention)
+			}
+		}
+		if e.o.TombstoneWindow < 0 {
+			e.o.TombstoneWindow = -1
+		}
 		if e.o.Check != nil {
 			if err := e.o.Check(e.Config()); err != nil {
 				return fmt.Errorf("settings in force: %w", err)
 			}
 		}
+		if format == 1 {
+			if err := e.migrate1(ctx, tx); err != nil {
+				return fmt.Errorf("migrate format 1 to %d: %w", formatVersion, err)
+			}
+		}
 		if err := e.loadClock(ctx, tx); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1, lease_ttl_us = $2
- WHERE retention_us <> $1 OR lease_ttl_us <> $2`, e.retentionUS(), e.o.LeaseTTL.Microseconds())
+		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1, lease_ttl_us = $2, tombstone_window_us = $3
+ WHERE retention_us <> $1 OR lease_ttl_us <> $2 OR tombstone_window_us IS DISTINCT FROM $3`, e.retentionUS(), e.o.LeaseTTL.Microseconds(), e.windowUS())
 		return err
 	})
+}
+
+// migrate1 brings a format-1 schema to format 2 (in the open's transaction, under the schema
+// lock): meta records the tombstone window, records get the reserved meta column, and the
+// markers family is created with a partition beside every records partition; with
+// tombstones on, every record gets its marker (as on Pebble: receipts written before the
+// upgrade are protected too). Older versions refuse format 2 (they read format 1 only).
+func (e *engine) migrate1(ctx context.Context, tx pgx.Tx) error {
+	stmts := []string{
+		`ALTER TABLE ` + e.q.schema + `.meta ADD COLUMN IF NOT EXISTS tombstone_window_us bigint`,
+		`ALTER TABLE ` + e.q.schema + `.records ADD COLUMN IF NOT EXISTS meta bytea`,
+		markersSQL(e.q.schema),
+	}
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return err
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_inherits i ON i.inhrelid = c.oid
+ WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^records_e-?[0-9]+$' AND NOT i.inhdetachpending`, e.o.Schema)
+	if err != nil {
+		return err
+	}
+	var epochs []int64
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return err
+		}
+		if ep, err := strconv.ParseInt(strings.TrimPrefix(name, "records_e"), 10, 64); err == nil {
+			epochs = append(epochs, ep)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, ep := range epochs {
+		if err := e.createPartition(ctx, tx, famMarkers, ep); err != nil {
+			return err
+		}
+	}
+	if e.tombs() {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.markers (scope, id, epoch, used_at)
+SELECT scope, id, epoch, updated_at FROM `+e.q.schema+`.records ON CONFLICT DO NOTHING`); err != nil {
+			return err
+		}
+	}
+	_, err = tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET format = $1`, formatVersion)
+	return err
 }
 
 // loadClock starts the engine's time high-water mark from meta.clock, adding the column to a
@@ -160,7 +236,7 @@ func (e *engine) loadClockFromRecords(ctx context.Context) error {
 	slices.SortFunc(parts, func(a, b partition) int { return cmp.Compare(a.epoch, b.epoch) })
 	for i := len(parts) - 1; i >= 0; i-- {
 		p := parts[i]
-		if !p.attached || p.pending || time.UnixMicro(p.epoch*e.width).UnixNano() <= e.hwm.Load() {
+		if p.family != famRecords || !p.attached || p.pending || time.UnixMicro(p.epoch*e.width).UnixNano() <= e.hwm.Load() {
 			continue
 		}
 		var held bool
@@ -175,13 +251,25 @@ func (e *engine) loadClockFromRecords(ctx context.Context) error {
 	return nil
 }
 
-func partName(epoch int64) string { return "records_e" + strconv.FormatInt(epoch, 10) }
+// The partitioned tables ("families"): records, and the tombstone markers beside them. Every
+// epoch has a partition of each (created together), so a write that lands in an epoch finds
+// both.
+const (
+	famRecords = "records"
+	famMarkers = "markers"
+)
 
-// ensurePartition creates and attaches the partition of epoch if it is missing. It is
-// idempotent and safe to run on many nodes at once (the schema lock serializes it). The
-// partition is created standalone and then attached: ATTACH takes SHARE UPDATE EXCLUSIVE on
-// the parent, which does not block claims and commits (CREATE TABLE .. PARTITION OF would take
-// ACCESS EXCLUSIVE); an empty table needs no validation scan.
+var families = [...]string{famRecords, famMarkers}
+
+func partName(family string, epoch int64) string {
+	return family + "_e" + strconv.FormatInt(epoch, 10)
+}
+
+// ensurePartition creates and attaches the partitions of epoch (records and markers) that are
+// missing. It is idempotent and safe to run on many nodes at once (the schema lock serializes
+// it). A partition is created standalone and then attached: ATTACH takes SHARE UPDATE
+// EXCLUSIVE on the parent, which does not block claims and commits (CREATE TABLE .. PARTITION
+// OF would take ACCESS EXCLUSIVE); an empty table needs no validation scan.
 func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -190,7 +278,7 @@ func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: create partition %s: %w", partName(epoch), err)
+		return fmt.Errorf("pgstore: create partition %s: %w", partName(famRecords, epoch), err)
 	}
 	return nil
 }
@@ -198,21 +286,28 @@ func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
 // raced: another session created the table first.
 func raced(err error) bool { c := pgCode(err); return c == "42P07" || c == "23505" }
 
-func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
-	name := partName(epoch)
-	qn := e.q.schema + "." + pgx.Identifier{name}.Sanitize()
-	// The catalog is read with SQL (a fresh snapshot per statement), not to_regclass: the
-	// relation cache is not refreshed by waiting on an advisory lock, so it could still miss a
-	// table another session created meanwhile.
-	const state = `SELECT coalesce(bool_or(i.inhrelid IS NOT NULL AND NOT i.inhdetachpending), false), count(c.oid) > 0
+// partState reads whether a family's partition of an epoch exists and is attached. The catalog
+// is read with SQL (a fresh snapshot per statement), not to_regclass: the relation cache is not
+// refreshed by waiting on an advisory lock, so it could still miss a table another session
+// created meanwhile.
+const partState = `SELECT coalesce(bool_or(i.inhrelid IS NOT NULL AND NOT i.inhdetachpending), false), count(c.oid) > 0
   FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
  WHERE n.nspname = $1 AND c.relname = $2`
+
+func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		var attached, exists bool
-		if err := tx.QueryRow(ctx, state, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
-			return err
+		missing := false
+		for _, fam := range families {
+			var attached, exists bool
+			if err := tx.QueryRow(ctx, partState, e.o.Schema, partName(fam, epoch)).Scan(&attached, &exists); err != nil {
+				return err
+			}
+			missing = missing || !attached
+		}
+		if !missing {
+			return nil
 		}
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
 			return err
@@ -220,20 +315,8 @@ func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int4, $2::int4)", lockClass, schemaLock(e.o.Schema)); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, state, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
-			return err
-		}
-		if exists {
-			// a detached leftover of a dead epoch, or a pending detach: GC's business
-			return fmt.Errorf("partition %s exists but is not attached", name)
-		}
-		stmts := []string{
-			`CREATE TABLE ` + qn + ` (LIKE ` + e.q.schema + `.records INCLUDING DEFAULTS) WITH (fillfactor = 90)`,
-			`ALTER TABLE ` + e.q.schema + `.records ATTACH PARTITION ` + qn + ` FOR VALUES FROM (` +
-				strconv.FormatInt(epoch, 10) + `) TO (` + strconv.FormatInt(epoch+1, 10) + `)`,
-		}
-		for _, s := range stmts {
-			if _, err := tx.Exec(ctx, s); err != nil {
+		for _, fam := range families {
+			if err := e.createPartition(ctx, tx, fam, epoch); err != nil {
 				return err
 			}
 		}
@@ -241,8 +324,40 @@ func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
 	})
 }
 
-// partition is one table of the records family as GC sees it.
+// createPartition creates and attaches family's partition of epoch in tx (which holds the
+// schema lock), unless it is attached already.
+func (e *engine) createPartition(ctx context.Context, tx pgx.Tx, family string, epoch int64) error {
+	name := partName(family, epoch)
+	var attached, exists bool
+	if err := tx.QueryRow(ctx, partState, e.o.Schema, name).Scan(&attached, &exists); err != nil || attached {
+		return err
+	}
+	if exists {
+		// a detached leftover of a dead epoch, or a pending detach: GC's business
+		return fmt.Errorf("partition %s exists but is not attached", name)
+	}
+	qn := e.q.schema + "." + pgx.Identifier{name}.Sanitize()
+	parent := e.q.schema + "." + family
+	fill := ""
+	if family == famRecords {
+		fill = ` WITH (fillfactor = 90)`
+	}
+	stmts := []string{
+		`CREATE TABLE ` + qn + ` (LIKE ` + parent + ` INCLUDING DEFAULTS)` + fill,
+		`ALTER TABLE ` + parent + ` ATTACH PARTITION ` + qn + ` FOR VALUES FROM (` +
+			strconv.FormatInt(epoch, 10) + `) TO (` + strconv.FormatInt(epoch+1, 10) + `)`,
+	}
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// partition is one table of a partitioned family as GC sees it.
 type partition struct {
+	family   string // famRecords or famMarkers
 	name     string
 	epoch    int64
 	attached bool
@@ -250,14 +365,16 @@ type partition struct {
 	bytes    int64
 }
 
+// partitions lists the partitions of both families (records first, then markers, each in
+// name order).
 func (e *engine) partitions(ctx context.Context) ([]partition, error) {
 	rows, err := e.pool.Query(ctx, `SELECT c.relname, i.inhrelid IS NOT NULL, coalesce(i.inhdetachpending, false),
        pg_total_relation_size(c.oid)
   FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
- WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^records_e-?[0-9]+$'
- ORDER BY c.relname`, e.o.Schema)
+ WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^(records|markers)_e-?[0-9]+$'
+ ORDER BY c.relname ~ '^markers', c.relname`, e.o.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +384,8 @@ func (e *engine) partitions(ctx context.Context) ([]partition, error) {
 		if err := rows.Scan(&p.name, &p.attached, &p.pending, &p.bytes); err != nil {
 			return nil, err
 		}
-		p.epoch, err = strconv.ParseInt(strings.TrimPrefix(p.name, "records_e"), 10, 64)
+		p.family, _, _ = strings.Cut(p.name, "_e")
+		p.epoch, err = strconv.ParseInt(strings.TrimPrefix(p.name, p.family+"_e"), 10, 64)
 		if err != nil {
 			continue
 		}

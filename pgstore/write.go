@@ -129,7 +129,11 @@ func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint
 	lost := false
 	for attempt := 0; ; attempt++ {
 		var now time.Time
-		err := e.pool.QueryRow(ctx, e.q.del, e.fencedArgs(k, token)...).Scan(&now)
+		args := e.fencedArgs(k, token)
+		if e.q.tombs {
+			args = append(args, e.markerBottom()) // its markers go too
+		}
+		err := e.pool.QueryRow(ctx, e.q.del, args...).Scan(&now)
 		if err == nil && e.testLoseReply != nil {
 			err = e.testLoseReply()
 		}
