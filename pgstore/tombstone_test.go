@@ -1,0 +1,244 @@
+package pgstore
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/pgtest"
+)
+
+// tombOpts are the engine options of the tombstone tests: Retention 4h in epochs of 1h,
+// tombstones for 12h after it.
+func tombOpts(clk func() time.Time) engineOptions {
+	return engineOptions{Now: clk, Retention: 4 * time.Hour, EpochWidth: time.Hour, TombstoneWindow: 12 * time.Hour}
+}
+
+// finishKey claims and finishes k (Succeeded, result r).
+func finishKey(t *testing.T, e *engine, k driver.Key, r string) driver.Record {
+	t.Helper()
+	c := mustClaim(t, e, req(k, "fp"), driver.Claimed)
+	rec, err := e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// markerCount is the number of markers rows (all partitions).
+func (n *node) markerCount(t *testing.T) int {
+	t.Helper()
+	var c int
+	if err := n.pool.QueryRow(bg, `SELECT count(*) FROM `+n.q.schema+`.markers`).Scan(&c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A format-1 schema (before tombstones) is migrated to format 2 by Open: meta records the
+// window, records get the reserved meta column, the markers family gets a partition beside
+// every records partition, and, with tombstones on, every record its marker, so a receipt
+// written before the upgrade is protected past its retention too. With tombstones off, the
+// migration writes no marker.
+func TestTombstoneMigrateFormat1(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tombstones=%v", on), func(t *testing.T) {
+			clk := newClock()
+			d := newTestDB(t)
+			o := tombOpts(clk.Now)
+			o.TombstoneWindow = -1
+			old := d.open(o)
+			k := key("before-upgrade")
+			rec := finishKey(t, old.engine, k, "paid")
+			mustClaim(t, old.engine, req(key("pending"), "fp"), driver.Claimed)
+			_ = old.Close()
+			// back to format 1, as a version before tombstones wrote it
+			for _, s := range []string{
+				`DROP TABLE ` + old.q.schema + `.markers`,
+				`ALTER TABLE ` + old.q.schema + `.records DROP COLUMN meta`,
+				`ALTER TABLE ` + old.q.schema + `.meta DROP COLUMN tombstone_window_us`,
+				`UPDATE ` + old.q.schema + `.meta SET format = 1`,
+			} {
+				if _, err := old.pool.Exec(bg, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			o.TombstoneWindow = 0 // the default: 7 × Retention for a store that records none
+			if !on {
+				o.TombstoneWindow = -1
+			}
+			e := d.open(o)
+			var format int
+			var win *int64
+			if err := e.pool.QueryRow(bg, `SELECT format, tombstone_window_us FROM `+e.q.schema+`.meta`).Scan(&format, &win); err != nil {
+				t.Fatal(err)
+			}
+			wantWin := int64(-1)
+			if on {
+				wantWin = (7 * 4 * time.Hour).Microseconds()
+			}
+			if format != formatVersion || win == nil || *win != wantWin {
+				t.Fatalf("after the migration: format %d, window %v (want %d, %d)", format, win, formatVersion, wantWin)
+			}
+			if _, err := e.pool.Exec(bg, `SELECT meta FROM `+e.q.schema+`.records LIMIT 1`); err != nil {
+				t.Fatalf("records.meta: %v", err)
+			}
+			want := 0
+			if on {
+				want = 2 // the finished record and the pending claim
+			}
+			if n := e.markerCount(t); n != want {
+				t.Fatalf("%d markers after the migration, want %d", n, want)
+			}
+			mustClaim(t, e.engine, req(k, "fp"), driver.Replay)
+			clk.Set(rec.ExpiresAt)
+			if on {
+				res := mustClaim(t, e.engine, req(k, "another"), driver.Expired)
+				if !res.Record.UpdatedAt.Equal(rec.UpdatedAt) {
+					t.Fatalf("tombstone of %v: used at %v, want %v", k, res.Record.UpdatedAt, rec.UpdatedAt)
+				}
+				mustClaim(t, e.engine, req(key("pending"), "fp"), driver.Expired)
+			} else {
+				mustClaim(t, e.engine, req(k, "another"), driver.Claimed)
+			}
+		})
+	}
+}
+
+// GC drops markers by whole partitions once Retention + TombstoneWindow has passed: the same
+// statements and about the same WAL for 1,000 and for 10,000 expired receipts (a row-by-row
+// purge would write WAL for every marker). It also reports the bytes a marker takes.
+func TestTombstoneGCByPartition(t *testing.T) {
+	type pass struct {
+		writes, dropped int
+		wal             int64
+	}
+	run := func(n int) pass {
+		clk := newClock()
+		e := newTestDB(t).open(tombOpts(clk.Now))
+		cur := e.epochOf(clk.Now())
+		// n finished receipts and their markers, in the current epoch, written as the
+		// engine writes them (the statements are the engine's; the rows come in bulk)
+		if _, err := e.pool.Exec(bg, `INSERT INTO `+e.q.schema+`.records
+SELECT 's'::bytea, ('m' || g)::bytea, $1::bigint, 2, 'fp', nextval('`+e.q.schema+`.token_seq'), 1, 'n', $2::timestamptz, $2::timestamptz, NULL, 'x'
+  FROM generate_series(1, $3::int) g`, cur, clk.Now(), n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(bg, `INSERT INTO `+e.q.schema+`.markers SELECT scope, id, epoch, updated_at FROM `+e.q.schema+`.records`); err != nil {
+			t.Fatal(err)
+		}
+		var bytes int64
+		if err := e.pool.QueryRow(bg, `SELECT pg_total_relation_size($1::regclass)`, e.o.Schema+"."+partName(famMarkers, cur)).Scan(&bytes); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d markers: %d bytes in their partition (%.0f bytes per marker, index included)", n, bytes, float64(bytes)/float64(n))
+		// past retention: the records go, the tombstones stay
+		clk.Advance(4*time.Hour + time.Hour)
+		st, err := e.GC(bg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.EpochsDropped == 0 || st.TombstoneEpochsDropped != 0 {
+			t.Fatalf("GC past retention: %+v", st)
+		}
+		mustClaim(t, e.engine, req(key("m1"), "fp"), driver.Expired)
+		mustClaim(t, e.engine, req(key(fmt.Sprintf("m%d", n)), "other"), driver.Expired)
+		// past the window: the markers' partition goes in one DETACH and one DROP
+		clk.Advance(12 * time.Hour)
+		var before int64
+		if err := e.pool.QueryRow(bg, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		st, err = e.GC(bg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var after int64
+		if err := e.pool.QueryRow(bg, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if st.TombstoneEpochsDropped == 0 {
+			t.Fatalf("GC past the window dropped no markers partition: %+v", st)
+		}
+		if n := e.markerCount(t); n != 0 {
+			t.Fatalf("%d markers left past the window", n)
+		}
+		mustClaim(t, e.engine, req(key("m1"), "fp"), driver.Claimed) // a new action now
+		t.Logf("%d expired receipts: GC past the window %+v, %d bytes of WAL", n, st, after-before)
+		return pass{st.Writes, st.EpochsDropped + st.TombstoneEpochsDropped, after - before}
+	}
+	small, large := run(1000), run(10000)
+	if large.writes != small.writes || large.dropped != small.dropped {
+		t.Fatalf("GC statements grow with the markers: %+v at 1,000, %+v at 10,000", small, large)
+	}
+	if large.wal > 2*small.wal+128<<10 {
+		t.Fatalf("GC's WAL grows with the markers: %d bytes at 1,000, %d at 10,000", small.wal, large.wal)
+	}
+}
+
+// A tombstone survives a crash of the server (pg_ctl restart -m immediate): the marker was
+// committed with the receipt.
+func TestTombstoneSurvivesServerRestart(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	e := d.open(tombOpts(clk.Now))
+	k := key("paid")
+	rec := finishKey(t, e.engine, k, "ok")
+	if err := pgtest.Restart(t); errors.Is(err, pgtest.ErrExternal) {
+		t.Skip(err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(rec.ExpiresAt.Add(time.Minute))
+	res := mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+	if !res.Record.ExpiresAt.Equal(rec.ExpiresAt) {
+		t.Fatalf("tombstone expired at %v, want %v", res.Record.ExpiresAt, rec.ExpiresAt)
+	}
+	tb, found, err := e.Tombstone(bg, k)
+	if err != nil || !found || !tb.Until.Equal(rec.ExpiresAt.Add(12*time.Hour)) {
+		t.Fatalf("Tombstone: %+v %v %v", tb, found, err)
+	}
+}
+
+// Every claim path checks the markers: the gated first claim (the fresh insert), the claim
+// statement (a key with an expired record still in a live partition, and one whose records
+// partition GC has dropped), and DoTx's claim in the caller's transaction; none of them
+// writes anything for a tombstoned key.
+func TestTombstoneEveryClaimPath(t *testing.T) {
+	clk := newClock()
+	e := newTestDB(t).open(tombOpts(clk.Now))
+	k, crashed := key("k"), key("crashed")
+	rec := finishKey(t, e.engine, k, "ok")
+	// a claim whose holder died: never finished, never renewed (only the claim's marker)
+	mustClaim(t, e.engine, req(crashed, "fp"), driver.Claimed)
+	clk.Set(rec.ExpiresAt) // expired, its record still in a live partition
+	mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+	tx, res, err := e.claimTx(bg, req(k, "other"), newNonce())
+	if err != nil || tx != nil || res.Outcome != driver.Expired {
+		t.Fatalf("claimTx of a tombstoned key: %v %+v %v", tx, res, err)
+	}
+	clk.Advance(2 * time.Hour) // its records partition is dead now
+	if st, err := e.GC(bg); err != nil || st.EpochsDropped == 0 {
+		t.Fatalf("GC: %+v %v", st, err)
+	}
+	var recs int
+	if err := e.pool.QueryRow(bg, `SELECT count(*) FROM `+e.q.schema+`.records`).Scan(&recs); err != nil || recs != 0 {
+		t.Fatalf("records left: %d %v", recs, err)
+	}
+	row, fresh, err := e.claimFresh(bg, e.pool, req(k, "fp"), newNonce(), true)
+	if err != nil || fresh {
+		t.Fatalf("the fresh insert claimed a tombstoned key: %+v %v %v", row, fresh, err)
+	}
+	mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+	mustClaim(t, e.engine, req(crashed, "fp"), driver.Expired)
+	if err := e.pool.QueryRow(bg, `SELECT count(*) FROM `+e.q.schema+`.records`).Scan(&recs); err != nil || recs != 0 {
+		t.Fatalf("a tombstoned claim wrote %d records (%v)", recs, err)
+	}
+	// the window ends exactly at the last write + Retention + TombstoneWindow
+	clk.Set(rec.UpdatedAt.Add(16*time.Hour - time.Microsecond))
+	mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+	clk.Set(rec.UpdatedAt.Add(16 * time.Hour))
+	mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+}
