@@ -199,7 +199,7 @@ func (c *pgChecker) partitions(ctx context.Context) error {
 		case p.attached:
 		case p.family == famRecords && (p.epoch+1)*c.width+retention > c.now:
 			c.add(p.name, p.epoch, "partition detached while its records are still within retention")
-		case p.family == famMarkers && (p.epoch+1)*c.width+c.e.tombUS() > c.now && c.e.tombs():
+		case p.family == famMarkers && c.e.partEnd(p).UnixMicro()+c.e.tombUS() > c.now && c.e.tombs():
 			c.add(p.name, p.epoch, "partition detached while its tombstones are still in force")
 		}
 	}

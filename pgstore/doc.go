@@ -8,22 +8,32 @@
 // the receipt commits in the application's own transaction. The contract kit (package
 // receiptstest) runs on this engine in its tests.
 //
-// Schema (format 1, in Options.Schema, default "receipts"):
+// Schema (format 2, in Options.Schema, default "receipts"):
 //
 //   - meta: one row: format, epoch width, Retention and LeaseTTL in force, the store's secret, the
 //     maintenance lease (owner, until), and clock: the latest time the store has used (written
 //     by Close and by every GC pass; added to schemas created before it).
+//
 //   - token_seq: the sequence every fencing token comes from (CACHE 1: tokens are unique in
 //     the store, increase across sessions and are never reused, also after records are purged).
+//
 //   - records: one row per key (scope, id, state, fingerprint, token, attempts, per-attempt
 //     nonce, times, result inline), partitioned by epoch = last write / epoch width. Every
 //     write moves the row to the current epoch, so a partition is dead once its end plus
 //     Retention has passed, and GC drops whole partitions. Partitions are records_e<epoch>.
 //
-// Tombstones (receipts.Options.TombstoneWindow) are not kept yet: the engine does not
-// implement driver.Tombstones, so a positive TombstoneWindow is refused with
-// receipts.ErrUnsupported, zero means none (DB.Options reports a negative window), and a
-// retry past Retention is a new action. Options.KeyTime works (it needs no engine support).
+//   - markers: tombstones (receipts.Options.TombstoneWindow, default 7 × Retention, as on
+//     Pebble), partitioned like records (markers_e<epoch>, created with them): every write of
+//     a record also upserts its key's marker (scope, id, epoch, used_at) in the same statement,
+//     and Release of a first attempt and Forget delete them. A key without a visible record
+//     whose newest write is within Retention + TombstoneWindow is tombstoned: a claim of it
+//     answers receipts.ErrExpired, whatever the fingerprint; the first call's insert checks
+//     it in the same statement (a NOT EXISTS on markers), so tombstones cost no round trip.
+//     GC drops a markers partition once its end plus Retention plus TombstoneWindow has
+//     passed (the longest any node recorded): O(partitions) statements, as for records.
+//     Negative TombstoneWindow turns them off (no marker is written; a retry past Retention
+//     is a new action). The schema format is 2; Open migrates format 1 (before tombstones),
+//     giving every record its marker when tombstones are on. records.meta is reserved (NULL).
 //
 // Time is the database's: every decision uses clock_timestamp() (Options.Now replaces it in
 // tests), so nodes whose clocks disagree still agree on leases and expiry. It never runs

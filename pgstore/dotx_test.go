@@ -17,7 +17,7 @@ import (
 // effects creates the test's effect table on pool and returns the insert and the count.
 func effects(t *testing.T, pool *pgxpool.Pool, schema string) (insert func(ctx context.Context, tx pgx.Tx, k string) error, count func() int) {
 	t.Helper()
-	tbl := buildQueries(schema, false, false).schema + ".effects"
+	tbl := buildQueries(schema, false, false, 1).schema + ".effects"
 	if _, err := pool.Exec(bg, `CREATE TABLE IF NOT EXISTS `+tbl+` (k text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}

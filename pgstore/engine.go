@@ -138,6 +138,7 @@ type engine struct {
 	o      engineOptions
 	q      queries
 	width  int64 // epoch width in microseconds (from meta)
+	mwidth int64 // markers partition width in microseconds (from meta): a multiple of width
 	secret []byte
 	me     string // this engine's maintenance-lease owner id
 
@@ -187,14 +188,14 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 	if err := o.fill(); err != nil {
 		return nil, err
 	}
-	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil, false)}
+	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil, false, 1)}
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	e.me = hex.EncodeToString(id)
 	if err := e.migrate(ctx); err != nil {
 		return nil, err
 	}
-	e.q = buildQueries(o.Schema, o.Now != nil, e.tombs()) // the window in force is known now
+	e.q = buildQueries(o.Schema, o.Now != nil, e.tombs(), e.mwidth/e.width) // the window in force is known now
 	if err := e.loadClockFromRecords(ctx); err != nil {
 		return nil, err
 	}
@@ -257,10 +258,11 @@ func (e *engine) windowUS() int64 {
 // tombUS is Retention + TombstoneWindow in µs: a key's newest write tombstones it until then.
 func (e *engine) tombUS() int64 { return e.retentionUS() + max(e.windowUS(), 0) }
 
-// markerBottom is the oldest epoch whose markers can be in force: the epoch of now - Retention
-// - TombstoneWindow, less one epoch of margin (as oldest). It only prunes the probes.
+// markerBottom is the oldest markers partition whose markers can be in force: the one of now
+// - Retention - TombstoneWindow, less one records epoch of margin (as oldest). It only prunes
+// the probes.
 func (e *engine) markerBottom() int64 {
-	return e.epochOf(e.estimate().Add(-e.o.Retention-max(e.o.TombstoneWindow, 0))) - 1
+	return e.markerEpoch(e.epochOf(e.estimate().Add(-e.o.Retention-max(e.o.TombstoneWindow, 0))) - 1)
 }
 
 // Secret implements driver.Engine.

@@ -56,7 +56,7 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 		if p.family == famMarkers {
 			keep = ret + win // tombstones off everywhere: markers (none written) go with records
 		}
-		if e.epochEnd(p.epoch).Add(keep).After(now) {
+		if e.partEnd(p).Add(keep).After(now) {
 			continue
 		}
 		if _, _, _, ok, err := e.maintLease(ctx); err != nil || !ok {

@@ -141,7 +141,7 @@ func TestOpenChecksStoredWidth(t *testing.T) {
 		t.Fatalf("open with a longer Retention over a narrow stored width: %v", err)
 	}
 	var ret int64
-	if err := pool.QueryRow(bg, `SELECT retention_us FROM `+buildQueries(d.schema, false, false).schema+`.meta`).Scan(&ret); err != nil || ret != time.Hour.Microseconds() {
+	if err := pool.QueryRow(bg, `SELECT retention_us FROM `+buildQueries(d.schema, false, false, 1).schema+`.meta`).Scan(&ret); err != nil || ret != time.Hour.Microseconds() {
 		t.Fatalf("meta changed by a refused open: retention %d µs, %v", ret, err)
 	}
 }
@@ -232,7 +232,7 @@ func TestOpenUsesRecordedSettings(t *testing.T) {
 		t.Fatalf("reopened with LeaseTTL 2m: %s %s", o.Retention, o.LeaseTTL)
 	}
 	var ret, ttl int64
-	if err := pool.QueryRow(bg, `SELECT retention_us, lease_ttl_us FROM `+buildQueries(d.schema, false, false).schema+`.meta`).Scan(&ret, &ttl); err != nil ||
+	if err := pool.QueryRow(bg, `SELECT retention_us, lease_ttl_us FROM `+buildQueries(d.schema, false, false, 1).schema+`.meta`).Scan(&ret, &ttl); err != nil ||
 		ret != (8*time.Hour).Microseconds() || ttl != (2*time.Minute).Microseconds() {
 		t.Fatalf("meta: %d %d %v", ret, ttl, err)
 	}

@@ -51,8 +51,8 @@ const recCols = `r.state, r.fp, r.token, r.attempts, r.created_at, r.updated_at,
 // (engineOptions.Now), whose time is the statements' clock parameter; tombs: tombstones are
 // on (the claim statements then take two more parameters, $10 the oldest epoch whose markers
 // can be in force and $11 Retention + TombstoneWindow in µs, and Release/Forget's delete $8
-// that epoch).
-func buildQueries(schema string, injected, tombs bool) queries {
+// that epoch); markerK records epochs make one markers partition.
+func buildQueries(schema string, injected, tombs bool, markerK int64) queries {
 	s := pgx.Identifier{schema}.Sanitize()
 	q := queries{schema: s, channel: schema + "_receipts", injected: injected, tombs: tombs}
 	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
@@ -88,7 +88,7 @@ SELECT 'expired', 0::bigint, 0, 0::smallint, NULL::bytea, NULL::bytea, b.used_at
 		claimMarks = `,
 mark AS (
   INSERT INTO S.markers (scope, id, epoch, used_at)
-  SELECT $1, $2, w.epoch, w.updated_at FROM (SELECT epoch, updated_at FROM fresh
+  SELECT $1, $2, ` + markerEpochSQL("w.epoch", markerK) + `, w.updated_at FROM (SELECT epoch, updated_at FROM fresh
                                              UNION ALL SELECT epoch, updated_at FROM takeover) w
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )`
@@ -177,7 +177,7 @@ ON CONFLICT DO NOTHING
 RETURNING token, attempts, created_at, updated_at, lease_expires_at, epoch
 ),
 mark AS (
-  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, epoch, updated_at FROM ins
+  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM ins
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )
 SELECT token, attempts, created_at, updated_at, lease_expires_at FROM ins`)
@@ -215,7 +215,7 @@ UPDATE S.records r
  RETURNING ` + recCols + `, r.epoch, t.now, pg_current_xact_id()::text AS xid
 ),
 mark AS (
-  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, epoch, updated_at FROM u
+  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM u
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )
 SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid FROM u`
@@ -317,7 +317,8 @@ func schemaSQL(schema string) []string {
   maint_owner    text,
   maint_until    timestamptz,
   clock          timestamptz,            -- the latest time the store has used (clockColumn)
-  tombstone_window_us bigint             -- the TombstoneWindow in force at the last open (-1: off)
+  tombstone_window_us bigint,            -- the TombstoneWindow in force at the last open (-1: off)
+  marker_width_us bigint     NOT NULL    -- markers partition width: a whole number of epochs
 )`),
 		// One row per key, in the partition of its last write (epoch = last write / width).
 		// Results inline: past retention only the key's marker is kept (markers). No index on

@@ -81,9 +81,10 @@ func (e *engine) migrateOnce(ctx context.Context) error {
 			}
 			secret := make([]byte, 32)
 			_, _ = rand.Read(secret)
-			if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.meta (format, epoch_width_us, retention_us, lease_ttl_us, secret, created_at)
-VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
-				formatVersion, e.o.EpochWidth.Microseconds(), e.retentionUS(), e.o.LeaseTTL.Microseconds(), secret, e.nowArg()); err != nil {
+			w := e.o.EpochWidth.Microseconds()
+			if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.meta (format, epoch_width_us, retention_us, lease_ttl_us, secret, created_at, marker_width_us)
+VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
+				formatVersion, w, e.retentionUS(), e.o.LeaseTTL.Microseconds(), secret, e.nowArg(), e.newMarkerWidth(w)); err != nil {
 				return fmt.Errorf("create meta: %w", err)
 			}
 		}
@@ -99,16 +100,19 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
 		}
 		var retUS, ttlUS int64
 		var winUS *int64 // format 1 records no window
-		winCol := `NULL::bigint`
+		cols := `NULL::bigint, 0::bigint`
 		if format >= 2 {
-			winCol = `tombstone_window_us`
+			cols = `tombstone_window_us, marker_width_us`
 		}
-		if err := tx.QueryRow(ctx, `SELECT epoch_width_us, retention_us, lease_ttl_us, secret, `+winCol+` FROM `+e.q.schema+`.meta`).Scan(
-			&e.width, &retUS, &ttlUS, &e.secret, &winUS); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT epoch_width_us, retention_us, lease_ttl_us, secret, `+cols+` FROM `+e.q.schema+`.meta`).Scan(
+			&e.width, &retUS, &ttlUS, &e.secret, &winUS, &e.mwidth); err != nil {
 			return fmt.Errorf("read meta: %w", err)
 		}
 		if e.width <= 0 {
 			return fmt.Errorf("%w: schema %s: epoch width %d µs", receipts.ErrCorrupt, e.o.Schema, e.width)
+		}
+		if format >= 2 && (e.mwidth < e.width || e.mwidth%e.width != 0) {
+			return fmt.Errorf("%w: schema %s: markers partition width %d µs (epoch width %d µs)", receipts.ErrCorrupt, e.o.Schema, e.mwidth, e.width)
 		}
 		// the recorded values for the options left zero, then the settings in force checked
 		// before anything is written (a refused open leaves the schema as it is)
@@ -134,6 +138,7 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
 			}
 		}
 		if format == 1 {
+			e.mwidth = e.newMarkerWidth(e.width)
 			if err := e.migrate1(ctx, tx); err != nil {
 				return fmt.Errorf("migrate format 1 to %d: %w", formatVersion, err)
 			}
@@ -155,6 +160,7 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`)`,
 func (e *engine) migrate1(ctx context.Context, tx pgx.Tx) error {
 	stmts := []string{
 		`ALTER TABLE ` + e.q.schema + `.meta ADD COLUMN IF NOT EXISTS tombstone_window_us bigint`,
+		`ALTER TABLE ` + e.q.schema + `.meta ADD COLUMN IF NOT EXISTS marker_width_us bigint NOT NULL DEFAULT ` + strconv.FormatInt(e.mwidth, 10),
 		`ALTER TABLE ` + e.q.schema + `.records ADD COLUMN IF NOT EXISTS meta bytea`,
 		markersSQL(e.q.schema),
 	}
@@ -184,14 +190,18 @@ func (e *engine) migrate1(ctx context.Context, tx pgx.Tx) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	done := map[int64]bool{}
 	for _, ep := range epochs {
-		if err := e.createPartition(ctx, tx, famMarkers, ep); err != nil {
-			return err
+		if m := e.markerEpoch(ep); !done[m] {
+			done[m] = true
+			if err := e.createPartition(ctx, tx, famMarkers, m); err != nil {
+				return err
+			}
 		}
 	}
 	if e.tombs() {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+e.q.schema+`.markers (scope, id, epoch, used_at)
-SELECT scope, id, epoch, updated_at FROM `+e.q.schema+`.records ON CONFLICT DO NOTHING`); err != nil {
+SELECT scope, id, `+markerEpochSQL("epoch", e.mwidth/e.width)+`, updated_at FROM `+e.q.schema+`.records ON CONFLICT DO NOTHING`); err != nil {
 			return err
 		}
 	}
@@ -301,7 +311,7 @@ func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
 		missing := false
 		for _, fam := range families {
 			var attached, exists bool
-			if err := tx.QueryRow(ctx, partState, e.o.Schema, partName(fam, epoch)).Scan(&attached, &exists); err != nil {
+			if err := tx.QueryRow(ctx, partState, e.o.Schema, partName(fam, e.famEpoch(fam, epoch))).Scan(&attached, &exists); err != nil {
 				return err
 			}
 			missing = missing || !attached
@@ -316,12 +326,49 @@ func (e *engine) ensurePartitionOnce(ctx context.Context, epoch int64) error {
 			return err
 		}
 		for _, fam := range families {
-			if err := e.createPartition(ctx, tx, fam, epoch); err != nil {
+			if err := e.createPartition(ctx, tx, fam, e.famEpoch(fam, epoch)); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// famEpoch is the epoch of family's partition holding records epoch ep: ep itself, or the
+// markers partition's (markerEpoch).
+func (e *engine) famEpoch(family string, ep int64) int64 {
+	if family == famMarkers {
+		return e.markerEpoch(ep)
+	}
+	return ep
+}
+
+// markerEpoch is the markers partition holding the markers written in records epoch ep: a
+// markers partition spans mwidth/width records epochs (newMarkerWidth).
+func (e *engine) markerEpoch(ep int64) int64 { return floorDiv(ep, e.mwidth/e.width) }
+
+// markerEpochSQL is the SQL of markerEpoch of the records epoch column col, k records epochs
+// to a markers partition.
+func markerEpochSQL(col string, k int64) string {
+	if k == 1 {
+		return col
+	}
+	return `floor(` + col + `::numeric / ` + strconv.FormatInt(k, 10) + `)::bigint`
+}
+
+// newMarkerWidth is the markers partition width (µs) of a schema being created (or migrated)
+// with records epochs of width µs: a whole number of epochs, about a quarter of Retention +
+// TombstoneWindow (the default window if tombstones are off now: they may be turned on
+// later), so that a claim probes about five markers partitions, not the 30-odd epochs the
+// window spans (each probe an index lookup, and a lock: past 16 relations a transaction's
+// locks leave the fast path). GC then drops a markers partition up to a quarter window late.
+func (e *engine) newMarkerWidth(width int64) int64 {
+	win := e.o.TombstoneWindow
+	if win <= 0 {
+		win = driver.DefaultTombstoneWindow(e.o.Retention)
+	}
+	k := max((e.o.Retention+win).Microseconds()/(4*width), 1)
+	return k * width
 }
 
 // createPartition creates and attaches family's partition of epoch in tx (which holds the
@@ -396,3 +443,11 @@ func (e *engine) partitions(ctx context.Context) ([]partition, error) {
 
 // epochEnd is when epoch ends.
 func (e *engine) epochEnd(epoch int64) time.Time { return time.UnixMicro((epoch + 1) * e.width) }
+
+// partEnd is when partition p's epoch ends (a markers partition spans mwidth).
+func (e *engine) partEnd(p partition) time.Time {
+	if p.family == famMarkers {
+		return time.UnixMicro((p.epoch + 1) * e.mwidth)
+	}
+	return e.epochEnd(p.epoch)
+}

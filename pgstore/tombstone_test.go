@@ -126,11 +126,11 @@ SELECT 's'::bytea, ('m' || g)::bytea, $1::bigint, 2, 'fp', nextval('`+e.q.schema
   FROM generate_series(1, $3::int) g`, cur, clk.Now(), n); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.pool.Exec(bg, `INSERT INTO `+e.q.schema+`.markers SELECT scope, id, epoch, updated_at FROM `+e.q.schema+`.records`); err != nil {
+		if _, err := e.pool.Exec(bg, `INSERT INTO `+e.q.schema+`.markers SELECT scope, id, `+markerEpochSQL("epoch", e.mwidth/e.width)+`, updated_at FROM `+e.q.schema+`.records`); err != nil {
 			t.Fatal(err)
 		}
 		var bytes int64
-		if err := e.pool.QueryRow(bg, `SELECT pg_total_relation_size($1::regclass)`, e.o.Schema+"."+partName(famMarkers, cur)).Scan(&bytes); err != nil {
+		if err := e.pool.QueryRow(bg, `SELECT pg_total_relation_size($1::regclass)`, e.o.Schema+"."+partName(famMarkers, e.markerEpoch(cur))).Scan(&bytes); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("%d markers: %d bytes in their partition (%.0f bytes per marker, index included)", n, bytes, float64(bytes)/float64(n))
@@ -145,8 +145,9 @@ SELECT 's'::bytea, ('m' || g)::bytea, $1::bigint, 2, 'fp', nextval('`+e.q.schema
 		}
 		mustClaim(t, e.engine, req(key("m1"), "fp"), driver.Expired)
 		mustClaim(t, e.engine, req(key(fmt.Sprintf("m%d", n)), "other"), driver.Expired)
-		// past the window: the markers' partition goes in one DETACH and one DROP
-		clk.Advance(12 * time.Hour)
+		// past the window (and the end of the markers partition, which spans several
+		// epochs): the markers' partition goes in one DETACH and one DROP
+		clk.Advance(12*time.Hour + time.Duration(e.mwidth)*time.Microsecond)
 		var before int64
 		if err := e.pool.QueryRow(bg, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&before); err != nil {
 			t.Fatal(err)

@@ -47,7 +47,7 @@ Records that cannot be read are reported on stderr (exit code 1).`,
 		},
 	}
 	ff.add(cmd)
-	cmd.Flags().BoolVar(&tombstones, "tombstones", false, "list the tombstones in force (keys past retention that a claim still refuses) and how long each has left, instead of records (--dir only)")
+	cmd.Flags().BoolVar(&tombstones, "tombstones", false, "list the tombstones in force (keys past retention that a claim still refuses) and how long each has left, instead of records (--dir or --pg)")
 	return cmd
 }
 

@@ -201,3 +201,32 @@ func TestPGGCLeaseHeld(t *testing.T) {
 	require.Contains(t, r.stderr, "gc did nothing: another node holds the schema's maintenance lease until")
 	require.Empty(t, r.out)
 }
+
+// TestPGTombstones: on PostgreSQL too, a receipt past retention within its
+// tombstone window is explained by get and listed by ls --tombstones with the
+// time it has left.
+func TestPGTombstones(t *testing.T) {
+	then := time.Now().Add(-2 * time.Hour)
+	dsn, schema := pgtest.Schema(t)
+	db := openPGStore(t, dsn, schema, receipts.Options{Retention: time.Hour, LeaseTTL: time.Minute,
+		TombstoneWindow: 3 * time.Hour, Now: func() time.Time { return then }})
+	k := receipts.Key{Scope: "acct_1", ID: "op-old"}
+	_, err := db.Do(context.Background(), k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("x"), nil })
+	require.NoError(t, err)
+	st := []string{"--pg", dsn, "--schema", schema}
+
+	r := cli(t, pgArgs(st, "get", "acct_1", "op-old")...).requireCode(t, exitProblem)
+	require.Contains(t, r.stderr, `no record of "acct_1"/"op-old": a tombstone`)
+	r = cli(t, pgArgs(st, "ls", "--tombstones", "--json")...).requireCode(t, exitOK)
+	var out struct {
+		Tombstones []tombstoneJSON `json:"tombstones"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &out))
+	require.Len(t, out.Tombstones, 1, r.out)
+	require.Equal(t, "op-old", out.Tombstones[0].ID)
+	left, err := time.ParseDuration(out.Tombstones[0].Left)
+	require.NoError(t, err)
+	require.InDelta(t, float64(2*time.Hour), float64(left), float64(time.Minute), "left: %s", left)
+	r = cli(t, pgArgs(st, "ls", "--tombstones")...).requireCode(t, exitOK)
+	require.Contains(t, r.out, "MARKED USED UNTIL")
+}

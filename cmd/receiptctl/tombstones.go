@@ -23,12 +23,12 @@ type tombstoneJSON struct {
 	Left      string    `json:"left"`
 }
 
-// lsTombstones lists the tombstones in force of f's scope (offline only:
+// lsTombstones lists the tombstones in force of f's scope (--dir or --pg:
 // the admin endpoint does not serve them).
 func (a *app) lsTombstones(cmd *cobra.Command, src source, f receipts.Filter) error {
 	o, ok := src.(*offline)
 	if !ok {
-		return usagef("ls --tombstones works on a store directory (--dir) only")
+		return usagef("ls --tombstones works on a store (--dir or --pg) only")
 	}
 	now := time.Now()
 	var out []tombstoneJSON

@@ -18,6 +18,7 @@ import (
 	"github.com/receiptstore/receipts/bench/internal/pgtemp"
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
+	"github.com/receiptstore/receipts/pgstore"
 )
 
 // result is one row of the table.
@@ -147,6 +148,12 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg", false)
 		case "receipts-pg-tx":
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_tx", true)
+		case "receipts-pg-notomb": // tombstones off: the cost of tombstones is receipts-pg next to it
+			var ps *engine.PGStore
+			if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_notomb", false, func(o *pgstore.Options) { o.TombstoneWindow = -1 }); err == nil {
+				ps.Label = "receipts-pg-notomb"
+				s = ps
+			}
 		case "receipts-pg-lookup":
 			var ps *engine.PGStore
 			if ps, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_lookup", false); err == nil {

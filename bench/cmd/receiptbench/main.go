@@ -99,14 +99,15 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup"}
+var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
 
 // defaultStores run unless -stores names others: all but receipts-pg-lookup (a measurement
-// of pgstore's plain read, not a path a retry takes).
-var defaultStores = allStores[:len(allStores)-1]
+// of pgstore's plain read, not a path a retry takes) and receipts-pg-notomb (pgstore with
+// tombstones off: a measurement of what they cost).
+var defaultStores = allStores[:len(allStores)-2]
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
-var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup"}
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {

@@ -29,6 +29,8 @@ type PGStore struct {
 	LookupReplay bool
 	// Firsts counts operations whose fn ran.
 	Firsts atomic.Uint64
+	// Label, if set, is the row label (Name).
+	Label string
 }
 
 // PGOptions are the options PostgreSQL benchmarks open pgstore with: a 1h retention,
@@ -50,10 +52,19 @@ func PGOptions(schema string, now func() time.Time) *pgstore.Options {
 // OpenPG opens (creating) a pgstore store in schema of pool's database, dropping what an
 // earlier run left there first. The pool stays the caller's.
 func OpenPG(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool) (*PGStore, error) {
+	return OpenPGWith(ctx, pool, schema, tx, nil)
+}
+
+// OpenPGWith is OpenPG with the options changed by mod (nil: none).
+func OpenPGWith(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool, mod func(*pgstore.Options)) (*PGStore, error) {
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 		return nil, err
 	}
-	db, err := pgstore.Open(ctx, pool, PGOptions(schema, nil))
+	o := PGOptions(schema, nil)
+	if mod != nil {
+		mod(o)
+	}
+	db, err := pgstore.Open(ctx, pool, o)
 	if err != nil {
 		return nil, err
 	}
@@ -62,6 +73,9 @@ func OpenPG(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool) (*P
 
 // Name is the row label in reports.
 func (s *PGStore) Name() string {
+	if s.Label != "" {
+		return s.Label
+	}
 	if s.LookupReplay {
 		return "receipts-pg-lookup"
 	}
