@@ -23,7 +23,9 @@
 //     Retention has passed, and GC drops whole partitions. Partitions are records_e<epoch>.
 //
 //   - markers: tombstones (receipts.Options.TombstoneWindow, default 7 × Retention, as on
-//     Pebble), partitioned like records (markers_e<epoch>, created with them): every write of
+//     Pebble), partitioned by epoch too, but each partition k record epochs wide (k =
+//     (Retention + TombstoneWindow) / (4 × epoch width), at least 1, recorded in meta;
+//     markers_e<first epoch>, created with the records' partitions): every write of
 //     a record also upserts its key's marker (scope, id, epoch, used_at) in the same statement,
 //     and Release of a first attempt and Forget delete them. A key without a visible record
 //     whose newest write is within Retention + TombstoneWindow is tombstoned: a claim of it

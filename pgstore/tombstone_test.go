@@ -108,7 +108,7 @@ func TestTombstoneMigrateFormat1(t *testing.T) {
 }
 
 // GC drops markers by whole partitions once Retention + TombstoneWindow has passed: the same
-// statements and about the same WAL for 1,000 and for 10,000 expired receipts (a row-by-row
+// statements and about the same WAL for 10,000 and for 100,000 expired receipts (a row-by-row
 // purge would write WAL for every marker). It also reports the bytes a marker takes.
 func TestTombstoneGCByPartition(t *testing.T) {
 	type pass struct {
@@ -170,12 +170,12 @@ SELECT 's'::bytea, ('m' || g)::bytea, $1::bigint, 2, 'fp', nextval('`+e.q.schema
 		t.Logf("%d expired receipts: GC past the window %+v, %d bytes of WAL", n, st, after-before)
 		return pass{st.Writes, st.EpochsDropped + st.TombstoneEpochsDropped, after - before}
 	}
-	small, large := run(1000), run(10000)
+	small, large := run(10000), run(100000)
 	if large.writes != small.writes || large.dropped != small.dropped {
-		t.Fatalf("GC statements grow with the markers: %+v at 1,000, %+v at 10,000", small, large)
+		t.Fatalf("GC statements grow with the markers: %+v at 10,000, %+v at 100,000", small, large)
 	}
 	if large.wal > 2*small.wal+128<<10 {
-		t.Fatalf("GC's WAL grows with the markers: %d bytes at 1,000, %d at 10,000", small.wal, large.wal)
+		t.Fatalf("GC's WAL grows with the markers: %d bytes at 10,000, %d at 100,000", small.wal, large.wal)
 	}
 }
 
