@@ -214,8 +214,17 @@ UPDATE S.records r
  WHERE ` + fenced + `
  RETURNING ` + recCols + `, r.epoch, t.now, pg_current_xact_id()::text AS xid
 ),
-mark AS (
+mu AS (                         -- the marker of the record's epoch, if written already (a plain
+                                -- update: no row lock record as ON CONFLICT DO UPDATE writes);
+                                -- the constant bound prunes the markers partitions at planning
+  UPDATE S.markers m SET used_at = u.updated_at FROM u
+   WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= ` + markerEpochSQL("$4::bigint", markerK) + `
+     AND m.epoch = (SELECT ` + markerEpochSQL("epoch", markerK) + ` FROM u)
+  RETURNING 1
+),
+mark AS (                       -- else (the epoch moved to a new markers partition) the upsert
   INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM u
+   WHERE NOT EXISTS (SELECT 1 FROM mu)
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )
 SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid FROM u`

@@ -243,3 +243,56 @@ func TestTombstoneEveryClaimPath(t *testing.T) {
 	clk.Set(rec.UpdatedAt.Add(16 * time.Hour))
 	mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
 }
+
+// Every write keeps the key's marker at the record's last write: within a markers partition
+// renew and finish update the claim's marker in place (one row), and a write whose epoch has
+// moved to the next markers partition writes a marker there, so the tombstone, once the
+// records partition is gone, runs from the finish (not from an older write).
+func TestTombstoneMarkerFollowsEveryWrite(t *testing.T) {
+	clk := newClock()
+	e := newTestDB(t).open(tombOpts(clk.Now))
+	k := key("renewed")
+	markers := func() (n int, newest time.Time) {
+		t.Helper()
+		if err := e.pool.QueryRow(bg, `SELECT count(*), max(used_at) FROM `+e.q.schema+`.markers`).Scan(&n, &newest); err != nil {
+			t.Fatal(err)
+		}
+		return n, newest
+	}
+	c := mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+	clk.Advance(time.Minute)
+	rec, err := e.Renew(bg, k, c.Record.Token, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, newest := markers(); n != 1 || !newest.Equal(rec.UpdatedAt) {
+		t.Fatalf("after a renew in the claim's markers partition: %d markers, newest %v, want 1 at %v", n, newest, rec.UpdatedAt)
+	}
+	// markers partitions span 4 epochs here ((4h + 12h) / (4 × 1h)): renew into the next one
+	for i := 0; i < 2; i++ {
+		clk.Advance(3 * time.Hour)
+		if rec, err = e.Renew(bg, k, c.Record.Token, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.markerEpoch(floorDiv(rec.UpdatedAt.UnixMicro(), e.width)) == e.markerEpoch(floorDiv(c.Record.UpdatedAt.UnixMicro(), e.width)) {
+		t.Fatal("the renews stayed in the claim's markers partition")
+	}
+	clk.Advance(time.Minute)
+	if rec, err = e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if n, newest := markers(); n != 2 || !newest.Equal(rec.UpdatedAt) {
+		t.Fatalf("after the finish: %d markers, newest %v, want 2, the newest at %v", n, newest, rec.UpdatedAt)
+	}
+	clk.Set(rec.ExpiresAt.Add(2 * time.Hour)) // its records partition is dead now
+	if st, err := e.GC(bg); err != nil || st.EpochsDropped == 0 {
+		t.Fatalf("GC: %+v %v", st, err)
+	}
+	res := mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+	if !res.Record.ExpiresAt.Equal(rec.ExpiresAt) {
+		t.Fatalf("tombstone of a record that expired at %v: %v", rec.ExpiresAt, res.Record.ExpiresAt)
+	}
+	clk.Set(rec.UpdatedAt.Add(16*time.Hour - time.Microsecond))
+	mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+}
