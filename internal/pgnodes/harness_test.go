@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -217,7 +216,6 @@ type child struct {
 	ready chan struct{} // closed when the node has opened the store
 	exit  chan struct{} // closed when the process has exited
 	err   error         // its exit status, once exit is closed
-	at    time.Time     // when it exited, once exit is closed
 
 	spawned time.Time
 }
@@ -230,9 +228,6 @@ type runner struct {
 	seed  uint64
 	rng   *rand.Rand
 	end   time.Time // nodes stop by themselves at end (the parent's own bound)
-
-	mu   sync.Mutex
-	ends map[string]int64 // incarnation -> when it was killed
 }
 
 func (r *runner) spawn(role, inc string, env ...string) *child {
@@ -272,7 +267,6 @@ func (r *runner) spawn(role, inc string, env ...string) *child {
 			}
 		}
 		c.err = cmd.Wait()
-		c.at = time.Now()
 		_ = stderr.Close()
 		if c.err != nil && !killed(c.err) {
 			c.err = fmt.Errorf("%s: %w\nstdout:\n%s\nstderr: %s", inc, c.err, strings.Join(tail, "\n"), filepath.Join(r.dir, "stderr-"+inc+".txt"))
@@ -287,13 +281,10 @@ func killed(err error) bool {
 	return errors.As(err, &ee) && ee.ProcessState.Sys().(syscall.WaitStatus).Signaled()
 }
 
-// kill SIGKILLs c and waits for it; the incarnation's end is recorded for the checker.
+// kill SIGKILLs c and waits for it.
 func (r *runner) kill(c *child) {
 	_ = c.cmd.Process.Signal(syscall.SIGKILL)
 	<-c.exit
-	r.mu.Lock()
-	r.ends[c.inc] = c.at.UnixNano()
-	r.mu.Unlock()
 }
 
 func (r *runner) isReady(c *child) bool {
@@ -319,7 +310,7 @@ func (r *runner) failIfDied(c *child) {
 // crossNode runs a whole harness and checks it.
 func crossNode(t *testing.T, p plan) *Report {
 	seed := seedOf(t)
-	r := &runner{t: t, p: p, dir: t.TempDir(), seed: seed, rng: rand.New(rand.NewPCG(seed, 14)), ends: map[string]int64{}}
+	r := &runner{t: t, p: p, dir: t.TempDir(), seed: seed, rng: rand.New(rand.NewPCG(seed, 14))}
 	r.start = time.Now()
 	r.end = r.start.Add(p.duration*3 + 2*time.Minute) // nodes stop by themselves at the latest then
 	t.Logf("%s: %d nodes x 8 workers for %v; at least %d SIGKILLs, %d database restarts; logs in %s",
@@ -437,7 +428,7 @@ func crossNode(t *testing.T, p plan) *Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := Check(evs, r.ends, verifiers)
+	rep := Check(evs, verifiers)
 	t.Logf("%s: load %v, %d SIGKILLs, %d database restarts, %d proxy cuts (%d connection sides), total %v",
 		p.engine, loadTime.Round(time.Millisecond), kills, restarts, cuts, cutConns, time.Since(r.start).Round(time.Millisecond))
 	t.Logf("checked: %s", rep)

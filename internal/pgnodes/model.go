@@ -162,7 +162,7 @@ var linModel = porcupine.NondeterministicModel{
 }
 
 // linOps turns the run's events into porcupine operations.
-func linOps(grants, fnEnds, outcomes map[string]Event, evs []Event, ends map[string]int64, rep *Report) []porcupine.Operation {
+func linOps(grants, fnEnds, outcomes map[string]Event, evs []Event, rep *Report) []porcupine.Operation {
 	var ops []porcupine.Operation
 	add := func(in linIn, out linOut, call, ret int64) {
 		if ret <= call {
@@ -183,11 +183,11 @@ func linOps(grants, fnEnds, outcomes map[string]Event, evs []Event, ends map[str
 		in := linIn{kind: linCommit, key: g.Key, op: g.Op, view: want}
 		o, ok := outcomes[g.Op]
 		if !ok {
-			end, ok := ends[g.Inc]
-			if !ok {
-				end = math.MaxInt64
-			}
-			add(in, linOut{kind: outUnknown}, f.Ret, end)
+			// No outcome was logged (its node was killed first). The commit may still take
+			// effect after the kill: PostgreSQL runs a statement it has received even when
+			// the client is gone (and the TCP proxy may still be forwarding it), so the
+			// commit is in flight forever, not only until its node's end.
+			add(in, linOut{kind: outUnknown}, f.Ret, math.MaxInt64)
 			continue
 		}
 		out := linOut{kind: outUnknown}
