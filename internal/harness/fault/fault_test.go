@@ -815,6 +815,10 @@ func faultOpenChild() {
 	k := 0
 	for ; ; k++ {
 		fs := crashed.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 100, RNG: imgRNG})
+		// The injector runs on Pebble's goroutines, which may outlive this iteration (a
+		// failed open leaves its cleanup goroutine running): it reads this iteration's k,
+		// not the loop variable the next iteration increments.
+		k := k
 		var writes atomic.Int64
 		var image *vfs.MemFS
 		logger := newFaultChildLogger()
