@@ -115,8 +115,12 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // nothing and is rolled back. A lost COMMIT reply is a lost reply like any other (the retry's
 // nonce finds the claim if it landed).
 //
+// A finished record the fresh statement returns, still visible at its time, is answered
+// from that read (replayable: what the claim statement would answer), without the claim
+// statement.
+//
 // With oneTrip, the first batch carries its COMMIT ([BEGIN; lock; insert if absent; COMMIT]:
-// a first call's claim in one round trip). A claim it granted is committed before the closing
+// a first call's claim, or a retry's answer, in one round trip). A claim it granted is committed before the closing
 // gate is read, so if Close has begun by then the claim is undone (undoFresh: deleted by its
 // token) and the answer is driver.ErrClosed: still no lease handed out after Close began, and
 // nothing decided after Close began stays. If the key had a record, that batch committed
@@ -128,23 +132,32 @@ func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce 
 	}
 	defer conn.Release() // a connection left in a transaction is closed by the pool
 	if oneTrip {
-		row, fresh, err := e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
+		row, got, err := e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
 		if err != nil {
 			if conn.Conn().PgConn().TxStatus() != 'I' { // the batch failed inside its transaction
 				_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 			}
 			return claimRow{}, err
 		}
-		if fresh {
+		switch got {
+		case freshClaimed:
 			if e.closing() { // committed, but decided after Close began, or handed out after it
 				return claimRow{}, e.undoFresh(ctx, req, row.rec.Token)
 			}
 			return row, nil
+		case freshExisting:
+			if done, ok := replayable(req, row); ok { // a retry answered by the same round trip
+				return done, nil
+			}
 		}
 	}
-	row, fresh, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; lock; insert if absent]
-	if err == nil && !fresh {                                     // the key has a record: the claim statement decides
-		row, err = e.claimOnce(ctx, conn, req, nonce)
+	row, got, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; lock; insert if absent]
+	if err == nil && got != freshClaimed {                      // the key has a record: the claim statement decides
+		if done, ok := replayable(req, row); got == freshExisting && ok {
+			row = done
+		} else {
+			row, err = e.claimOnce(ctx, conn, req, nonce)
+		}
 	}
 	end := "ROLLBACK"
 	switch {
@@ -249,6 +262,9 @@ func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.Clai
 		res.Record = driver.Record{Key: req.Key, UpdatedAt: row.rec.UpdatedAt, ExpiresAt: row.rec.UpdatedAt.Add(e.o.Retention)}
 	default:
 		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: unknown outcome %q", row.outcome)
+	}
+	if st := res.Record.State; st == driver.Succeeded || st == driver.Failed {
+		e.hint.add(keyHash(req.Key)) // the next retry takes the replay fast path
 	}
 	return res, nil
 }

@@ -9,9 +9,10 @@ import (
 	"github.com/receiptstore/receipts/driver"
 )
 
-// Claim implements driver.Engine: a retry of a finished operation is answered from one plain
-// read (replayFast); otherwise claimDecide decides, and a lease whose grant came back late is
-// renewed before it is handed out.
+// Claim implements driver.Engine: a retry of a key this engine recently saw finished (the
+// hint: hint.go) is answered from one plain read (replayFast); otherwise claimDecide decides
+// (its first batch answers a first call and a retry of a finished record alike, in one round
+// trip), and a lease whose grant came back late is renewed before it is handed out.
 //
 // A lease runs from the moment the claim statement decided, by the database's clock. The
 // reply can come back much later: a reply lost to a cut connection is found again by the
@@ -20,7 +21,9 @@ import (
 // claim took more than a third of the lease, Claim renews it first (a fenced write, so it
 // fails if another caller took the key over meanwhile; the key is then claimed afresh).
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
-	if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read (replayfast.go)
+	if !e.hint.has(keyHash(req.Key)) {
+		// probably a first call: the claim batch (no read before it)
+	} else if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read (replayfast.go)
 		return res, nil
 	}
 	start := time.Now()

@@ -4,27 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts/driver"
 )
 
+// What claimFresh's statement found.
+type freshGot int
+
+const (
+	freshNone     freshGot = iota // no row back: a conflicting insert, or a tombstone in force
+	freshClaimed                  // the key had no record and is claimed (row holds the claim)
+	freshExisting                 // the key has a record (row.rec, row.now: as the lookup reads it)
+)
+
 // claimFresh opens a gated claim's transaction on conn with [BEGIN; lock; fresh] in one
 // batch (one round trip): under the key's advisory lock, a key with no record in the live
 // partitions is claimed by a plain INSERT, without the claim statement's other branches
-// (their partition probes, row lock and UPDATE cost server CPU on every first call). ok is
-// false, with the transaction still open and the lock held, when the key has a record:
-// the caller then sends the claim statement in the same transaction, which decides as
-// before (the lock is re-entrant). The decision is the claim statement's "fresh" branch on
-// a snapshot taken after the lock, so it is the one the claim statement would have made.
+// (their partition probes, row lock and UPDATE cost server CPU on every first call). A key
+// that has a record gets it back (freshExisting), read on a snapshot taken after the lock,
+// with the statement's time. Unless the answer is freshClaimed the transaction is still open
+// and the lock held: the caller then sends the claim statement in the same transaction, which
+// decides as before (the lock is re-entrant), or answers a finished record itself
+// (replayable). The decision is the claim statement's "fresh" branch on a snapshot taken
+// after the lock, so it is the one the claim statement would have made.
 //
 // With commit, COMMIT is the batch's last statement ([BEGIN; lock; fresh; COMMIT]: a first
-// call's claim in one round trip), and the transaction is over when claimFresh returns, with
-// or without a claim: the caller reads the closing gate after the claim is committed and
-// undoes it (undoFresh) if Close began meanwhile.
-func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte, commit bool) (row claimRow, ok bool, err error) {
+// call's claim, or a retry's answer, in one round trip), and the transaction is over when
+// claimFresh returns, with or without a claim: the caller reads the closing gate after the
+// claim is committed and undoes it (undoFresh) if Close began meanwhile.
+func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte, commit bool) (row claimRow, got freshGot, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(e.q.lock, lockClass, lockID(keyHash(req.Key)))
@@ -38,12 +48,14 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 		_, err = br.Exec()
 	}
 	if err == nil {
-		r := &row.rec
-		var lease time.Time
-		err = br.QueryRow().Scan(&r.Token, &r.Attempts, &r.CreatedAt, &r.UpdatedAt, &lease)
-		r.LeaseExpiresAt = lease
-		ok = err == nil
-		if errors.Is(err, pgx.ErrNoRows) {
+		var claimed bool
+		err = scanRecord(br.QueryRow(), &row.rec, &row.now, &claimed)
+		switch {
+		case err == nil && claimed:
+			got = freshClaimed
+		case err == nil:
+			got = freshExisting
+		case errors.Is(err, pgx.ErrNoRows):
 			err = nil
 		}
 	}
@@ -53,16 +65,34 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil || !ok {
-		return claimRow{}, false, err
+	if err != nil || got == freshNone {
+		return claimRow{}, freshNone, err
 	}
-	row.outcome = "claimed"
-	row.rec.State = driver.Pending
-	row.rec.Fingerprint = req.Fingerprint
 	row.rec.Key = req.Key
 	e.fill(&row.rec)
-	row.now = e.saw(row.rec.CreatedAt, now)
-	return row, true, nil
+	if got == freshClaimed {
+		row.outcome = "claimed"
+		row.now = e.saw(row.rec.CreatedAt, now)
+	} else {
+		row.now = e.saw(row.now, now)
+	}
+	return row, got, nil
+}
+
+// replayable is the answer to a claim whose fresh statement found a finished record that is
+// still visible at the statement's time: what the claim statement would answer on that
+// snapshot ("done", or "mismatch" for another fingerprint), as replayFast reasons. ok is
+// false for anything else (Pending, past retention), which the claim statement decides.
+func replayable(req driver.ClaimRequest, row claimRow) (claimRow, bool) {
+	r := &row.rec
+	if (r.State != driver.Succeeded && r.State != driver.Failed) || !row.now.Before(r.ExpiresAt) {
+		return claimRow{}, false
+	}
+	row.outcome = "done"
+	if string(r.Fingerprint) != string(req.Fingerprint) {
+		row.outcome = "mismatch"
+	}
+	return row, true
 }
 
 // undoFresh removes a claim a one-round-trip batch (claimFresh with commit) committed after

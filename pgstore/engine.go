@@ -177,6 +177,10 @@ type engine struct {
 	// replayFastHits counts the claims it answered (replayfast.go).
 	testNoReplayFast bool
 	replayFastHits   atomic.Uint64
+
+	// hint remembers the keys recently seen finished: it picks a claim's first statement
+	// (hint.go).
+	hint finishedHint
 }
 
 // newEngine creates or migrates the schema and starts the background goroutines (notifier,

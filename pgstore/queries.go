@@ -152,35 +152,47 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
 
 	// The first statement of a gated claim (claimfresh.go), after the lock: the claim
 	// statement's "fresh" branch alone, for a key with no record in the live partitions (the
-	// common first call); no row back: the key has one, and the claim statement decides. Same
-	// parameters as claim.
+	// common first call), without the claim statement's other branches. A key that has a
+	// record gets it back instead (cur: the lookup's read, on the snapshot taken after the
+	// lock), so that a retry of a finished operation is answered by the same round trip; the
+	// claim statement decides everything else. Same parameters as claim. Columns: recCols,
+	// the statement's time, then whether the row is the new claim (else the key's record).
+	freshCur := `cur AS (SELECT * FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8
+                ORDER BY r.epoch DESC LIMIT 1)`
 	freshIns := `INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
                        created_at, updated_at, lease_expires_at)
 SELECT $1, $2, t.ep, 1, $3, nextval('S.token_seq'), 1, $4, t.now, t.now, t.now + $5::bigint` + us + `
   FROM t
- WHERE NOT EXISTS (SELECT 1 FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8)
+ WHERE NOT EXISTS (SELECT 1 FROM cur)
    AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)`
+	freshOut := `
+SELECT ` + recCols + `, t.now, true FROM ins r, t
+UNION ALL
+SELECT ` + recCols + `, t.now, false FROM cur r, t`
 	if !tombs {
-		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `
+		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `,
+` + freshCur + `,
+ins AS (
 ` + freshIns + `
 ON CONFLICT DO NOTHING
-RETURNING token, attempts, created_at, updated_at, lease_expires_at`)
+RETURNING *
+)` + freshOut)
 	} else {
 		// no marker in force either (else the claim statement answers 'expired'); the claim's
 		// marker is written by the same statement
 		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `,
+` + freshCur + `,
 ins AS (
 ` + freshIns + `
    AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint
                       AND m.used_at + $11::bigint` + us + ` > t.now)
 ON CONFLICT DO NOTHING
-RETURNING token, attempts, created_at, updated_at, lease_expires_at, epoch
+RETURNING *
 ),
 mark AS (
   INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM ins
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
-)
-SELECT token, attempts, created_at, updated_at, lease_expires_at FROM ins`)
+)` + freshOut)
 	}
 
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.

@@ -35,6 +35,7 @@ func (e *engine) replayFast(ctx context.Context, req driver.ClaimRequest) (drive
 		return driver.ClaimResult{}, false
 	}
 	e.replayFastHits.Add(1)
+	e.hint.add(keyHash(req.Key))
 	res := driver.ClaimResult{Outcome: driver.Replay, Record: rec, Now: now}
 	if string(rec.Fingerprint) != string(req.Fingerprint) {
 		res.Outcome = driver.Mismatch

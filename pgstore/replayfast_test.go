@@ -147,3 +147,59 @@ func TestReplayFast(t *testing.T) {
 		t.Fatal("a claim after Closing was answered by the fast path")
 	}
 }
+
+// A node that never saw a key finished (no hint) sends the claim batch first, and its fresh
+// statement returns the key's record: a finished, visible record is answered from that read
+// with what the claim statement would answer (Replay, Mismatch for another fingerprint, the
+// same record and time as the fast path's), and everything else goes on to the claim
+// statement: a Pending record (in progress), a record past retention exactly at the boundary
+// (claimed afresh), a Failed receipt (replayed).
+func TestReplayFromClaimBatch(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	const retention = time.Hour
+	o := engineOptions{Now: clk.Now, Retention: retention, TombstoneWindow: -1}
+	e := d.open(o)
+	k := key(t.Name())
+	c := mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+	fin, err := e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("result"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := func() *node { // a node with no hint: its claims start with the claim batch
+		n := d.open(o)
+		n.testNoReplayFast = true
+		return n
+	}
+	f := fresh()
+	rp := mustClaim(t, f.engine, req(k, "fp"), driver.Replay)
+	if string(rp.Record.Result) != "result" || rp.Record.Token != c.Record.Token || rp.Record.State != driver.Succeeded ||
+		!rp.Record.UpdatedAt.Equal(fin.UpdatedAt) || !rp.Now.Equal(clk.Now()) || !rp.Record.ExpiresAt.Equal(fin.UpdatedAt.Add(retention)) ||
+		string(rp.Record.Fingerprint) != "fp" || rp.Record.Attempts != 1 {
+		t.Fatalf("replay %+v now %v", rp.Record, rp.Now)
+	}
+	if f.replayFastHits.Load() != 0 {
+		t.Fatal("the test's node took the fast path")
+	}
+	if m := mustClaim(t, fresh().engine, req(k, "other"), driver.Mismatch); string(m.Record.Result) != "result" {
+		t.Fatalf("mismatch %+v", m.Record)
+	}
+
+	// past retention, exactly at the boundary: claimed afresh, not replayed
+	clk.Advance(fin.UpdatedAt.Add(retention).Sub(clk.Now()))
+	c2 := mustClaim(t, fresh().engine, req(k, "fp"), driver.Claimed)
+	if c2.Record.Attempts != 1 || c2.Record.Token <= c.Record.Token {
+		t.Fatalf("claim of an expired record %+v", c2.Record)
+	}
+	// Pending: the claim statement answers
+	mustClaim(t, fresh().engine, req(k, "fp"), driver.InProgress)
+	mustClaim(t, fresh().engine, req(k, "other"), driver.Mismatch)
+	// Failed receipts replay too
+	if _, err := e.Finish(bg, k, c2.Record.Token, driver.Failed, nil); err != nil {
+		t.Fatal(err)
+	}
+	rf := mustClaim(t, fresh().engine, req(k, "fp"), driver.Replay)
+	if rf.Record.State != driver.Failed || rf.Record.Result == nil || len(rf.Record.Result) != 0 || rf.Record.Token != c2.Record.Token {
+		t.Fatalf("failed replay %+v", rf.Record)
+	}
+}

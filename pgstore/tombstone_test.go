@@ -228,9 +228,9 @@ func TestTombstoneEveryClaimPath(t *testing.T) {
 	if err := e.pool.QueryRow(bg, `SELECT count(*) FROM `+e.q.schema+`.records`).Scan(&recs); err != nil || recs != 0 {
 		t.Fatalf("records left: %d %v", recs, err)
 	}
-	row, fresh, err := e.claimFresh(bg, e.pool, req(k, "fp"), newNonce(), true)
-	if err != nil || fresh {
-		t.Fatalf("the fresh insert claimed a tombstoned key: %+v %v %v", row, fresh, err)
+	row, got, err := e.claimFresh(bg, e.pool, req(k, "fp"), newNonce(), true)
+	if err != nil || got != freshNone {
+		t.Fatalf("the fresh insert claimed a tombstoned key: %+v %v %v", row, got, err)
 	}
 	mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
 	mustClaim(t, e.engine, req(crashed, "fp"), driver.Expired)

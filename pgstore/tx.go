@@ -228,7 +228,10 @@ const effectSavepoint = "receipts_effect"
 // back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
 // retried in a new transaction with the same nonce, as Claim does.
 func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (pgx.Tx, driver.ClaimResult, error) {
-	if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read, no transaction
+	if !e.hint.has(keyHash(req.Key)) {
+		// probably a first call: straight to the claim transaction (its claim statement
+		// answers a finished record too)
+	} else if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read, no transaction
 		return nil, res, nil
 	}
 	busy, other := 0, 0
@@ -327,10 +330,12 @@ func (e *engine) commitDoTx(ctx context.Context, tx pgx.Tx, li driver.LeaseInfo,
 			return driver.Record{}, fmt.Errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
 		case found && finished(li.Token, state, result)(cur):
 			e.wake(li.Key)
+			e.hint.add(keyHash(li.Key))
 			return cur, nil
 		}
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
 	}
 	e.wake(li.Key)
+	e.hint.add(keyHash(li.Key)) // a retry of the key is now probably a replay
 	return fin, nil
 }

@@ -93,6 +93,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), finished(token, state, result))
 	if err == nil {
 		e.wake(k)
+		e.hint.add(keyHash(k)) // a retry of k is now probably a replay
 	}
 	return rec, err
 }

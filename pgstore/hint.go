@@ -1,0 +1,48 @@
+package pgstore
+
+import "sync"
+
+// hintCap bounds one generation of the finished-key hint: at most 2×hintCap key hashes are
+// remembered (16 bytes each plus the map's overhead: about 2 MiB in all).
+const hintCap = 1 << 14
+
+// finishedHint remembers the keys this engine recently saw finished (its own Finish and
+// DoTx commits, and the replays it answered). It only picks the first statement of a claim,
+// never its answer:
+//   - a key in the hint is probably a retry of a finished operation, so Claim tries the
+//     replay fast path first (one plain read, no lock: replayfast.go);
+//   - any other key is probably new, so Claim goes straight to the claim batch, whose fresh
+//     statement also returns the key's record if it has one (claimfresh.go): a first call
+//     costs one round trip, and a retry this engine has not seen (it finished on another
+//     node, or long ago) one round trip too.
+//
+// A wrong guess costs a round trip, never a wrong answer: the fast path hands anything but a
+// finished, visible record to the claim path. Two generations: when the current one is full,
+// it becomes the old one and the one before is dropped, so the hint holds the most recently
+// seen keys and never grows past its bound.
+type finishedHint struct {
+	mu       sync.Mutex
+	cur, old map[[16]byte]struct{}
+}
+
+func (h *finishedHint) add(k [16]byte) {
+	h.mu.Lock()
+	if h.cur == nil {
+		h.cur = make(map[[16]byte]struct{}, 64)
+	}
+	if len(h.cur) >= hintCap {
+		h.old, h.cur = h.cur, make(map[[16]byte]struct{}, hintCap/4)
+	}
+	h.cur[k] = struct{}{}
+	h.mu.Unlock()
+}
+
+func (h *finishedHint) has(k [16]byte) bool {
+	h.mu.Lock()
+	_, ok := h.cur[k]
+	if !ok {
+		_, ok = h.old[k]
+	}
+	h.mu.Unlock()
+	return ok
+}
