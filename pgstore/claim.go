@@ -188,9 +188,21 @@ func (e *engine) ensureCurrent(ctx context.Context) error {
 
 // claimOnce sends the claim batch [lock; claim] once (in q's transaction, or an implicit
 // one). No row back is pgx.ErrNoRows (re-send).
-func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, extra ...string) (claimRow, error) {
+func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte) (claimRow, error) {
+	row, _, err := e.claimSend(ctx, q, req, nonce, nil)
+	return row, err
+}
+
+// claimSend is claimOnce, with the batch beginning a transaction first if begin is set
+// ([BEGIN; lock; claim; extra...]: the transaction, open on q's connection, is returned,
+// also with an error if it began; pgx's Batch.BeginTx), and extra statements after the
+// claim (DoTx's savepoint).
+func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, begin *pgx.TxOptions, extra ...string) (claimRow, pgx.Tx, error) {
 	h := keyHash(req.Key)
 	b := &pgx.Batch{}
+	if begin != nil {
+		b.BeginTx(*begin)
+	}
 	b.Queue(e.q.lock, lockClass, lockID(h))
 	now := e.nowArg() // the claim's time, on an injected clock
 	b.Queue(e.q.claim, e.claimArgs(req, nonce, now)...)
@@ -198,8 +210,15 @@ func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimReque
 		b.Queue(s)
 	}
 	br := q.SendBatch(ctx, b)
+	tx := br.Tx()
 	var row claimRow
-	_, err := br.Exec()
+	var err error
+	if begin != nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
 	if err == nil {
 		var state int16
 		var lease *time.Time
@@ -220,12 +239,12 @@ func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimReque
 		err = cerr
 	}
 	if err != nil {
-		return claimRow{}, err
+		return claimRow{}, tx, err
 	}
 	row.rec.Key = req.Key
 	e.fill(&row.rec)
 	row.now = e.saw(row.now, now)
-	return row, nil
+	return row, tx, nil
 }
 
 // claimArgs are the claim statements' parameters (queries.claim, queries.fresh), with the

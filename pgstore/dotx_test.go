@@ -275,3 +275,81 @@ func TestCommitTx(t *testing.T) {
 		t.Fatalf("FenceTx after Close: %v", err)
 	}
 }
+
+// DoTx owns its transaction: fn's Commit and Rollback fail (ErrInvalidArgument) and leave it
+// to DoTx; the handle refuses every statement once DoTx has returned (its connection is back
+// in the pool); and the one-batch commit ([finish; COMMIT]) commits nothing when the fence
+// does not hold: fn ran past Retention, so the claim is no longer visible, and neither the
+// effect nor the claim may commit without the receipt.
+func TestDoTxOwnsItsTransaction(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	db, pool := d.openDB(Options{Options: receipts.Options{Now: clk.Now, Retention: time.Hour}})
+	insert, count := effects(t, pool, d.schema)
+
+	var kept pgx.Tx
+	r, err := DoTx(bg, db, receipts.Key{Scope: "own", ID: "1"}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error) {
+		if err := tx.Commit(ctx); !errors.Is(err, receipts.ErrInvalidArgument) {
+			t.Errorf("fn's Commit: %v", err)
+		}
+		if err := tx.Rollback(ctx); !errors.Is(err, receipts.ErrInvalidArgument) {
+			t.Errorf("fn's Rollback: %v", err)
+		}
+		kept = tx
+		return []byte("ok"), insert(ctx, tx, "1")
+	})
+	if err != nil || string(r.Result) != "ok" || count() != 1 {
+		t.Fatalf("DoTx: %+v %v, %d effects", r, err, count())
+	}
+	if _, err := kept.Exec(bg, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Exec after DoTx: %v", err)
+	}
+	var one int
+	if err := kept.QueryRow(bg, `SELECT 1`).Scan(&one); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("QueryRow after DoTx: %v", err)
+	}
+	if _, err := kept.Query(bg, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Query after DoTx: %v", err)
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT 1`)
+	if err := kept.SendBatch(bg, b).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("SendBatch after DoTx: %v", err)
+	}
+	if _, err := kept.Begin(bg); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Begin after DoTx: %v", err)
+	}
+
+	// the finish statement differs with tombstones on (the default) and off
+	for _, window := range []time.Duration{0, -1} {
+		db, schema := db, d.schema
+		if window < 0 {
+			d := newTestDB(t)
+			schema = d.schema
+			db, pool = d.openDB(Options{Options: receipts.Options{Now: clk.Now, Retention: time.Hour, TombstoneWindow: window}})
+			insert, count = effects(t, pool, d.schema)
+		}
+		k := receipts.Key{Scope: "own", ID: "late"}
+		before := count()
+		_, err = DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error) {
+			if err := insert(ctx, tx, "late"); err != nil {
+				return nil, err
+			}
+			clk.Advance(time.Hour + time.Second) // the claim is past retention when the receipt is written
+			return []byte("late"), nil
+		})
+		if err == nil || !errors.Is(err, receipts.ErrLeaseLost) {
+			t.Fatalf("window %v: DoTx past retention: %v", window, err)
+		}
+		if count() != before {
+			t.Fatalf("window %v: an effect committed without its receipt: %d effects", window, count()-before)
+		}
+		if _, err := db.Lookup(bg, k); !errors.Is(err, receipts.ErrNotFound) {
+			t.Fatalf("window %v: lookup after a rolled back DoTx: %v", window, err)
+		}
+		var n int
+		if err := pool.QueryRow(bg, `SELECT count(*) FROM `+buildQueries(schema, false, false, 1).schema+`.records WHERE id = 'late'`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("window %v: the claim committed without its receipt: %d records (%v)", window, n, err)
+		}
+	}
+}

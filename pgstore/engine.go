@@ -437,6 +437,9 @@ func retryable(err error) bool {
 	return c == "40001" || c == "40P01"
 }
 
+// divisionByZero: the error queries.finishMust raises when its fence did not hold.
+func divisionByZero(err error) bool { return pgCode(err) == "22012" }
+
 // noPartition: a row's epoch has no partition yet (maintenance has not created it).
 func noPartition(err error) bool {
 	var pe *pgconn.PgError

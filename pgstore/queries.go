@@ -21,6 +21,7 @@ type queries struct {
 	tombs    bool   // tombstones are on: writes keep markers, claims check them
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
+	finishMust                                                           string // DoTx's: fails if it matches no row
 	tombstone, scanTombstones                                            string // tombs only
 }
 
@@ -210,6 +211,7 @@ mark AS (
 	ret := ` RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text`
 	// upd is a fenced UPDATE that returns the record; with tombstones on, the key's marker is
 	// written by the same statement (the record's new epoch and updated_at).
+	var updTombs func(set string) string // the tombstones variant, up to its final FROM
 	upd := func(set string) string {
 		if !tombs {
 			return `WITH ` + q.clockCTE("$7", "$6") + `
@@ -218,6 +220,26 @@ UPDATE S.records r
   FROM t
  WHERE ` + fenced + ret
 		}
+		return updTombs(set) + ` FROM u`
+	}
+	// mustUpd is upd that fails (division_by_zero, errNoRowFenced) instead of returning no
+	// row: DoTx sends it with COMMIT in one batch, and a statement that fails makes the
+	// server skip the rest of the batch, so a commit whose fence did not hold commits nothing.
+	mustUpd := func(set string) string {
+		chk := ` FROM (SELECT 1 AS one WHERE 1 / (SELECT count(*) FROM u)::int = 1) chk LEFT JOIN u ON true`
+		if !tombs {
+			return `WITH ` + q.clockCTE("$7", "$6") + `,
+u AS (
+UPDATE S.records r
+   SET ` + set + `
+  FROM t
+ WHERE ` + fenced + ret + ` AS xid
+)
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid` + chk
+		}
+		return updTombs(set) + chk
+	}
+	updTombs = func(set string) string {
 		return `WITH ` + q.clockCTE("$7", "$6") + `,
 u AS (
 UPDATE S.records r
@@ -239,7 +261,7 @@ mark AS (                       -- else (the epoch moved to a new markers partit
    WHERE NOT EXISTS (SELECT 1 FROM mu)
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )
-SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid FROM u`
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid`
 	}
 
 	// Renew: $8 ttl µs. The lease never shrinks.
@@ -247,7 +269,9 @@ SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, res
        updated_at = t.now, epoch = t.ep`))
 
 	// Finish: $8 state, $9 result.
-	q.finish = x(upd(`state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`))
+	finishSet := `state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`
+	q.finish = x(upd(finishSet))
+	q.finishMust = x(mustUpd(finishSet))
 
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
 	q.abandon = x(upd(`lease_expires_at = t.now, updated_at = t.now, epoch = t.ep`))

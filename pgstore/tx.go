@@ -78,8 +78,10 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 // transaction ends) and then replays its receipt; a duplicate of an operation held by a
 // plain Claim waits as Do does (bounded by ctx).
 //
-// fn writes its effect in tx and returns the result to record. fn must not commit or roll
-// back tx, and should keep its effects in tx: one outside the database (an HTTP call) is
+// fn writes its effect in tx and returns the result to record. DoTx ends tx: its Commit and
+// Rollback fail with an error wrapping receipts.ErrInvalidArgument, and once DoTx has
+// returned its statements fail with pgx.ErrTxClosed (fn must not keep tx, nor its Conn or
+// LargeObjects, beyond its return). fn should keep its effects in tx: one outside the database (an HTTP call) is
 // not rolled back with it; use Claim, FenceTx and CommitTx for those. While the transaction
 // is open nobody can take k over, so DoTx does not renew the lease; fn may take longer than
 // LeaseTTL. fn's error decides what happens, as for Do:
@@ -95,6 +97,9 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 //     was before DoTx: free (Attempt 1, not Recovered), or the abandoned claim this attempt
 //     took over (Recovered). DoTx returns an error wrapping fn's error (a panic is re-raised).
 //
+// A first call costs two round trips besides fn's own statements: the claim batch begins
+// the transaction, and the receipt's write is sent with the COMMIT.
+//
 // The receipt is recorded and tx committed on a context detached from ctx once fn has
 // returned, so a caller that goes away right after the effect does not lose its receipt. If
 // the commit's reply is lost, DoTx reads the record back: it returns the receipt if the
@@ -109,12 +114,10 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 	if db == nil || fn == nil {
 		return nil, fmt.Errorf("pgstore: dotx: %w: nil DB or fn", receipts.ErrInvalidOptions)
 	}
-	var tx pgx.Tx
+	var tx *txConn
 	rollback := func() {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			tx = nil
-		}
+		tx.end(ctx)
+		tx = nil
 	}
 	defer rollback() // also on a panic in fn: nothing happened
 	nonce := newNonce()
@@ -143,7 +146,7 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 	var kind outcomeKind
 	rec, err := l.Raw(ctx, func(ctx context.Context, _ driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
 		var result []byte
-		result, ferr = fn(ctx, tx, l)
+		result, ferr = fn(ctx, tx.fnTx(), l)
 		kind = outcomeOf(ferr)
 		state := driver.Succeeded
 		switch kind {
@@ -227,7 +230,7 @@ const effectSavepoint = "receipts_effect"
 // the claim and the key's lock to its end; any other outcome with the transaction rolled
 // back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
 // retried in a new transaction with the same nonce, as Claim does.
-func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (pgx.Tx, driver.ClaimResult, error) {
+func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (*txConn, driver.ClaimResult, error) {
 	if !e.hint.has(keyHash(req.Key)) {
 		// probably a first call: straight to the claim transaction (its claim statement
 		// answers a finished record too)
@@ -243,18 +246,16 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 		if err == nil && row.outcome != "busy" {
 			res, err := e.claimResult(req, row)
 			if err != nil || (res.Outcome != driver.Claimed && res.Outcome != driver.TookOver) {
-				_ = tx.Rollback(context.WithoutCancel(ctx))
+				tx.end(ctx)
 				return nil, res, err
 			}
 			if e.closing() { // decided after its time was taken; nothing is committed yet
-				_ = tx.Rollback(context.WithoutCancel(ctx))
+				tx.end(ctx)
 				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
 			}
 			return tx, res, nil
 		}
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
+		tx.end(ctx)
 		switch {
 		case err == nil: // busy: a writer holds the row
 			if busy++; busy > maxBusy {
@@ -282,60 +283,93 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 	}
 }
 
-// claimTxOnce is one transaction of claimTx; tx is nil if err is not.
-func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce []byte) (pgx.Tx, claimRow, error) {
-	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+// claimTxOnce is one transaction of claimTx, on a connection of its own: the claim batch
+// begins it ([BEGIN; lock; claim; SAVEPOINT], one round trip). tx is nil if err is not.
+func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce []byte) (*txConn, claimRow, error) {
+	c, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return nil, claimRow{}, err
 	}
-	var row claimRow
-	for n := 0; ; n++ {
-		row, err = e.claimOnce(ctx, tx, req, nonce, "SAVEPOINT "+effectSavepoint)
-		if errors.Is(err, pgx.ErrNoRows) && n < maxOther { // READ COMMITTED: re-send in tx
-			continue
-		}
-		break
+	t := &txConn{c: c}
+	row, tx, err := e.claimSend(ctx, c, req, nonce, &pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, "SAVEPOINT "+effectSavepoint)
+	t.tx = tx
+	for n := 0; errors.Is(err, pgx.ErrNoRows) && n < maxOther; n++ { // READ COMMITTED: re-send in tx
+		row, _, err = e.claimSend(ctx, tx, req, nonce, nil, "SAVEPOINT "+effectSavepoint)
 	}
 	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		t.end(ctx)
 		return nil, row, err
 	}
-	return tx, row, nil
+	return t, row, nil
 }
 
 // commitDoTx records state and result on the claim li made in tx and commits tx. A Failed
 // outcome first rolls fn's writes back to the savepoint. If the commit's reply is lost, the
 // record says whether it landed.
-func (e *engine) commitDoTx(ctx context.Context, tx pgx.Tx, li driver.LeaseInfo, state driver.State, result []byte) (driver.Record, error) {
-	defer func() { _ = tx.Rollback(ctx) }() // no-op once committed
-	if state == driver.Failed {
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+effectSavepoint); err != nil {
-			return driver.Record{}, fmt.Errorf("pgstore: dotx: roll back the effect: %w", err)
-		}
-	}
+//
+// One round trip: [ROLLBACK TO SAVEPOINT (Failed only); finish; COMMIT] in one batch. The
+// finish statement fails if its fence does not hold (finishMust: no row would otherwise let
+// the COMMIT after it commit the effect with the claim still Pending), and a statement that
+// fails makes the server skip the rest of the batch: then nothing is committed.
+func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo, state driver.State, result []byte) (driver.Record, error) {
+	defer tx.end(ctx) // rolls back unless committed; hands the connection back
 	if result == nil {
 		result = []byte{}
 	}
-	fin, _, err := e.write(ctx, tx, "dotx", e.q.finish, li.Key, e.fencedArgs(li.Key, li.Token, int16(state), result), nil)
-	if err != nil {
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: %w", err)
+	b := &pgx.Batch{}
+	if state == driver.Failed {
+		b.Queue("ROLLBACK TO SAVEPOINT " + effectSavepoint)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		if !lostReply(ctx, err) {
-			return driver.Record{}, fmt.Errorf("pgstore: dotx: commit: rolled back, nothing happened: %w", err)
+	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result)...)
+	b.Queue("COMMIT")
+	br := tx.tx.SendBatch(ctx, b)
+	var ferr error // the effect's rollback or the receipt's write failed
+	if state == driver.Failed {
+		if _, ferr = br.Exec(); ferr != nil {
+			ferr = fmt.Errorf("roll back the effect: %w", ferr)
 		}
-		cur, found, _, lerr := e.Lookup(ctx, li.Key)
-		switch {
-		case lerr != nil:
-			return driver.Record{}, fmt.Errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
-		case found && finished(li.Token, state, result)(cur):
-			e.wake(li.Key)
-			e.hint.add(keyHash(li.Key))
-			return cur, nil
-		}
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
 	}
-	e.wake(li.Key)
-	e.hint.add(keyHash(li.Key)) // a retry of the key is now probably a replay
-	return fin, nil
+	var fin driver.Record
+	if ferr == nil {
+		var now time.Time
+		var xid string
+		if ferr = scanRecord(br.QueryRow(), &fin, &now, &xid); ferr == nil {
+			fin.Key = li.Key
+			e.fill(&fin)
+			e.saw(now, nil)
+		} else if divisionByZero(ferr) { // finishMust: the fence did not hold
+			ferr = driver.ErrLeaseLost
+		}
+	}
+	_, err := br.Exec() // COMMIT (skipped by the server after a failed statement: its error again)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tx.c.Conn().PgConn().TxStatus() != 'I' { // pgx would have said, but be sure
+		err = errors.New("the transaction is still open after COMMIT")
+	}
+	switch {
+	case err == nil && ferr == nil:
+		e.wake(li.Key)
+		e.hint.add(keyHash(li.Key)) // a retry of the key is now probably a replay
+		return fin, nil
+	case err == nil: // COMMIT ran, but the receipt's write answered nothing readable: the record says
+	case lostReply(ctx, err):
+	case ferr != nil:
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: %w", ferr)
+	default:
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit: rolled back, nothing happened: %w", err)
+	}
+	cur, found, _, lerr := e.Lookup(ctx, li.Key)
+	switch {
+	case found && finished(li.Token, state, result)(cur):
+		e.wake(li.Key)
+		e.hint.add(keyHash(li.Key))
+		return cur, nil
+	case err == nil: // committed without its receipt: the claim stays Pending until its lease ends
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: committed, but the receipt was not written, outcome unknown: %w (%v)", ferr, lerr)
+	case lerr != nil:
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
+	}
+	return driver.Record{}, fmt.Errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
 }
