@@ -72,6 +72,10 @@ type Engine struct {
 	clockMu  sync.Mutex    // serializes writes of keys.Clock, so the last one written is the largest
 	minEpoch atomic.Uint64 // no record lives in an older epoch
 	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
+	// rawDB: DB has handed out the Pebble database, whose user may write
+	// the store's keys behind its back; replays are no longer answered
+	// from the cache's bytes alone (fromCache).
+	rawDB atomic.Bool
 	// markerMin: no tombstone marker lives in an older epoch.
 	markerMin atomic.Uint64
 
@@ -95,8 +99,14 @@ func (e *Engine) Config() driver.Config { return e.cfg }
 func (e *Engine) Secret() []byte { return e.secret }
 
 // DB returns the Pebble database the store runs on, for the application's
-// own data (receipts.DB.Pebble).
-func (e *Engine) DB() *pebble.DB { return e.pdb }
+// own data (receipts.DB.Pebble). From then on replays are checked against
+// the engine's bytes, never answered from the replay cache's alone: what
+// the caller writes with it does not go through the engine's writes, which
+// keep the cache right.
+func (e *Engine) DB() *pebble.DB {
+	e.rawDB.Store(true)
+	return e.pdb
+}
 
 // NewBatch returns a batch of the store's Pebble database (DoBatch's).
 func (e *Engine) NewBatch() *pebble.Batch { return e.pdb.NewBatch() }
