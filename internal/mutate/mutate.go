@@ -12,6 +12,8 @@
 //	nofence   commits skip the fencing-token check
 //	stalecache the replay cache answers for receipts past retention
 //	cachekeep  writes of a key keep its replay-cache entry (no Delete)
+//	cacheraw   the replay cache answers from memory after the raw Pebble
+//	           handle was handed out
 //	pgnofence  PostgreSQL: Finish (commit, fail) skips the fencing-token check
 //	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
 //	           takeover and the unique-key arbitration of a fresh claim, so that
@@ -28,6 +30,9 @@ const (
 	StaleCache = "stalecache"
 	// CacheKeep: the engine's writes of a key skip the replay cache's Delete.
 	CacheKeep = "cachekeep"
+	// CacheRaw: the replay cache answers from memory although Engine.DB
+	// handed out the raw Pebble handle.
+	CacheRaw = "cacheraw"
 	// PgNoFence: pgstore's Finish skips the token check (the record need only be Pending).
 	PgNoFence = "pgnofence"
 	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).

@@ -174,7 +174,7 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 // newer than now's). Nothing newer of the key is stored: a write deletes
 // the entry first (rmw).
 func (e *Engine) fromMemory(ent *rcache.Entry, now int64, hi uint64) bool {
-	return !e.rawDB.Load() && !e.closing() && ent.UpdatedAt <= now &&
+	return (!e.rawDB.Load() || mutate.Name == mutate.CacheRaw) && !e.closing() && ent.UpdatedAt <= now &&
 		ent.Epoch <= hi && ent.Epoch >= e.oldestLiveEpoch(hi)
 }
 
