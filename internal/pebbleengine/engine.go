@@ -6,8 +6,9 @@
 // (internal/locktable) serializes read-check-write of one key and is held
 // across the sync, so same-key callers never see undurable state; the pure
 // rules are internal/machine's. Finished, synced records are remembered in
-// the replay cache (internal/rcache), so a retry of one is answered with a
-// single engine read checked against it. GC drops whole epochs with one
+// the replay cache (internal/rcache), so a retry of one is answered from
+// memory (a small record's bytes: see fromCache for why that is safe) or
+// with a single engine read checked against it. GC drops whole epochs with one
 // range deletion.
 //
 // Besides driver.Engine it serves what only Pebble can: the *pebble.DB for
@@ -107,6 +108,11 @@ func (e *Engine) DB() *pebble.DB {
 	e.rawDB.Store(true)
 	return e.pdb
 }
+
+// Peek is DB without turning the memory answers off, for the module's own
+// harnesses and benchmarks (internal/peek), which only read, flush or
+// compact with it.
+func (e *Engine) Peek() *pebble.DB { return e.pdb }
 
 // NewBatch returns a batch of the store's Pebble database (DoBatch's).
 func (e *Engine) NewBatch() *pebble.Batch { return e.pdb.NewBatch() }
