@@ -11,6 +11,7 @@
 #   stalecache the replay cache answers for receipts past retention
 #   cachekeep  writes of a key keep its replay-cache entry
 #   cacheraw   the replay cache answers from memory after DB.Pebble
+#   nocopy     a replay from memory hands out the cache's own bytes
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -52,6 +53,7 @@ suites=(
 	"./internal/harness/linearize ^TestLinearizability"
 	"./internal/harness/isolation ^TestScopeIsolation"
 	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory)$"
+	". ^TestReplayFromMemoryAllocatesOnce$"
 )
 
 harnesses=()      # test names
@@ -86,7 +88,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

@@ -27,6 +27,7 @@ var suites = []struct{ pkg, list string }{
 	// cannot see (a finished record never changes while visible, so a
 	// stale entry is an expired one) are checked on the engine itself.
 	{"./internal/pebbleengine", "^(TestWriteDeletesCacheEntry|TestReplayFromMemory)$"},
+	{".", "^TestReplayFromMemoryAllocatesOnce$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -34,7 +35,7 @@ var suites = []struct{ pkg, list string }{
 // it builds each harness package's tests with -tags receipts_mutate, checks
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
-// cacheraw), logs the table,
+// cacheraw, nocopy), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -110,7 +111,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

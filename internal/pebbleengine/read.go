@@ -128,7 +128,7 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 	}
 	hi := e.epochOf(now)
 	if ent.Val != nil && e.fromMemory(ent, now, hi) {
-		if res, ok = e.answer(k, ent, ent.Val, fp, now); ok {
+		if res, ok = e.answer(k, ent, ent.Val, fp, now, true); ok {
 			e.hot.CacheHits.Add(1)
 		}
 		return res, ok
@@ -152,7 +152,7 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 		v, closer, err := e.pdb.Get(key)
 		if err == nil {
 			if ep == ent.Epoch && ent.Matches(v) {
-				res, ok = e.answer(k, ent, v, fp, now)
+				res, ok = e.answer(k, ent, v, fp, now, false)
 			}
 			_ = closer.Close()
 			if ok {
@@ -180,9 +180,12 @@ func (e *Engine) fromMemory(ent *rcache.Entry, now int64, hi uint64) bool {
 
 // answer is fromCache's answer to a claim of k with fingerprint fp (nil: a
 // Lookup) at now, from ent and v, the record's bytes (ent.Matches(v)):
-// Replay, with a copy of the record, or Mismatch. ok is false for any other
-// outcome (none, for a finished record).
-func (e *Engine) answer(k driver.Key, ent *rcache.Entry, v, fp []byte, now int64) (res driver.ClaimResult, ok bool) {
+// Replay or Mismatch. ok is false for any other outcome (none, for a
+// finished record). The record's fingerprint and result are copies, unless
+// v is immutable (kept: ent.Val) and this is a claim: they then alias v,
+// and the result is Shared (the root copies them, with its receipt, in one
+// allocation).
+func (e *Engine) answer(k driver.Key, ent *rcache.Entry, v, fp []byte, now int64, kept bool) (res driver.ClaimResult, ok bool) {
 	rec := ent.View(v)
 	if !machine.Visible(&rec, now, e.retention) && mutate.Name != mutate.StaleCache {
 		return res, false // the visibility test of readInto, exactly
@@ -194,6 +197,9 @@ func (e *Engine) answer(k driver.Key, ent *rcache.Entry, v, fp []byte, now int64
 	}
 	switch out {
 	case machine.Replay:
+		if kept && fp != nil {
+			return driver.ClaimResult{Outcome: driver.Replay, Record: e.record(k, &rec), Now: e.time(now), Shared: true}, true
+		}
 		return driver.ClaimResult{Outcome: driver.Replay, Record: e.recordCopy(k, &rec), Now: e.time(now)}, true
 	case machine.Mismatch:
 		return driver.ClaimResult{Outcome: driver.Mismatch, Now: e.time(now)}, true
