@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -220,4 +221,31 @@ func TestReplayCacheDisabledAndTiny(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReplayFromMemoryAllocatesOnce: a replay of a small receipt answered
+// from the replay cache's memory allocates once (the caller's Receipt with
+// its own copy of the fingerprint and result), and the copy is the
+// caller's: changing it changes no later replay (fails under the nocopy
+// mutation).
+func TestReplayFromMemoryAllocatesOnce(t *testing.T) {
+	s := newTestStore(t, nil)
+	k, fp := key("tenant", "op-1"), []byte("fp")
+	commit(t, s.db, k, fp, []byte("result"))
+	for range 3 {
+		_, r, err := s.db.Claim(bg, k, fp)
+		require.NoError(t, err)
+		require.Equal(t, "result", string(r.Result))
+		require.Equal(t, "fp", string(r.Fingerprint))
+		r.Result[0], r.Fingerprint[0] = 'X', 'X'
+	}
+	if testkit.RaceEnabled {
+		t.Skip("allocations are not counted under the race detector")
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, _, err := s.db.Claim(bg, k, fp); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.LessOrEqual(t, allocs, 1.0)
 }

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // ClaimOption changes how Claim behaves.
@@ -257,7 +258,13 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		}
 		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock()}, nil, nil
 	case driver.Replay:
-		r, err := db.replay(ctx, newReceipt(&res.Record))
+		var r *Receipt
+		if res.Shared && mutate.Name != mutate.NoCopy {
+			r = newReceiptCopy(&res.Record)
+		} else {
+			r = newReceipt(&res.Record)
+		}
+		r, err := db.replay(ctx, r)
 		return nil, r, err
 	case driver.Mismatch:
 		return nil, nil, db.mismatch(k)

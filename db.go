@@ -11,6 +11,7 @@ import (
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/hot"
 	"github.com/receiptstore/receipts/internal/pebbleengine"
+	"github.com/receiptstore/receipts/internal/peek"
 )
 
 // waitRecheck bounds how long a waiter sleeps before it re-reads the lease
@@ -70,12 +71,24 @@ func (db *DB) Options() Options { return db.opts }
 // Pebble returns the engine the store runs on, for the application's own
 // data. The store's keys all start with the reserved prefix "\x00rcpt"; keep
 // the application's keys out of it. Do not close it: Close does. On another
-// engine than Pebble (OpenEngine) it returns nil.
+// engine than Pebble (OpenEngine) it returns nil. Once it has been called,
+// replays are checked against the engine rather than answered from the
+// replay cache's memory (Options.ReplayCacheSize): the store cannot see
+// what is written with it.
 func (db *DB) Pebble() *pebble.DB {
 	if db.peb == nil {
 		return nil
 	}
 	return db.peb.DB()
+}
+
+func init() {
+	peek.Pebble = func(x any) *pebble.DB {
+		if db := x.(*DB); db.peb != nil {
+			return db.peb.Peek()
+		}
+		return nil
+	}
 }
 
 // Checkpoint writes a consistent copy of the store (and of the application's

@@ -76,10 +76,14 @@
 // whole expired epoch is one range deletion.
 //
 // Retries of recently finished operations are answered through a bounded
-// replay cache (Options.ReplayCacheSize): one engine read whose bytes must
-// match the cached record's checksum, without the key lock or decoding.
-// Only synced receipts are cached, so nothing undurable is ever answered,
-// and a record changed or damaged on disk is read exactly as without it.
+// replay cache (Options.ReplayCacheSize), without the key lock or decoding:
+// from memory for a small receipt, otherwise with one engine read whose
+// bytes must match the cached record's checksum. Only synced receipts are
+// cached, so nothing undurable is ever answered; a finished receipt never
+// changes while visible, every write of a key drops its entry first, and
+// once DB.Pebble has handed out the engine every replay is checked against
+// it again, so a record changed or damaged on disk behind the store's back
+// is read exactly as without the cache.
 //
 // # Engines
 //

@@ -145,14 +145,20 @@ type Options struct {
 	// block cache is DefaultCacheSize unless Cache or CacheSize is set.
 	Pebble *pebble.Options
 	// ReplayCacheSize is the memory, in bytes, for remembering recently
-	// finished receipts, so that a retry of one is answered with a single
-	// engine read checked against the remembered record's checksum, without
-	// the key lock or decoding. Only receipts whose commit has been synced
-	// are remembered, and the answer is always the one an uncached read
-	// gives (a record changed or damaged on disk is read as such). Zero
-	// means DefaultReplayCacheSize (32,768 receipts); negative disables it.
-	// An entry takes about 200 bytes plus its key, whatever the result's
-	// size (results are read from the engine); at most 64Mi entries.
+	// finished receipts, so that a retry of one is answered without the key
+	// lock or decoding: from memory for a small receipt (its stored bytes,
+	// at most ReplayCacheSize/64 and 1 MiB, are kept, up to half of
+	// ReplayCacheSize for all of them), with a single engine read checked
+	// against the remembered record's checksum otherwise. Only receipts
+	// whose commit has been synced are remembered, and the answer is
+	// always the one an uncached read gives: a finished receipt never
+	// changes while it is visible, every write of a key drops its entry
+	// first, and expiry is judged at the read. Once DB.Pebble has handed
+	// out the engine (whose user could write the store's keys behind its
+	// back) replays are always checked against the engine. Zero means
+	// DefaultReplayCacheSize (32,768 receipts); negative disables it. An
+	// entry takes about 200 bytes plus its key, plus the receipt's stored
+	// bytes if they are kept; at most 64Mi entries.
 	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC, failed
 	// writes) and one record per transition: at Info a takeover, an

@@ -79,6 +79,62 @@ func (r *Receipt) Abandoned(now time.Time) bool {
 	return r.State == Pending && !now.Before(r.LeaseExpiresAt)
 }
 
+// newReceiptCopy is newReceipt with copies of r's fingerprint and result,
+// which the engine keeps (driver.ClaimResult.Shared): the receipt and the
+// copies are one allocation when they are small (up to 256 bytes), so that
+// a replay answered from the engine's memory allocates once.
+func newReceiptCopy(r *driver.Record) *Receipt {
+	n := len(r.Fingerprint) + len(r.Result)
+	var rc *Receipt
+	var buf []byte
+	switch {
+	case n <= 64:
+		x := new(receiptWith64)
+		rc, buf = &x.Receipt, x.b[:n:n]
+	case n <= 128:
+		x := new(receiptWith128)
+		rc, buf = &x.Receipt, x.b[:n:n]
+	case n <= 256:
+		x := new(receiptWith256)
+		rc, buf = &x.Receipt, x.b[:n:n]
+	default:
+		rc, buf = new(Receipt), make([]byte, n)
+	}
+	*rc = Receipt{
+		Key:            Key(r.Key),
+		State:          State(r.State),
+		Attempts:       r.Attempts,
+		Token:          r.Token,
+		CreatedAt:      r.CreatedAt,
+		UpdatedAt:      r.UpdatedAt,
+		ExpiresAt:      r.ExpiresAt,
+		LeaseExpiresAt: r.LeaseExpiresAt,
+	}
+	nf := copy(buf, r.Fingerprint)
+	rc.Fingerprint = buf[:nf:nf]
+	if r.Result != nil {
+		copy(buf[nf:], r.Result)
+		rc.Result = buf[nf:n:n]
+	}
+	return rc
+}
+
+// A receipt with room for its fingerprint and result (newReceiptCopy).
+type (
+	receiptWith64 struct {
+		Receipt
+		b [64]byte
+	}
+	receiptWith128 struct {
+		Receipt
+		b [128]byte
+	}
+	receiptWith256 struct {
+		Receipt
+		b [256]byte
+	}
+)
+
 // newReceipt is the receipt of the engine's record r. It shares r's
 // fingerprint and result.
 func newReceipt(r *driver.Record) *Receipt {

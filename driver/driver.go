@@ -93,6 +93,10 @@ type ClaimResult struct {
 	Outcome Outcome
 	Record  Record
 	Now     time.Time
+	// Shared: Record's Fingerprint and Result alias memory the engine
+	// keeps (and other calls read): the root copies them before handing
+	// them out. Engines that hand out their own copies leave it false.
+	Shared bool
 }
 
 // Filter selects records for Scan (the root validates it).

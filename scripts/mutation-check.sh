@@ -9,6 +9,9 @@
 #   naivekey  record keys concatenate scope and id without a length prefix
 #   nofence   commits skip the fencing-token check
 #   stalecache the replay cache answers for receipts past retention
+#   cachekeep  writes of a key keep its replay-cache entry
+#   cacheraw   the replay cache answers from memory after DB.Pebble
+#   nocopy     a replay from memory hands out the cache's own bytes
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -49,6 +52,8 @@ suites=(
 	"./internal/harness/model ^TestModel"
 	"./internal/harness/linearize ^TestLinearizability"
 	"./internal/harness/isolation ^TestScopeIsolation"
+	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory)$"
+	". ^TestReplayFromMemoryAllocatesOnce$"
 )
 
 harnesses=()      # test names
@@ -83,7 +88,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then
@@ -145,8 +150,8 @@ cell() {
 }
 
 table() {
-	echo "| harness | unmutated | nosync | nolock | naivekey | nofence | stalecache |"
-	echo "|---|---|---|---|---|---|---|"
+	printf '| harness | unmutated |'; for m in "${mutations[@]}"; do printf ' %s |' "$m"; done; echo
+	printf '|---|---|'; for _ in "${mutations[@]}"; do printf -- '---|'; done; echo
 	for h in "${harnesses[@]}"; do
 		line="| $h | ${result["$h,none"]%% *} (${result["$h,none"]#* })"
 		for m in "${mutations[@]}"; do

@@ -11,6 +11,10 @@
 //	naivekey  record keys concatenate scope and id without a length prefix
 //	nofence   commits skip the fencing-token check
 //	stalecache the replay cache answers for receipts past retention
+//	cachekeep  writes of a key keep its replay-cache entry (no Delete)
+//	cacheraw   the replay cache answers from memory after the raw Pebble
+//	           handle was handed out
+//	nocopy     a replay answered from memory hands out the cache's own bytes
 //	pgnofence  PostgreSQL: Finish (commit, fail) skips the fencing-token check
 //	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
 //	           takeover and the unique-key arbitration of a fresh claim, so that
@@ -25,6 +29,14 @@ const (
 	NoFence  = "nofence"
 	// StaleCache: the replay cache skips its visibility check.
 	StaleCache = "stalecache"
+	// CacheKeep: the engine's writes of a key skip the replay cache's Delete.
+	CacheKeep = "cachekeep"
+	// CacheRaw: the replay cache answers from memory although Engine.DB
+	// handed out the raw Pebble handle.
+	CacheRaw = "cacheraw"
+	// NoCopy: the root does not copy a Shared replay's fingerprint and
+	// result (the caller gets the replay cache's bytes).
+	NoCopy = "nocopy"
 	// PgNoFence: pgstore's Finish skips the token check (the record need only be Pending).
 	PgNoFence = "pgnofence"
 	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).

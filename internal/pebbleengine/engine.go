@@ -6,8 +6,9 @@
 // (internal/locktable) serializes read-check-write of one key and is held
 // across the sync, so same-key callers never see undurable state; the pure
 // rules are internal/machine's. Finished, synced records are remembered in
-// the replay cache (internal/rcache), so a retry of one is answered with a
-// single engine read checked against it. GC drops whole epochs with one
+// the replay cache (internal/rcache), so a retry of one is answered from
+// memory (a small record's bytes: see fromCache for why that is safe) or
+// with a single engine read checked against it. GC drops whole epochs with one
 // range deletion.
 //
 // Besides driver.Engine it serves what only Pebble can: the *pebble.DB for
@@ -72,6 +73,10 @@ type Engine struct {
 	clockMu  sync.Mutex    // serializes writes of keys.Clock, so the last one written is the largest
 	minEpoch atomic.Uint64 // no record lives in an older epoch
 	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
+	// rawDB: DB has handed out the Pebble database, whose user may write
+	// the store's keys behind its back; replays are no longer answered
+	// from the cache's bytes alone (fromCache).
+	rawDB atomic.Bool
 	// markerMin: no tombstone marker lives in an older epoch.
 	markerMin atomic.Uint64
 
@@ -95,8 +100,19 @@ func (e *Engine) Config() driver.Config { return e.cfg }
 func (e *Engine) Secret() []byte { return e.secret }
 
 // DB returns the Pebble database the store runs on, for the application's
-// own data (receipts.DB.Pebble).
-func (e *Engine) DB() *pebble.DB { return e.pdb }
+// own data (receipts.DB.Pebble). From then on replays are checked against
+// the engine's bytes, never answered from the replay cache's alone: what
+// the caller writes with it does not go through the engine's writes, which
+// keep the cache right.
+func (e *Engine) DB() *pebble.DB {
+	e.rawDB.Store(true)
+	return e.pdb
+}
+
+// Peek is DB without turning the memory answers off, for the module's own
+// harnesses and benchmarks (internal/peek), which only read, flush or
+// compact with it.
+func (e *Engine) Peek() *pebble.DB { return e.pdb }
 
 // NewBatch returns a batch of the store's Pebble database (DoBatch's).
 func (e *Engine) NewBatch() *pebble.Batch { return e.pdb.NewBatch() }

@@ -13,6 +13,7 @@ import (
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/machine"
 	"github.com/receiptstore/receipts/internal/mutate"
+	"github.com/receiptstore/receipts/internal/rcache"
 )
 
 // Lookup returns the visible record of k in any state: through the replay
@@ -99,19 +100,39 @@ func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *enc
 }
 
 // fromCache answers a claim of k with fingerprint fp (nil: a Lookup) at now
-// through the replay cache. It probes the epochs exactly as readInto does,
-// and answers only if the newest record found is the cached one: intact,
-// under the cached epoch, with the cached checksum. The outcome is then
-// Replay (with a record of the caller's own) or Mismatch. ok is false
-// otherwise, for the uncached way to decide. Only synced records are
-// cached, so what this answers is durable and needs no key lock. A
-// cancelled ctx makes it give up (ok false; the uncached way reports it).
+// through the replay cache. ok is false otherwise, for the uncached way to
+// decide. The outcome is Replay (with a record of the caller's own) or
+// Mismatch. It needs no key lock: only synced records are cached, so what
+// it answers is durable.
+//
+// An entry holding the record's bytes (Entry.Val) answers from memory,
+// without reading Pebble, if fromMemory allows. That is safe because a
+// finished, synced record never changes while it is visible (no rule of
+// internal/machine rewrites a finished record before it expires), and
+// every write of a record goes through rmw, which deletes the key's entry
+// under the key lock before it writes; GC drops records only with whole
+// epochs, which the entry's epoch is checked against; and writes of the
+// store's keys by anyone else need the raw Pebble handle, whose handing out
+// (DB) turns this off.
+//
+// Otherwise it probes the epochs exactly as readInto does, and answers
+// only if the newest record found is the cached one: intact, under the
+// cached epoch, with the cached checksum. A cancelled ctx makes it give up
+// (ok false; the uncached way reports it).
+//
+// Both ways build the answer with answer, from the entry and the bytes.
 func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte, now int64) (res driver.ClaimResult, ok bool) {
 	ent := e.cache.Get(lockKey)
 	if ent == nil || (machine.Expired(ent.UpdatedAt, now, e.retention) && mutate.Name != mutate.StaleCache) {
 		return res, false
 	}
 	hi := e.epochOf(now)
+	if ent.Val != nil && e.fromMemory(ent, now, hi) {
+		if res, ok = e.answer(k, ent, ent.Val, fp, now, true); ok {
+			e.hot.CacheHits.Add(1)
+		}
+		return res, ok
+	}
 	key := ent.Key
 	if hi != ent.Epoch { // the newer epochs must not hold a record
 		bp := keyBufs.Get().(*[]byte)
@@ -131,18 +152,7 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 		v, closer, err := e.pdb.Get(key)
 		if err == nil {
 			if ep == ent.Epoch && ent.Matches(v) {
-				rec := ent.View(v)
-				out := machine.Replay
-				if fp != nil { // a finished record: Replay or Mismatch, no token
-					mres, _ := machine.Claim(&rec, fp, now, 0, nil)
-					out = mres.Outcome
-				}
-				switch out {
-				case machine.Replay:
-					res, ok = driver.ClaimResult{Outcome: driver.Replay, Record: e.recordCopy(k, &rec), Now: e.time(now)}, true
-				case machine.Mismatch:
-					res, ok = driver.ClaimResult{Outcome: driver.Mismatch, Now: e.time(now)}, true
-				}
+				res, ok = e.answer(k, ent, v, fp, now, false)
 			}
 			_ = closer.Close()
 			if ok {
@@ -154,4 +164,45 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 			return res, false
 		}
 	}
+}
+
+// fromMemory reports whether ent, which holds its record's bytes and is
+// unexpired at now, may answer at now (hi = epochOf(now)) without reading
+// Pebble: the raw Pebble handle was never handed out (DB), Close has not
+// begun, and the record is where a read at now finds it: written no later
+// than now, in an epoch a lookup at now probes (not dropped by GC, not
+// newer than now's). Nothing newer of the key is stored: a write deletes
+// the entry first (rmw).
+func (e *Engine) fromMemory(ent *rcache.Entry, now int64, hi uint64) bool {
+	return (!e.rawDB.Load() || mutate.Name == mutate.CacheRaw) && !e.closing() && ent.UpdatedAt <= now &&
+		ent.Epoch <= hi && ent.Epoch >= e.oldestLiveEpoch(hi)
+}
+
+// answer is fromCache's answer to a claim of k with fingerprint fp (nil: a
+// Lookup) at now, from ent and v, the record's bytes (ent.Matches(v)):
+// Replay or Mismatch. ok is false for any other outcome (none, for a
+// finished record). The record's fingerprint and result are copies, unless
+// v is immutable (kept: ent.Val) and this is a claim: they then alias v,
+// and the result is Shared (the root copies them, with its receipt, in one
+// allocation).
+func (e *Engine) answer(k driver.Key, ent *rcache.Entry, v, fp []byte, now int64, kept bool) (res driver.ClaimResult, ok bool) {
+	rec := ent.View(v)
+	if !machine.Visible(&rec, now, e.retention) && mutate.Name != mutate.StaleCache {
+		return res, false // the visibility test of readInto, exactly
+	}
+	out := machine.Replay
+	if fp != nil { // a finished record: Replay or Mismatch, no token
+		mres, _ := machine.Claim(&rec, fp, now, 0, nil)
+		out = mres.Outcome
+	}
+	switch out {
+	case machine.Replay:
+		if kept && fp != nil {
+			return driver.ClaimResult{Outcome: driver.Replay, Record: e.record(k, &rec), Now: e.time(now), Shared: true}, true
+		}
+		return driver.ClaimResult{Outcome: driver.Replay, Record: e.recordCopy(k, &rec), Now: e.time(now)}, true
+	case machine.Mismatch:
+		return driver.ClaimResult{Outcome: driver.Mismatch, Now: e.time(now)}, true
+	}
+	return res, false
 }

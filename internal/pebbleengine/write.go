@@ -40,7 +40,8 @@ type decideFunc func(cur *encoding.Record, now int64) (next *encoding.Record, de
 //     read the visible record at that time (readInto: the newest
 //     live epoch holding k, from the current one back);
 //  3. let decide choose what to write;
-//  4. write it into b (the caller's, holding an effect, or a new batch),
+//  4. drop k's replay-cache entry (before anything of k changes), then
+//     write decide's choice into b (the caller's, holding an effect, or a new batch),
 //     moving the record to the current epoch (put), and commit, synced
 //     unless wo.noSync (a deletion also writes the clock: commitWithClock);
 //  5. remember a finished, synced record in the replay cache: the one
@@ -104,6 +105,13 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 			e.cache.Put(lockKey, stored, epoch, cur)
 		}
 		return nil, now, nil
+	}
+	// The key's cache entry goes before its record changes, under the
+	// lock: no reader finds it from here on, and only a write of the key
+	// (under this lock) puts another. What was read from it before this
+	// point was the record in force then.
+	if mutate.Name != mutate.CacheKeep {
+		e.cache.Delete(lockKey)
 	}
 	if b == nil {
 		b = e.pdb.NewBatch()

@@ -4,14 +4,21 @@
 //
 // An entry holds a finished record's fixed fields (state, attempts, token,
 // times), the epoch its key was stored under, the length and checksum of its
-// stored bytes, and where its fingerprint and result lie in them. It is only
-// a memo of decoding: a reader still reads the engine, exactly as an
-// uncached read does, and uses the entry only if the bytes it finds under
-// the key are intact and carry the entry's checksum; the fingerprint and
-// result are then taken from those bytes. Anything else (another record, an
-// expired one, a corrupt one, an error) goes the uncached way. Entries are
-// added only for records that are durable (synced), so bytes that match an
-// entry are durable bytes.
+// stored bytes, and where its fingerprint and result lie in them. Without
+// the bytes themselves it is only a memo of decoding: a reader still reads
+// the engine, exactly as an uncached read does, and uses the entry only if
+// the bytes it finds under the key are intact and carry the entry's
+// checksum; the fingerprint and result are then taken from those bytes.
+// Anything else (another record, an expired one, a corrupt one, an error)
+// goes the uncached way. Entries are added only for records that are
+// durable (synced), so bytes that match an entry are durable bytes.
+//
+// A small record's entry also holds its stored bytes (Val): the engine may
+// then answer a replay from them without reading itself, under the
+// conditions it documents (pebbleengine's fromCache). The bytes held are
+// capped at half the budget (maxValShare), and a record is held only if it
+// is at most budget/64 and at most 1 MiB. Delete drops a key's entry; the
+// engine calls it under the key lock before every write of the key.
 //
 // The cache is a fixed table of slots, four-way set associative (a set is
 // one cache line), sized from the byte budget at creation: a new entry takes
@@ -53,6 +60,9 @@ type Entry struct {
 	CreatedAt      int64
 	UpdatedAt      int64
 	LeaseExpiresAt int64
+	// Val is the record's stored bytes (shared: never modify), if small
+	// enough to hold (nil otherwise): Matches(Val) holds.
+	Val []byte
 }
 
 // Matches reports whether v, read under the entry's key at its epoch, is the
@@ -89,7 +99,20 @@ type Cache struct {
 	seed  maphash.Seed
 	mask  uint64 // len(slots)-1; len(slots) is a power of two, at least ways
 	slots []slot
+	// maxVal is the largest record whose bytes an entry holds; valCap the
+	// bytes all entries hold at most; valBytes what they hold now.
+	maxVal, valCap int64
+	valBytes       atomic.Int64
 }
+
+// maxValShare is the share of the budget the held bytes may take (1/2), and
+// maxValPart the largest part of it one record may take (1/64, and at most
+// maxValLen).
+const (
+	maxValShare = 2
+	maxValPart  = 64
+	maxValLen   = 1 << 20
+)
 
 // ways is the number of slots in a set: 4 x 16 bytes, one cache line.
 const ways = 4
@@ -118,7 +141,8 @@ func New(size int64) *Cache {
 	}
 	n := min(max(uint64(size)/(entryBytes+avgKey), ways), maxSlots)
 	n = 1 << (63 - bits.LeadingZeros64(n)) // round down to a power of two
-	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]slot, n)}
+	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]slot, n),
+		maxVal: min(size/maxValPart, maxValLen), valCap: size / maxValShare}
 }
 
 // set returns key's set and key's hash.
@@ -159,7 +183,9 @@ func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
 }
 
 // PutEncoded is Put for a record whose encoding the caller already has
-// (enc = encoding.EncodeRecord(r), as written to the engine).
+// (enc = encoding.EncodeRecord(r), as written to the engine). If the entry
+// holds the bytes (Entry.Val), it keeps enc itself: the caller must not
+// modify enc after.
 func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
 	if c == nil || r.State == encoding.StatePending {
 		return
@@ -177,6 +203,13 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
 	}}
+	if n := int64(len(enc)); n <= c.maxVal {
+		if c.valBytes.Add(n) <= c.valCap {
+			it.Val = enc[:len(enc):len(enc)]
+		} else {
+			c.valBytes.Add(-n)
+		}
+	}
 	// The way of the same key, else an empty way, else the way whose
 	// record was written longest ago.
 	var olds [ways]*item
@@ -195,8 +228,33 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 			}
 		}
 	}
-	set[victim].p.Store(it)
+	c.release(set[victim].p.Swap(it))
 	set[victim].tag.Store(h)
+}
+
+// release accounts for it (nil: nothing), no longer in the table.
+func (c *Cache) release(it *item) {
+	if it != nil && it.Val != nil {
+		c.valBytes.Add(-int64(len(it.Val)))
+	}
+}
+
+// Delete drops key's entry, if any: a later Get finds none until the next
+// Put for key.
+//
+// REQUIRES: key's lock is held (so no Put for key runs concurrently).
+func (c *Cache) Delete(key []byte) {
+	if c == nil {
+		return
+	}
+	set, _ := c.set(key)
+	// Every way, not only those whose tag is key's: the tag is only a
+	// filter, and racing Puts of other keys may leave a way's tag stale.
+	for w := range set {
+		if it := set[w].p.Load(); it != nil && it.is(key) && set[w].p.CompareAndSwap(it, nil) {
+			c.release(it)
+		}
+	}
 }
 
 // Sweep drops the entries for which expired(UpdatedAt) is true.
@@ -206,6 +264,7 @@ func (c *Cache) Sweep(expired func(updatedAt int64) bool) (dropped int) {
 	}
 	for i := range c.slots {
 		if it := c.slots[i].p.Load(); it != nil && expired(it.UpdatedAt) && c.slots[i].p.CompareAndSwap(it, nil) {
+			c.release(it)
 			dropped++
 		}
 	}
@@ -221,7 +280,7 @@ func (c *Cache) Len() (entries int, bytes int64) {
 	for i := range c.slots {
 		if it := c.slots[i].p.Load(); it != nil {
 			entries++
-			bytes += entryBytes + int64(len(it.keys))
+			bytes += entryBytes + int64(len(it.keys)) + int64(len(it.Val))
 		}
 	}
 	return entries, bytes

@@ -169,3 +169,110 @@ func TestSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestValHeldAndAccounted: an entry holds a small record's bytes (at most
+// budget/64), not a larger one's; the bytes held are counted, and given
+// back when the entry is replaced, deleted or swept.
+func TestValHeldAndAccounted(t *testing.T) {
+	c := New(64 << 10) // records up to 1 KiB are held
+	small, big := finished(1, []byte("r")), finished(2, make([]byte, 2048))
+	c.Put([]byte("s"), []byte("rs"), 1, small)
+	c.Put([]byte("b"), []byte("rb"), 1, big)
+	es, eb := c.Get([]byte("s")), c.Get([]byte("b"))
+	if es == nil || eb == nil {
+		t.Fatalf("entries missing")
+	}
+	if !bytes.Equal(es.Val, encoding.EncodeRecord(small)) || !es.Matches(es.Val) {
+		t.Fatalf("small record's bytes not held: %x", es.Val)
+	}
+	if eb.Val != nil {
+		t.Fatalf("a record above budget/64 is held")
+	}
+	if got := c.valBytes.Load(); got != int64(len(es.Val)) {
+		t.Fatalf("held bytes %d, want %d", got, len(es.Val))
+	}
+	c.Put([]byte("s"), []byte("rs"), 1, finished(3, []byte("longer result")))
+	if got, want := c.valBytes.Load(), int64(len(c.Get([]byte("s")).Val)); got != want {
+		t.Fatalf("after replacing: held bytes %d, want %d", got, want)
+	}
+	c.Delete([]byte("s"))
+	c.Delete([]byte("never put"))
+	if c.Get([]byte("s")) != nil || c.valBytes.Load() != 0 {
+		t.Fatalf("after Delete: entry %v, held bytes %d", c.Get([]byte("s")), c.valBytes.Load())
+	}
+	if c.Get([]byte("b")) == nil {
+		t.Fatalf("Delete dropped another key's entry")
+	}
+	c.Put([]byte("s"), []byte("rs"), 1, small)
+	c.Sweep(func(int64) bool { return true })
+	if c.valBytes.Load() != 0 {
+		t.Fatalf("after Sweep: held bytes %d", c.valBytes.Load())
+	}
+	var nilCache *Cache
+	nilCache.Delete([]byte("k")) // a disabled cache
+}
+
+// TestValCap: the bytes held stay within half the budget; entries past it
+// are cached without their bytes.
+func TestValCap(t *testing.T) {
+	c := New(64 << 10)
+	for i := range 1000 {
+		c.Put([]byte(fmt.Sprint(i)), []byte(fmt.Sprint("r", i)), 1, finished(i, make([]byte, 900)))
+		if got := c.valBytes.Load(); got > c.valCap {
+			t.Fatalf("held bytes %d above the cap %d", got, c.valCap)
+		}
+	}
+	var held, total int64
+	for i := range c.slots {
+		if it := c.slots[i].p.Load(); it != nil {
+			held += int64(len(it.Val))
+		}
+	}
+	if total = c.valBytes.Load(); held != total {
+		t.Fatalf("held bytes %d, counted %d", held, total)
+	}
+}
+
+// TestDeleteUnderContention: one set of four ways, one writer per key (as
+// under the engine's key lock) putting and deleting its key while the
+// others do theirs: after its Delete, a key is never found, whatever the
+// other keys' racing Puts did to the ways and their tags; a Get finds only
+// the key's latest entry or none; the held bytes add up.
+func TestDeleteUnderContention(t *testing.T) {
+	c := New(1) // one set
+	if len(c.slots) != ways {
+		t.Fatalf("%d slots", len(c.slots))
+	}
+	c.valCap = 1 << 30
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k := []byte(fmt.Sprint("key-", w))
+			for i := range 2000 {
+				r := finished(i, []byte("r"))
+				c.Put(k, []byte("rk"), 1, r)
+				if e := c.Get(k); e != nil && e.Token != uint64(i) {
+					t.Errorf("key %d: found token %d, want %d or nothing", w, e.Token, i)
+					return
+				}
+				c.Delete(k)
+				if e := c.Get(k); e != nil {
+					t.Errorf("key %d: found token %d after Delete", w, e.Token)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var held int64
+	for i := range c.slots {
+		if it := c.slots[i].p.Load(); it != nil {
+			held += int64(len(it.Val))
+		}
+	}
+	if held != c.valBytes.Load() {
+		t.Fatalf("held %d bytes, counted %d", held, c.valBytes.Load())
+	}
+}

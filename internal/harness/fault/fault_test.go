@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/harness/workload"
+	"github.com/receiptstore/receipts/internal/peek"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
 )
@@ -421,7 +422,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 		state[fk(n+i)] = absent
 	}
 	n += 30
-	if err := db.Pebble().Flush(); err != nil {
+	if err := peek.Pebble(db).Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/peek"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
@@ -401,7 +402,7 @@ func (m *modelSM) CommitWith(t *rapid.T) {
 
 // checkEffects: every committed effect is in the engine, no other.
 func (m *modelSM) checkEffects(t *rapid.T) {
-	it, err := m.db.Pebble().NewIter(&pebble.IterOptions{LowerBound: []byte("app/"), UpperBound: []byte("app0")})
+	it, err := peek.Pebble(m.db).NewIter(&pebble.IterOptions{LowerBound: []byte("app/"), UpperBound: []byte("app0")})
 	require.NoError(t, err)
 	defer it.Close()
 	n := 0

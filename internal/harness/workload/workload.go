@@ -22,6 +22,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/peek"
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
@@ -760,7 +761,7 @@ func (w *Load) doBatchOp(ctx context.Context, rng *rand.Rand) {
 			// zombie, fenced at commit) may well see its successor's.
 			w.gate.RLock()
 			if err := l.Renew(context.Background()); err == nil {
-				if v, closer, err := w.DB.Pebble().Get(crashAppKey(k)); err == nil {
+				if v, closer, err := peek.Pebble(w.DB).Get(crashAppKey(k)); err == nil {
 					w.Bad.addf("gen %d: DoBatch %s recovered (token %d) with its effect %x already stored", w.Gen, k, l.Token(), v)
 					_ = closer.Close()
 				}
@@ -922,7 +923,7 @@ func Check(ctx context.Context, db *receipts.DB, evs []Event, effects []Effect, 
 			bad.addf("check %d: %s in state %d", gen, k, r.State)
 		}
 		if crashIsBatchKey(k) {
-			v, closer, err := db.Pebble().Get(crashAppKey(k))
+			v, closer, err := peek.Pebble(db).Get(crashAppKey(k))
 			switch {
 			case err == nil:
 				tok := binary.BigEndian.Uint64(append(make([]byte, 8-min(len(v), 8)), v...))
@@ -971,7 +972,7 @@ func Check(ctx context.Context, db *receipts.DB, evs []Event, effects []Effect, 
 		}
 	}
 	// DoBatch effects without a record.
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: []byte("fx/"), UpperBound: []byte("fx0")})
+	it, err := peek.Pebble(db).NewIter(&pebble.IterOptions{LowerBound: []byte("fx/"), UpperBound: []byte("fx0")})
 	if err != nil {
 		bad.addf("check %d: %v", gen, err)
 	} else {
