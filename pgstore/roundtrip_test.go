@@ -65,7 +65,8 @@ func (d *testDB) openCounted(t *testing.T, c *tripCounter) *receipts.DB {
 	return db
 }
 
-// The round trips of the common calls, counted on the wire (a batch is one): a first call's
+// The round trips of the common calls, counted as the statements and batches sent (each is one
+// round trip once pgx has prepared its statements, as in steady state): a first call's
 // Do is two, its claim and its commit, as the two-statement floor's; a retry is one, on the
 // node that finished the operation (the replay fast path's plain read) and on one that never
 // saw the key (the claim batch's fresh statement returns the finished record); a retry with
