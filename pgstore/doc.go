@@ -45,9 +45,16 @@
 // early. Times are kept to the microsecond (timestamptz). Expiry is exact at read time; GC
 // only reclaims space.
 //
-// A claim is one round trip ([BEGIN; advisory lock; claim] in one batch) and its COMMIT:
-// the commit is sent only once the engine has checked that the DB's Close has not begun, so
-// no lease is handed out, or written, once Close has begun.
+// Round trips. A first call's claim is one ([BEGIN; advisory lock; insert if absent; COMMIT]
+// in one batch: a claim committed after the DB's Close began is undone, so no lease is handed
+// out once Close has begun), and Do's commit another: two, as the plainest correct design's.
+// A key that already has a record takes the gated claim statement ([BEGIN; advisory lock;
+// claim] in one batch, then COMMIT once the engine has checked that Close has not begun). A
+// retry of a finished operation is one round trip on any node: on a node that recently saw
+// it finished (a bounded hint of key hashes), one plain MVCC read (no transaction, no lock,
+// nothing written); on another node, the first call's batch, whose insert-if-absent statement
+// returns the finished record instead. DoTx's first call is two round trips too: the claim
+// batch begins its transaction, and the receipt's write is sent with COMMIT.
 //
 // Wake-ups across nodes need a LISTEN session outside any transaction pooler (ListenConn).
 // Without one (behind PgBouncer in transaction mode, where LISTEN does not work) the engine
