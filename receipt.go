@@ -100,16 +100,7 @@ func newReceiptCopy(r *driver.Record) *Receipt {
 	default:
 		rc, buf = new(Receipt), make([]byte, n)
 	}
-	*rc = Receipt{
-		Key:            Key(r.Key),
-		State:          State(r.State),
-		Attempts:       r.Attempts,
-		Token:          r.Token,
-		CreatedAt:      r.CreatedAt,
-		UpdatedAt:      r.UpdatedAt,
-		ExpiresAt:      r.ExpiresAt,
-		LeaseExpiresAt: r.LeaseExpiresAt,
-	}
+	*rc = receiptFields(r)
 	nf := copy(buf, r.Fingerprint)
 	rc.Fingerprint = buf[:nf:nf]
 	if r.Result != nil {
@@ -138,11 +129,16 @@ type (
 // newReceipt is the receipt of the engine's record r. It shares r's
 // fingerprint and result.
 func newReceipt(r *driver.Record) *Receipt {
-	return &Receipt{
+	rc := receiptFields(r)
+	rc.Fingerprint, rc.Result = r.Fingerprint, r.Result
+	return &rc
+}
+
+// receiptFields is the receipt of r without its fingerprint and result.
+func receiptFields(r *driver.Record) Receipt {
+	return Receipt{
 		Key:            Key(r.Key),
-		Fingerprint:    r.Fingerprint,
 		State:          State(r.State),
-		Result:         r.Result,
 		Attempts:       r.Attempts,
 		Token:          r.Token,
 		CreatedAt:      r.CreatedAt,
