@@ -211,6 +211,9 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			return nil, nil, err
 		}
 		if res.Outcome != driver.InProgress {
+			if tr != nil && res.Outcome == driver.Replay {
+				tr.trace = res.Record.Trace // the recorded execution's, for the replay's event
+			}
 			return db.claimed(ctx, k, ttl, &res)
 		}
 		// InProgress: counted once per call, however long it waits.

@@ -77,6 +77,7 @@ func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batc
 		return r, err
 	}
 	ctx = db.begin(ctx, DoEvent)
+	ctx = context.WithValue(ctx, traceSinkKey{}, new(traceSink))
 	start := monoNow()
 	r, ran, err := db.doOnce(ctx, k, fp, opts, batch, fn)
 	db.observeDo(ctx, k, start, r, err, ran)

@@ -154,6 +154,7 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	var rec driver.Record
 	var err error
 	start := l.db.traceStart(ctx)
+	ctx = l.db.withTrace(ctx)
 	if b != nil || effect != nil {
 		rec, err = l.db.peb.FinishBatch(ctx, driver.Key(l.key), l.token, driver.State(state), result, b, effect)
 	} else {
@@ -198,7 +199,7 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 	}
 	defer l.db.exit()
 	start := l.db.traceStart(ctx)
-	rec, err := fn(ctx, l.db.eng, l.info())
+	rec, err := fn(l.db.withTrace(ctx), l.db.eng, l.info())
 	if errors.Is(err, ErrLeaseLost) {
 		l.observeFinish(ctx, OutcomeLeaseLost, start)
 	}

@@ -1,6 +1,7 @@
 package receipts
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -63,6 +64,18 @@ func (m multiObserver) Observe(ctx context.Context, e Event) {
 	for _, o := range m {
 		o.Observe(ctx, e)
 	}
+}
+
+// TraceContext is the first of m's TraceRecorders' (TraceRecorder).
+func (m multiObserver) TraceContext(ctx context.Context) []byte {
+	for _, o := range m {
+		if tr, ok := o.(TraceRecorder); ok {
+			if t := tr.TraceContext(ctx); len(t) > 0 {
+				return t
+			}
+		}
+	}
+	return nil
 }
 
 func (m multiObserver) Begin(ctx context.Context, kind EventKind) context.Context {
@@ -222,6 +235,9 @@ type Event struct {
 	// EpochsDropped and BytesFreed (GCEvent): what GC reclaimed.
 	EpochsDropped int
 	BytesFreed    uint64
+	// Trace (ClaimEvent and DoEvent of a replay): the trace context the
+	// recorded execution stored with its receipt (TraceRecorder), or nil.
+	Trace []byte
 
 	// hashKey (nil for a GCEvent) and key compute KeyHash. Format keeps
 	// them out of printed Events.
@@ -418,6 +434,40 @@ func claimOutcome(l *Lease, r *Receipt, err error) Outcome {
 type claimTrace struct {
 	waited    bool
 	waitStart time.Time
+	trace     []byte // a replay's: the trace context stored with the receipt
+}
+
+// TraceRecorder is implemented by observers that store a trace context
+// with each receipt, so that a replay can point at the execution it
+// replays (package receiptsotel links the replay's span to it). When a
+// lease is finished (Commit, Fail, CommitWith, Do's recording of its
+// outcome, and the engine packages' own ways such as pgstore.CommitTx and
+// DoTx), TraceContext is called with the finishing call's context; what it
+// returns, if it is 1 to MaxTraceContext bytes, is stored with the receipt,
+// on every engine, for as long as the receipt is kept. A replay's
+// ClaimEvent and DoEvent carry it as Event.Trace. It must return quickly,
+// and must not return secrets: it is stored in the clear.
+type TraceRecorder interface {
+	TraceContext(ctx context.Context) []byte
+}
+
+// MaxTraceContext bounds what TraceRecorder.TraceContext may store (a W3C
+// traceparent is 55 bytes).
+const MaxTraceContext = driver.MaxTrace
+
+// traceSink is where a Do's claim leaves a replay's stored trace context
+// for the DoEvent (put in the Do's context when the Do is observed).
+type traceSink struct{ trace []byte }
+
+type traceSinkKey struct{}
+
+// withTrace returns ctx carrying the trace context the store's observer
+// wants stored with the receipt a finish of it writes (driver.WithTrace).
+func (db *DB) withTrace(ctx context.Context) context.Context {
+	if tr, ok := db.opts.Observer.(TraceRecorder); ok {
+		return driver.WithTrace(ctx, tr.TraceContext(ctx))
+	}
+	return ctx
 }
 
 // observeClaim reports a claim (and its wait, if it waited) that began at
@@ -441,6 +491,12 @@ func (db *DB) observeClaim(ctx context.Context, k Key, start time.Time, tr *clai
 		e.Attempt, e.Recovered = l.attempt, l.recovered
 	case r != nil:
 		e.Attempt, e.Recovered = r.Attempts, r.Attempts > 1
+		if tr.trace != nil {
+			e.Trace = bytes.Clone(tr.trace)
+			if s, ok := ctx.Value(traceSinkKey{}).(*traceSink); ok {
+				s.trace = e.Trace
+			}
+		}
 	}
 	db.emit(ctx, e)
 }
@@ -574,6 +630,9 @@ func (db *DB) observeDo(ctx context.Context, k Key, start time.Time, r *Receipt,
 	}
 	if r != nil {
 		e.Attempt, e.Recovered = r.Attempts, r.Attempts > 1
+		if s, ok := ctx.Value(traceSinkKey{}).(*traceSink); ok && !ran {
+			e.Trace = s.trace
+		}
 	}
 	db.emit(ctx, e)
 }

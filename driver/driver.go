@@ -65,6 +65,30 @@ type Record struct {
 	UpdatedAt      time.Time // last write; the record is visible while now < UpdatedAt + Retention
 	LeaseExpiresAt time.Time // Pending only: the lease is live while now < LeaseExpiresAt
 	ExpiresAt      time.Time // UpdatedAt + Retention
+	// Trace is the trace context stored with a finished record (at most MaxTrace bytes, opaque
+	// to the engine: TraceOf of the finishing call's context), or nil.
+	Trace []byte
+}
+
+// MaxTrace bounds the trace context a record stores (Record.Trace).
+const MaxTrace = 256
+
+type traceKey struct{}
+
+// WithTrace returns a copy of ctx that carries trace (at most MaxTrace bytes): an engine's
+// Finish, and the engine packages' own ways of finishing a lease, store it with the finished
+// record (Record.Trace). A longer trace is not stored.
+func WithTrace(ctx context.Context, trace []byte) context.Context {
+	if len(trace) == 0 || len(trace) > MaxTrace {
+		return ctx
+	}
+	return context.WithValue(ctx, traceKey{}, trace)
+}
+
+// TraceOf returns the trace context WithTrace put in ctx, or nil.
+func TraceOf(ctx context.Context) []byte {
+	t, _ := ctx.Value(traceKey{}).([]byte)
+	return t
 }
 
 // Outcome of a claim.

@@ -5,9 +5,12 @@
 //
 //	version (1 byte) | state (1 byte) | msgpack array body | CRC-32C (4 bytes, big-endian)
 //
-// The body of version 1 is a msgpack array of exactly seven elements:
+// The body of version 1 is a msgpack array of seven elements:
 // fingerprint (bin), result (bin or nil), attempts (uint), token (uint),
-// created, updated and lease-expiry times (int, Unix nanoseconds).
+// created, updated and lease-expiry times (int, Unix nanoseconds), and, on a
+// record that stores one, an eighth: its trace context (bin, 1 to MaxTrace
+// bytes). A record without a trace is encoded exactly as before the eighth
+// element existed.
 //
 // Decode never panics and never allocates by a length that the bytes declare
 // before checking it against the bytes that are there: every malformed input
@@ -54,12 +57,19 @@ type Record struct {
 	CreatedAt      int64
 	UpdatedAt      int64
 	LeaseExpiresAt int64
+	// Trace is the trace context stored with the record (at most MaxTrace
+	// bytes), or nil.
+	Trace []byte
 }
+
+// MaxTrace bounds Record.Trace.
+const MaxTrace = 256
 
 const (
 	headerLen   = 2
 	trailerLen  = 4
-	bodyFields  = 7
+	bodyFields  = 7                          // without a trace
+	traceFields = 8                          // with one
 	minEncoding = headerLen + 1 + trailerLen // at least an array header
 )
 
@@ -75,7 +85,11 @@ func AppendRecord(dst []byte, r *Record) []byte {
 	enc.Reset(buf)
 	enc.UseCompactInts(true)
 	// Writing to a bytes.Buffer cannot fail.
-	_ = enc.EncodeArrayLen(bodyFields)
+	fields := bodyFields
+	if len(r.Trace) > 0 {
+		fields = traceFields
+	}
+	_ = enc.EncodeArrayLen(fields)
 	_ = enc.EncodeBytes(r.Fingerprint)
 	_ = enc.EncodeBytes(r.Result)
 	_ = enc.EncodeUint(uint64(r.Attempts))
@@ -83,6 +97,9 @@ func AppendRecord(dst []byte, r *Record) []byte {
 	_ = enc.EncodeInt(r.CreatedAt)
 	_ = enc.EncodeInt(r.UpdatedAt)
 	_ = enc.EncodeInt(r.LeaseExpiresAt)
+	if fields == traceFields {
+		_ = enc.EncodeBytes(r.Trace)
+	}
 	msgpack.PutEncoder(enc)
 
 	start := len(dst)
@@ -94,7 +111,7 @@ func AppendRecord(dst []byte, r *Record) []byte {
 
 // EncodeRecord returns the encoding of r.
 func EncodeRecord(r *Record) []byte {
-	return AppendRecord(make([]byte, 0, 64+len(r.Fingerprint)+len(r.Result)), r)
+	return AppendRecord(make([]byte, 0, 64+len(r.Fingerprint)+len(r.Result)+len(r.Trace)), r)
 }
 
 func corrupt(format string, args ...any) error {
@@ -173,15 +190,15 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 	if err != nil {
 		return corrupt("body: %v", err)
 	}
-	if fields != bodyFields {
-		return corrupt("body has %d fields, want %d", fields, bodyFields)
+	if fields != bodyFields && fields != traceFields {
+		return corrupt("body has %d fields, want %d or %d", fields, bodyFields, traceFields)
 	}
 	r.State = state
 	slab := make([]byte, 0, len(body))
 	if r.Fingerprint, slab, err = readBin(dec, rd, slab); err != nil {
 		return corrupt("fingerprint: %v", err)
 	}
-	if r.Result, _, err = readBin(dec, rd, slab); err != nil {
+	if r.Result, slab, err = readBin(dec, rd, slab); err != nil {
 		return corrupt("result: %v", err)
 	}
 	attempts, err := dec.DecodeUint64()
@@ -203,6 +220,15 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 	}
 	if r.LeaseExpiresAt, err = dec.DecodeInt64(); err != nil {
 		return corrupt("lease expiry: %v", err)
+	}
+	r.Trace = nil
+	if fields == traceFields {
+		if r.Trace, _, err = readBin(dec, rd, slab); err != nil {
+			return corrupt("trace: %v", err)
+		}
+		if len(r.Trace) == 0 || len(r.Trace) > MaxTrace {
+			return corrupt("trace of %d bytes (want 1 to %d)", len(r.Trace), MaxTrace)
+		}
 	}
 	if rd.Len() != 0 {
 		return corrupt("%d trailing bytes", rd.Len())
@@ -260,8 +286,8 @@ type Layout struct {
 func RecordLayout(b []byte) (Layout, error) {
 	var l Layout
 	i := headerLen
-	if len(b) <= i || b[i] != 0x90|bodyFields { // fixarray of seven
-		return l, corrupt("body is not an array of %d", bodyFields)
+	if len(b) <= i || (b[i] != 0x90|bodyFields && b[i] != 0x90|traceFields) { // fixarray of seven or eight
+		return l, corrupt("body is not an array of %d or %d", bodyFields, traceFields)
 	}
 	i++
 	off, n, isNil, err := binAt(b, i)

@@ -26,6 +26,7 @@ var observeTests = []test{
 	{"LogsKeyHashUnlessLogKeys", testObserveLogs},
 	{"ExpiredRetry", testObserveExpired},
 	{"KindFilterDeclines", testObserveKindFilter},
+	{"ReplayCarriesStoredTrace", testObserveTrace},
 }
 
 // recorder is an Observer that keeps every event.
@@ -438,4 +439,86 @@ func testObserveKindFilter(t *testing.T, s Store) {
 		{receipts.ClaimEvent, receipts.OutcomeClaimed, 1, false, ""},
 		{receipts.FinishEvent, receipts.OutcomeSucceeded, 1, false, ""},
 	}, evs(rec.take()), "no DoEvent")
+}
+
+// traceRecorder is a recorder that is also a receipts.TraceRecorder: it
+// stores the trace context the finishing call's context carries (traceIn).
+type traceRecorder struct{ recorder }
+
+type traceKey struct{}
+
+func traceIn(ctx context.Context, trace string) context.Context {
+	return context.WithValue(ctx, traceKey{}, []byte(trace))
+}
+
+func (r *traceRecorder) TraceContext(ctx context.Context) []byte {
+	b, _ := ctx.Value(traceKey{}).([]byte)
+	return b
+}
+
+// replayTraces returns the Trace of the replayed ClaimEvent and DoEvent
+// among evs (nil: none of that kind).
+func replayTraces(evs []receipts.Event) (claim, do []byte) {
+	for _, e := range evs {
+		if e.Outcome != receipts.OutcomeReplayed {
+			continue
+		}
+		switch e.Kind {
+		case receipts.ClaimEvent:
+			claim = e.Trace
+		case receipts.DoEvent:
+			do = e.Trace
+		}
+	}
+	return claim, do
+}
+
+// A TraceRecorder's trace context, taken when the lease is finished, is
+// stored with the receipt and comes back on every replay's ClaimEvent and
+// DoEvent, also after a restart (read from the store, not from memory):
+// for Do (the context fn ran with) and for Commit. One longer than
+// MaxTraceContext is not stored; nor is anything while the observer is not
+// a TraceRecorder.
+func testObserveTrace(t *testing.T, s Store) {
+	rec := &traceRecorder{}
+	e := newEnv(t, s, func(o *receipts.Options) { o.Observer = rec })
+	fn := func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("r"), nil }
+	kDo, kCommit, kLong := key("trace", "do"), key("trace", "commit"), key("trace", "long")
+
+	_, err := e.db.Do(traceIn(bg, "00-do"), kDo, []byte("fp"), fn)
+	require.NoError(t, err)
+	l, _, err := e.db.Claim(bg, kCommit, []byte("fp"))
+	require.NoError(t, err)
+	_, err = l.Commit(traceIn(bg, "00-commit"), []byte("r"))
+	require.NoError(t, err)
+	_, err = e.db.Do(traceIn(bg, strings.Repeat("x", receipts.MaxTraceContext+1)), kLong, []byte("fp"), fn)
+	require.NoError(t, err)
+
+	for _, restarted := range []bool{false, true} {
+		if restarted {
+			e.reopen()
+		}
+		rec.take()
+		_, err = e.db.Do(traceIn(bg, "00-retry"), kDo, []byte("fp"), fn) // the retry's own context is not stored
+		require.NoError(t, err)
+		claim, do := replayTraces(rec.take())
+		require.Equal(t, "00-do", string(claim), "restarted %v: the replay's ClaimEvent", restarted)
+		require.Equal(t, "00-do", string(do), "restarted %v: the replay's DoEvent", restarted)
+		e.replay(kCommit, "fp")
+		claim, _ = replayTraces(rec.take())
+		require.Equal(t, "00-commit", string(claim), "restarted %v: a receipt recorded by Commit", restarted)
+		e.replay(kLong, "fp")
+		claim, _ = replayTraces(rec.take())
+		require.Nil(t, claim, "restarted %v: a trace context longer than MaxTraceContext is not stored", restarted)
+	}
+
+	plain := &recorder{}
+	e2 := newEnv(t, s, func(o *receipts.Options) { o.Observer = plain })
+	k := key("trace", "plain")
+	_, err = e2.db.Do(traceIn(bg, "00-plain"), k, []byte("fp"), fn)
+	require.NoError(t, err)
+	plain.take()
+	e2.replay(k, "fp")
+	claim, _ := replayTraces(plain.take())
+	require.Nil(t, claim, "an observer that is not a TraceRecorder stores nothing")
 }

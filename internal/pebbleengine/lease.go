@@ -1,6 +1,7 @@
 package pebbleengine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -68,6 +69,7 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 		if !ok {
 			return nil, false, false, nil // the effect is not applied
 		}
+		next.Trace = bytes.Clone(driver.TraceOf(ctx)) // the finishing call's trace context, if any
 		if effect != nil {
 			if err := effect(b); err != nil {
 				return nil, false, true, fmt.Errorf("receipts: the effect: %w", err)

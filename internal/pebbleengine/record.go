@@ -18,6 +18,7 @@ func (e *Engine) record(k driver.Key, rec *encoding.Record) driver.Record {
 		UpdatedAt:      e.time(rec.UpdatedAt),
 		LeaseExpiresAt: e.time(rec.LeaseExpiresAt),
 		ExpiresAt:      e.time(rec.UpdatedAt + e.retention),
+		Trace:          rec.Trace, // its own bytes: decoded into a new slab, or the cache entry's copy
 	}
 }
 

@@ -28,6 +28,7 @@
 package rcache
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
@@ -63,6 +64,9 @@ type Entry struct {
 	// Val is the record's stored bytes (shared: never modify), if small
 	// enough to hold (nil otherwise): Matches(Val) holds.
 	Val []byte
+	// Trace is the record's trace context (a copy; shared: never modify),
+	// or nil.
+	Trace []byte
 }
 
 // Matches reports whether v, read under the entry's key at its epoch, is the
@@ -86,6 +90,7 @@ func (e *Entry) View(v []byte) encoding.Record {
 		CreatedAt:      e.CreatedAt,
 		UpdatedAt:      e.UpdatedAt,
 		LeaseExpiresAt: e.LeaseExpiresAt,
+		Trace:          e.Trace,
 	}
 	if !e.ResNil {
 		r.Result = v[e.ResOff : e.ResOff+e.ResLen : e.ResOff+e.ResLen]
@@ -202,6 +207,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 		Layout: l, Key: rk[:len(recKey):len(recKey)], Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
+		Trace: bytes.Clone(r.Trace),
 	}}
 	if n := int64(len(enc)); n <= c.maxVal {
 		if c.valBytes.Add(n) <= c.valCap {
