@@ -224,7 +224,7 @@ func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimReque
 		var lease *time.Time
 		r := &row.rec
 		err = br.QueryRow().Scan(&row.outcome, &r.Token, &r.Attempts, &state, &r.Fingerprint, &r.Result,
-			&r.CreatedAt, &r.UpdatedAt, &lease, &row.now)
+			&r.CreatedAt, &r.UpdatedAt, &lease, &row.now, &r.Trace)
 		r.State = driver.State(state)
 		if lease != nil {
 			r.LeaseExpiresAt = *lease
@@ -299,6 +299,9 @@ func (e *engine) fill(r *driver.Record) {
 	} else {
 		r.Result = nil
 	}
+	if r.State == driver.Pending || len(r.Trace) == 0 || len(r.Trace) > driver.MaxTrace {
+		r.Trace = nil // only a finished record stores one
+	}
 }
 
 // scanRecord reads recCols, then the database's time.
@@ -308,7 +311,7 @@ func scanRecord(row pgx.Row, r *driver.Record, now *time.Time, extra ...any) err
 	var token *int64
 	var attempts *int32
 	var created, updated *time.Time
-	dst := append([]any{&state, &r.Fingerprint, &token, &attempts, &created, &updated, &lease, &r.Result, now}, extra...)
+	dst := append([]any{&state, &r.Fingerprint, &token, &attempts, &created, &updated, &lease, &r.Result, &r.Trace, now}, extra...)
 	if err := row.Scan(dst...); err != nil {
 		return err
 	}
@@ -384,7 +387,7 @@ func (e *engine) Scan(ctx context.Context, f driver.Filter) iter.Seq2[driver.Rec
 				var state int16
 				var lease *time.Time
 				if err := rows.Scan(&scope, &id, &state, &rec.Fingerprint, &rec.Token, &rec.Attempts, &rec.CreatedAt,
-					&rec.UpdatedAt, &lease, &rec.Result, &now); err != nil {
+					&rec.UpdatedAt, &lease, &rec.Result, &rec.Trace, &now); err != nil {
 					rows.Close()
 					yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
 					return

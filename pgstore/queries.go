@@ -46,7 +46,8 @@ func (q queries) clockCTE(nowParam, widthParam string) string {
 }
 
 // Record columns, in the order scanRecord reads them.
-const recCols = `r.state, r.fp, r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at, r.result`
+// meta holds the trace context stored with a finished record (driver.Record.Trace), or NULL.
+const recCols = `r.state, r.fp, r.token, r.attempts, r.created_at, r.updated_at, r.lease_expires_at, r.result, r.meta`
 
 // buildQueries fills in the schema; injected: the engine runs on an injected clock
 // (engineOptions.Now), whose time is the statements' clock parameter; tombs: tombstones are
@@ -84,7 +85,7 @@ func buildQueries(schema string, injected, tombs bool, markerK int64) queries {
      AND NOT EXISTS (SELECT 1 FROM tomb)`
 		tombRow = `
 UNION ALL
-SELECT 'expired', 0::bigint, 0, 0::smallint, NULL::bytea, NULL::bytea, b.used_at, b.used_at, NULL::timestamptz, t.now
+SELECT 'expired', 0::bigint, 0, 0::smallint, NULL::bytea, NULL::bytea, b.used_at, b.used_at, NULL::timestamptz, t.now, NULL::bytea
   FROM tomb b, t`
 		claimMarks = `,
 mark AS (
@@ -118,7 +119,7 @@ takeover AS (                   -- new token; a reset (expired record) starts af
      SET token = nextval('S.token_seq'),
          attempts = CASE WHEN lk.reset THEN 1 ELSE r.attempts + 1 END,
          created_at = CASE WHEN lk.reset THEN t.now ELSE r.created_at END,
-         state = 1, fp = $3, result = NULL, nonce = $4, epoch = t.ep, updated_at = t.now,
+         state = 1, fp = $3, result = NULL, meta = NULL, nonce = $4, epoch = t.ep, updated_at = t.now,
          lease_expires_at = t.now + $5::bigint` + us + `
     FROM lk, t
    WHERE r.scope = $1 AND r.id = $2 AND r.epoch = lk.epoch
@@ -134,11 +135,11 @@ fresh AS (                      -- absent key; DO NOTHING takes no lock (a confl
   RETURNING token, attempts, created_at, updated_at, lease_expires_at, epoch
 )` + claimMarks + `
 SELECT 'claimed'::text, f.token, f.attempts, 1::smallint, $3::bytea, NULL::bytea,
-       f.created_at, f.updated_at, f.lease_expires_at, t.now
+       f.created_at, f.updated_at, f.lease_expires_at, t.now, NULL::bytea
   FROM fresh f, t
 UNION ALL
 SELECT CASE WHEN k.attempts = 1 THEN 'claimed' ELSE 'took_over' END, k.token, k.attempts, 1::smallint,
-       $3::bytea, NULL::bytea, k.created_at, k.updated_at, k.lease_expires_at, t.now
+       $3::bytea, NULL::bytea, k.created_at, k.updated_at, k.lease_expires_at, t.now, NULL::bytea
   FROM takeover k, t
 UNION ALL
 SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
@@ -147,7 +148,7 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
             WHEN c.nonce = $4 THEN 'own'
             WHEN c.lease_expires_at <= t.now THEN 'busy'
             ELSE 'in_progress' END,
-       c.token, c.attempts, c.state, c.fp, c.result, c.created_at, c.updated_at, c.lease_expires_at, t.now
+       c.token, c.attempts, c.state, c.fp, c.result, c.created_at, c.updated_at, c.lease_expires_at, t.now, c.meta
   FROM cur c, t
  WHERE NOT EXISTS (SELECT 1 FROM takeover)` + notTomb + tombRow)
 
@@ -235,7 +236,7 @@ UPDATE S.records r
   FROM t
  WHERE ` + fenced + ret + ` AS xid
 )
-SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid` + chk
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid` + chk
 		}
 		return updTombs(set) + chk
 	}
@@ -261,15 +262,15 @@ mark AS (                       -- else (the epoch moved to a new markers partit
    WHERE NOT EXISTS (SELECT 1 FROM mu)
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )
-SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, now, xid`
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid`
 	}
 
 	// Renew: $8 ttl µs. The lease never shrinks.
 	q.renew = x(upd(`lease_expires_at = greatest(r.lease_expires_at, t.now + $8::bigint` + us + `),
        updated_at = t.now, epoch = t.ep`))
 
-	// Finish: $8 state, $9 result.
-	finishSet := `state = $8::smallint, result = $9::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`
+	// Finish: $8 state, $9 result, $10 the trace context (NULL: none).
+	finishSet := `state = $8::smallint, result = $9::bytea, meta = $10::bytea, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`
 	q.finish = x(upd(finishSet))
 	q.finishMust = x(mustUpd(finishSet))
 

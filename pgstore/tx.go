@@ -320,7 +320,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	if state == driver.Failed {
 		b.Queue("ROLLBACK TO SAVEPOINT " + effectSavepoint)
 	}
-	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result)...)
+	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result, driver.TraceOf(ctx))...)
 	b.Queue("COMMIT")
 	br := tx.tx.SendBatch(ctx, b)
 	var ferr error // the effect's rollback or the receipt's write failed

@@ -90,7 +90,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	if result == nil {
 		result = []byte{}
 	}
-	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), finished(token, state, result))
+	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), finished(token, state, result))
 	if err == nil {
 		e.wake(k)
 		e.hint.add(keyHash(k)) // a retry of k is now probably a replay
@@ -177,7 +177,7 @@ func (e *engine) finishTx(ctx context.Context, tx pgx.Tx, k driver.Key, token ui
 	if result == nil {
 		result = []byte{}
 	}
-	rec, xid, err := e.write(ctx, tx, "commit", e.q.finish, k, e.fencedArgs(k, token, int16(state), result), nil)
+	rec, xid, err := e.write(ctx, tx, "commit", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), nil)
 	if err == nil {
 		e.notifier.afterCommit(xid, keyHash(k))
 	}
@@ -283,7 +283,7 @@ func (e *engine) doTxOnce(ctx context.Context, req driver.ClaimRequest, nonce []
 	if result == nil {
 		result = []byte{}
 	}
-	fin, _, err = e.write(ctx, tx, "dotx", e.q.finish, req.Key, e.fencedArgs(req.Key, cr.Record.Token, int16(state), result), nil)
+	fin, _, err = e.write(ctx, tx, "dotx", e.q.finish, req.Key, e.fencedArgs(req.Key, cr.Record.Token, int16(state), result, driver.TraceOf(ctx)), nil)
 	if err != nil {
 		return cr, driver.Record{}, false, err
 	}

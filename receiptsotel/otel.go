@@ -14,6 +14,12 @@
 //	receipts.release, receipts.abandon, receipts.lease_lost   the other ends of an attempt
 //	receipts.gc      a garbage collection
 //
+// A replay's receipts.do and receipts.claim spans link to the span that
+// recorded the receipt (for a Do, its receipts.do span; for Commit or Fail,
+// the span in their context): the Observer is a receipts.TraceRecorder and
+// stores that span's W3C traceparent (55 bytes) with the receipt, on every
+// engine, for as long as the receipt is kept.
+//
 // Attributes: receipts.engine, receipts.outcome, receipts.class (if set),
 // receipts.attempt, receipts.recovered, receipts.key_hash (the key's keyed
 // hash, never its scope or ID; only with Options.KeyHash), and for GC
@@ -28,6 +34,7 @@ package receiptsotel
 
 import (
 	"context"
+	"encoding/hex"
 	"sync"
 
 	"go.opentelemetry.io/otel"
@@ -121,6 +128,9 @@ func (o *Observer) Observe(ctx context.Context, e receipts.Event) {
 	case receipts.ClaimEvent, receipts.DoEvent:
 		span := trace.SpanFromContext(ctx)
 		if span.IsRecording() {
+			if sc, ok := parseTraceparent(e.Trace); ok { // a replay: the recorded execution
+				span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{recordedLink}})
+			}
 			span.SetAttributes(attrs...)
 			setStatus(span, e.Outcome)
 			span.End(trace.WithTimestamp(end))
@@ -223,4 +233,52 @@ func setStatus(span trace.Span, out receipts.Outcome) {
 	}
 }
 
-var _ receipts.Beginner = (*Observer)(nil)
+// TraceContext is the W3C traceparent of the span in ctx, stored with the
+// receipt that a finish with ctx records (receipts.TraceRecorder), or nil
+// if ctx has no valid span.
+func (o *Observer) TraceContext(ctx context.Context) []byte {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return nil
+	}
+	tid, sid := sc.TraceID(), sc.SpanID()
+	b := make([]byte, 0, traceparentLen)
+	b = append(b, "00-"...)
+	b = hex.AppendEncode(b, tid[:])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, sid[:])
+	b = append(b, '-')
+	return hex.AppendEncode(b, []byte{byte(sc.TraceFlags())})
+}
+
+// traceparentLen is the length of a version-00 W3C traceparent.
+const traceparentLen = 55
+
+// recordedLink marks the link from a replay to the recorded execution.
+var recordedLink = attribute.String("receipts.link", "recorded_execution")
+
+// parseTraceparent reads a version-00 traceparent that TraceContext wrote.
+func parseTraceparent(b []byte) (trace.SpanContext, bool) {
+	if len(b) != traceparentLen || string(b[:3]) != "00-" || b[35] != '-' || b[52] != '-' {
+		return trace.SpanContext{}, false
+	}
+	tid, err := trace.TraceIDFromHex(string(b[3:35]))
+	if err != nil {
+		return trace.SpanContext{}, false
+	}
+	sid, err := trace.SpanIDFromHex(string(b[36:52]))
+	if err != nil {
+		return trace.SpanContext{}, false
+	}
+	var flags [1]byte
+	if _, err := hex.Decode(flags[:], b[53:55]); err != nil {
+		return trace.SpanContext{}, false
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.TraceFlags(flags[0]), Remote: true})
+	return sc, sc.IsValid()
+}
+
+var (
+	_ receipts.Beginner      = (*Observer)(nil)
+	_ receipts.TraceRecorder = (*Observer)(nil)
+)

@@ -131,3 +131,73 @@ func attr(s sdktrace.ReadOnlySpan, key string) string {
 	}
 	return ""
 }
+
+// A replay's receipts.do and receipts.claim spans link to the receipts.do
+// span that recorded the receipt, also from another trace and after a
+// restart (the traceparent is stored with the receipt); a first call's
+// spans have no link.
+func TestReplayLinksToRecordedExecution(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(bg) })
+	obs, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp})
+	require.NoError(t, err)
+	fs := vfs.NewMem()
+	open := func() *receipts.DB {
+		db, err := receipts.Open("db", &receipts.Options{GCInterval: -1, Observer: obs, Pebble: &pebble.Options{FS: fs}})
+		require.NoError(t, err)
+		return db
+	}
+	db := open()
+	k := receipts.Key{Scope: "tenant", ID: "op-1"}
+	do := func(db *receipts.DB, root string) {
+		ctx, s := tp.Tracer("test").Start(bg, root)
+		defer s.End()
+		_, err := db.Do(ctx, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil })
+		require.NoError(t, err)
+	}
+	// the spans named name that ended since the last call
+	seen := 0
+	ended := func(name string) []sdktrace.ReadOnlySpan {
+		all := spans.Ended()
+		var out []sdktrace.ReadOnlySpan
+		for _, s := range all[seen:] {
+			if s.Name() == name {
+				out = append(out, s)
+			}
+		}
+		seen = len(all)
+		return out
+	}
+	do(db, "first")
+	first := ended("receipts.do")
+	require.Len(t, first, 1)
+	require.Empty(t, first[0].Links(), "a first call links nowhere")
+	exec := first[0].SpanContext()
+
+	check := func(what string) {
+		t.Helper()
+		all := spans.Ended()[seen:]
+		seen = len(spans.Ended())
+		var n int
+		for _, s := range all {
+			if s.Name() != "receipts.do" && s.Name() != "receipts.claim" {
+				continue
+			}
+			n++
+			require.Len(t, s.Links(), 1, "%s: %s", what, s.Name())
+			l := s.Links()[0]
+			require.Equal(t, exec.TraceID(), l.SpanContext.TraceID(), "%s: %s", what, s.Name())
+			require.Equal(t, exec.SpanID(), l.SpanContext.SpanID(), "%s: %s", what, s.Name())
+			require.NotEqual(t, exec.TraceID(), s.SpanContext().TraceID(), "%s: the replay runs in its own trace", what)
+		}
+		require.Equal(t, 2, n, "%s: a receipts.do and a receipts.claim span", what)
+	}
+	do(db, "retry")
+	check("replay")
+	require.NoError(t, db.Close())
+	db = open()
+	defer db.Close()
+	do(db, "retry after restart")
+	check("replay after a restart")
+}
