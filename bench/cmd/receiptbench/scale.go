@@ -30,6 +30,7 @@ type scaleReport struct {
 	LoadSeconds    map[string]float64 `json:"load_seconds"`
 	SettleSeconds  map[string]float64 `json:"settle_seconds,omitempty"`
 	DiskBytes      map[string]uint64  `json:"disk_bytes"`
+	BaselineRSS    uint64             `json:"baseline_rss_bytes"`
 	RSSBothBytes   uint64             `json:"rss_both_open_bytes"`
 	RSSBytes       uint64             `json:"rss_receipts_only_bytes"`
 	PeakRSSBytes   uint64             `json:"peak_rss_bytes"`
@@ -54,6 +55,8 @@ func populateScale(ctx context.Context, cfg *config, base string, rep *report, a
 	po.EnsureDefaults()
 	sr.CacheBytes = po.CacheSize
 	n := uint64(cfg.scale)
+	sr.BaselineRSS, _ = procRSS()
+	progress("scale: RSS %s with both stores open and empty", fmtBytes(sr.BaselineRSS))
 	for _, s := range all {
 		progress("scale: %s: loading %d receipts %d-way", s.Name(), n, loadConc)
 		t0 := time.Now()
