@@ -47,6 +47,7 @@ type report struct {
 	Postgres   string            `json:"postgres"`
 	Skipped    map[string]string `json:"skipped,omitempty"`
 	Results    []result          `json:"results"`
+	Scale      *scaleReport      `json:"scale,omitempty"`
 }
 
 const (
@@ -168,9 +169,17 @@ func runCompare(ctx context.Context, cfg *config) error {
 		}
 		open = append(open, s)
 	}
+	if cfg.scale > 0 {
+		if err := populateScale(ctx, cfg, base, rep, open); err != nil {
+			return err
+		}
+	}
 	rep.Results = runAll(ctx, cfg, rep, open)
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if rep.Scale != nil {
+		open = measureScaleRSS(rep.Scale, open)
 	}
 	ratios(rep.Results)
 	if cfg.json {
@@ -216,23 +225,44 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 		}
 	}
 	if cfg.workloads["replay"] && ctx.Err() == nil {
-		set := "replay-" + workload.RunID()
-		n := rep.ReplayKeys
-		ks := make([]workload.Key, n)
-		fps := make([][]byte, n)
-		for i := range ks {
-			ks[i] = workload.FixedKey(set, i)
-			fps[i] = workload.Fingerprint(ks[i])
+		// pick returns the key and fingerprint worker w's seq-th replay reads.
+		var pick func(w int, seq uint64) (workload.Key, []byte)
+		var populate func(s stores.Store) *workload.Result
+		if rep.Scale != nil {
+			// -scale: the stores already hold the keys; replays read a sample spread over all of them.
+			progress("%-9s sampling %d of the %d loaded keys", "replay", rep.Scale.ReplaySample, rep.Scale.Receipts)
+			ks := newScaleKeys(rep.Scale.Receipts, rep.Scale.ReplaySample)
+			m := uint64(ks.m)
+			pick = func(w int, seq uint64) (workload.Key, []byte) {
+				return ks.key(int((uint64(w)*7919 + seq*2654435761) % m))
+			}
+			populate = func(stores.Store) *workload.Result { return &workload.Result{} }
+		} else {
+			set := "replay-" + workload.RunID()
+			n := rep.ReplayKeys
+			ks := make([]workload.Key, n)
+			fps := make([][]byte, n)
+			for i := range ks {
+				ks[i] = workload.FixedKey(set, i)
+				fps[i] = workload.Fingerprint(ks[i])
+			}
+			pick = func(w int, seq uint64) (workload.Key, []byte) {
+				j := int((uint64(w)*7919 + seq*2654435761) % uint64(n))
+				return ks[j], fps[j]
+			}
+			populate = func(s stores.Store) *workload.Result {
+				progress("%-9s %-12s populating %d committed keys", "replay", s.Name(), n)
+				var next atomic.Uint64
+				return workload.Run(ctx, 64, 0, uint64(n), func(ctx context.Context, _ int, _ uint64) error {
+					i := next.Add(1) - 1
+					_, err := s.Do(ctx, ks[i], fps[i], workload.ResultFor(ks[i]))
+					return err
+				})
+			}
 		}
 		var ready []stores.Store
 		for _, s := range all {
-			progress("%-9s %-12s populating %d committed keys", "replay", s.Name(), n)
-			var next atomic.Uint64
-			pr := workload.Run(ctx, 64, 0, uint64(n), func(ctx context.Context, _ int, _ uint64) error {
-				i := next.Add(1) - 1
-				_, err := s.Do(ctx, ks[i], fps[i], workload.ResultFor(ks[i]))
-				return err
-			})
+			pr := populate(s)
 			if pr.FirstErr != nil {
 				add("replay", s.Name(), 0, pr, 0)
 				continue
@@ -256,8 +286,8 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 					return out
 				}
 				r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
-					j := int((uint64(w)*7919 + seq*2654435761) % uint64(n))
-					return s.Replay(ctx, ks[j], fps[j])
+					k, fp := pick(w, seq)
+					return s.Replay(ctx, k, fp)
 				})
 				add("replay", s.Name(), conc, r, 0)
 			}

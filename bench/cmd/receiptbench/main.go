@@ -9,6 +9,7 @@
 //	go run ./cmd/receiptbench -json > out.json
 //	go run ./cmd/receiptbench -mem                 # memory: load 1M receipts, RSS and disk
 //	go run ./cmd/receiptbench -mem=10M             # the same with 10M receipts
+//	go run ./cmd/receiptbench -scale 1M            # new and replay on a floor and receipts holding 1M receipts each
 //	go run ./cmd/receiptbench -purge               # PostgreSQL: GC of 1M expired receipts vs DELETE
 //	go run ./cmd/receiptbench -wake                # PostgreSQL: cross-node wake-up latency
 //
@@ -29,6 +30,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,6 +60,7 @@ type config struct {
 	purge     memFlag // -purge: reclaim this many expired receipts on PostgreSQL
 	wake      bool    // -wake: cross-node wake-up latency on PostgreSQL
 	wakeN     int
+	scale     countFlag // -scale: populate the floor and receipts with this many receipts first
 }
 
 func main() {
@@ -133,6 +136,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.wake, "wake", false, "PostgreSQL wake mode: how soon a waiter on node B returns after node A commits, with LISTEN and poll-only (p50/p99)")
 	fs.IntVar(&cfg.wakeN, "wake-samples", 100, "wake mode: samples per mode")
 	fs.Var(&cfg.mem, "mem", "memory mode: load N receipts (-mem alone: 1M; -mem=10M) and report RSS and disk bytes per receipt")
+	fs.Var(&cfg.scale, "scale", "scale mode: populate pebble-floor and receipts with N durable receipts each (like -mem: 1M, 10M), then run new and replay on them, replays spread over all N keys, and report the RSS after the run")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: receiptbench [flags]\n\n")
 		fs.PrintDefaults()
@@ -175,8 +179,30 @@ func parseFlags(args []string) (*config, error) {
 	if cfg.workloads, err = setOf(workloadList, allWorkloads); err != nil {
 		return nil, fmt.Errorf("-workloads: %w", err)
 	}
+	if cfg.scale > 0 {
+		if cfg.mem > 0 || cfg.purge > 0 || cfg.wake || cfg.fromJSON != "" {
+			return nil, errors.New("-scale runs the comparison: not with -mem, -purge, -wake or -table")
+		}
+		if !flagSet(fs, "stores") {
+			cfg.stores = map[string]bool{}
+			for _, s := range scaleStores {
+				cfg.stores[s] = true
+			}
+		}
+		for s := range cfg.stores {
+			if !slices.Contains(scaleStores, s) {
+				return nil, fmt.Errorf("-scale runs on %s only, not %q", strings.Join(scaleStores, " and "), s)
+			}
+		}
+		if !flagSet(fs, "workloads") {
+			cfg.workloads = map[string]bool{"new": true, "replay": true}
+		}
+	}
 	return cfg, nil
 }
+
+// scaleStores are the stores -scale populates: the engine and its floor.
+var scaleStores = []string{"pebble-floor", "receipts"}
 
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
@@ -217,6 +243,24 @@ func (m *memFlag) Set(s string) error {
 		*m = 0
 		return nil
 	}
+	n, err := parseCount(s)
+	*m = memFlag(n)
+	return err
+}
+
+// countFlag is -scale: a receipt count with K and M suffixes, as -mem takes, but always
+// with a value (-scale 1M), and 0 (the default) for off.
+type countFlag int
+
+func (c *countFlag) String() string { return strconv.Itoa(int(*c)) }
+func (c *countFlag) Set(s string) error {
+	n, err := parseCount(s)
+	*c = countFlag(n)
+	return err
+}
+
+// parseCount parses a receipt count: 250000, 250K, 1M, 10m.
+func parseCount(s string) (int, error) {
 	mult := 1
 	switch {
 	case strings.HasSuffix(s, "M"), strings.HasSuffix(s, "m"):
@@ -226,10 +270,9 @@ func (m *memFlag) Set(s string) error {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 {
-		return fmt.Errorf("want a receipt count like 1M, 10M or 250000")
+		return 0, fmt.Errorf("want a receipt count like 1M, 10M or 250000")
 	}
-	*m = memFlag(n * mult)
-	return nil
+	return n * mult, nil
 }
 
 // stdout receives the table or the JSON (tests replace it).

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/bench/internal/pgtemp"
+	"github.com/receiptstore/receipts/bench/internal/workload"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -28,6 +29,110 @@ func TestParseFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-conc", "0"}, {"-stores", "mysql"}, {"-duration", "0s"}, {"extra"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("parseFlags(%q) accepted", bad)
+		}
+	}
+}
+
+// TestParseScale checks -scale: a count like -mem's, off by default, the floor and
+// receipts with new and replay unless told otherwise, and no other store.
+func TestParseScale(t *testing.T) {
+	cfg, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.scale != 0 || !cfg.stores["bbolt"] || !cfg.workloads["hot"] {
+		t.Errorf("default run changed: scale %d, stores %v, workloads %v", cfg.scale, cfg.stores, cfg.workloads)
+	}
+	for arg, want := range map[string]countFlag{"1M": 1_000_000, "10M": 10_000_000, "250k": 250_000, "5000": 5000} {
+		cfg, err := parseFlags([]string{"-scale", arg})
+		if err != nil {
+			t.Fatalf("-scale %s: %v", arg, err)
+		}
+		if cfg.scale != want {
+			t.Errorf("-scale %s = %d, want %d", arg, cfg.scale, want)
+		}
+		if len(cfg.stores) != 2 || !cfg.stores["pebble-floor"] || !cfg.stores["receipts"] {
+			t.Errorf("-scale %s: stores %v, want pebble-floor and receipts", arg, cfg.stores)
+		}
+		if len(cfg.workloads) != 2 || !cfg.workloads["new"] || !cfg.workloads["replay"] {
+			t.Errorf("-scale %s: workloads %v, want new and replay", arg, cfg.workloads)
+		}
+	}
+	cfg, err = parseFlags([]string{"-scale=2M", "-stores", "receipts", "-workloads", "replay", "-conc", "1,8,64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.scale != 2_000_000 || len(cfg.stores) != 1 || len(cfg.workloads) != 1 || len(cfg.concs) != 3 {
+		t.Errorf("parsed %+v", cfg)
+	}
+	for _, bad := range [][]string{{"-scale", "x"}, {"-scale", "-1"}, {"-scale", "1G"}, {"-scale"},
+		{"-scale", "1M", "-stores", "pebble-floor,bbolt"}, {"-scale", "1M", "-mem"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("parseFlags(%q) accepted", bad)
+		}
+	}
+}
+
+// TestScaleKeys checks that -scale's replay sample is spread over the whole loaded key
+// set: entry i is one of the loaded keys of the i-th stretch, with its fingerprint.
+func TestScaleKeys(t *testing.T) {
+	const n, m = 1000, 64
+	ks := newScaleKeys(n, m)
+	for i := range m {
+		k, fp := ks.key(i)
+		lo, hi := i*n/m, (i+1)*n/m
+		found := false
+		for x := lo; x < hi && !found; x++ {
+			found = workload.UUIDKey(uint64(x)) == k
+		}
+		if !found {
+			t.Errorf("entry %d: %v is none of the keys %d..%d", i, k, lo, hi-1)
+		}
+		if !bytes.Equal(fp, workload.Fingerprint(k)) {
+			t.Errorf("entry %d: wrong fingerprint", i)
+		}
+	}
+}
+
+// TestScale runs -scale on a small store: both stores loaded, new and replay on them (a
+// replay of a key that was not loaded fails the row), and the RSS reported.
+func TestScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the stores")
+	}
+	cfg, err := parseFlags([]string{"-scale", "3000", "-duration", "20ms", "-conc", "1,4", "-dir", t.TempDir(), "-json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	stdout = &out
+	defer func() { stdout = os.Stdout }()
+	if err := runCompare(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, out.String())
+	}
+	if len(rep.Results) != 8 {
+		t.Errorf("%d rows, want 8 (new and replay, 2 stores, 2 concurrencies)", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		if r.Error != "" || r.Ops == 0 || r.RatioToFloor <= 0 {
+			t.Errorf("%s %s conc=%d: %d ops, ratio %.2f, error %q", r.Workload, r.Store, r.Conc, r.Ops, r.RatioToFloor, r.Error)
+		}
+	}
+	sc := rep.Scale
+	if sc == nil || sc.Receipts != 3000 || sc.ReplaySample != 3000 || sc.RSSBytes == 0 || sc.RSSBothBytes == 0 ||
+		sc.LoadOpsPerSec["receipts"] <= 0 || sc.LoadOpsPerSec["pebble-floor"] <= 0 || sc.DiskBytes["receipts"] == 0 {
+		t.Errorf("scale report: %+v", sc)
+	}
+	out.Reset()
+	cfg.json = false
+	printTable(&out, &rep, cfg)
+	for _, want := range []string{"keys sampled evenly from all 3000", "receipts' store alone", "x floor"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
 }

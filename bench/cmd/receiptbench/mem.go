@@ -58,7 +58,7 @@ func runMem(ctx context.Context, cfg *config) error {
 	}
 	defer os.RemoveAll(base)
 	n := int(cfg.mem)
-	const conc = 64
+	const conc = loadConc
 	opts := engine.Options(nil)
 	opts.Pebble = cfg.pebbleOptions()
 	po := opts.Pebble.Clone()
@@ -96,31 +96,18 @@ func runMem(ctx context.Context, cfg *config) error {
 	rep.Baseline = measureMem(dir, 0, start, 0)
 	progress("mem: %s CPU; Pebble cache %s, memtable %s; baseline RSS %s", rep.Machine.CPU,
 		fmtBytes(uint64(rep.CacheBytes)), fmtBytes(rep.MemTableBytes), fmtBytes(rep.Baseline.RSSBytes))
-	var next atomic.Uint64
-	steps := 10
-	loaded := uint64(0)
-	for step := 1; step <= steps; step++ {
-		target := uint64(n) * uint64(step) / uint64(steps)
-		t0 := time.Now()
-		r := workload.Run(ctx, conc, 0, target-loaded, func(ctx context.Context, _ int, _ uint64) error {
-			k := workload.UUIDKey(next.Add(1) - 1)
-			_, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
-			return err
-		})
-		if r.FirstErr != nil {
-			return r.FirstErr
-		}
-		loaded = target
-		p := measureMem(dir, loaded, start, float64(r.Ops)/time.Since(t0).Seconds())
+	err = loadReceipts(ctx, s, uint64(n), 10, func(loaded uint64, opsPerSec float64) {
+		p := measureMem(dir, loaded, start, opsPerSec)
 		p.RSSOverBaseline = int64(p.RSSBytes) - int64(rep.Baseline.RSSBytes)
 		rep.Points = append(rep.Points, p)
 		progress("mem: %9d receipts  RSS %-9s (+%s)  Go heap %-9s  disk %-9s (%.0f B/receipt)  load %.0f ops/s",
 			p.Receipts, fmtBytes(p.RSSBytes), fmtBytes(uint64(max(p.RSSOverBaseline, 0))), fmtBytes(p.GoHeapBytes),
 			fmtBytes(p.DiskBytes), p.DiskPerReceipt, p.LoadOpsPerSec)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	})
+	if err != nil {
+		return err
 	}
+	loaded := uint64(n)
 	if err := pdb.Flush(); err != nil {
 		return err
 	}
@@ -151,6 +138,41 @@ func printMem(rep *memReport) {
 	}
 	row(rep.Final, fmtOps(float64(rep.Final.Receipts))+" (flushed)")
 	t.write(stdout)
+}
+
+// loadConc is how many goroutines load receipts in -mem and -scale: first calls at the
+// concurrency of a loaded server, so the load's syncs are shared as they would be.
+const loadConc = 64
+
+// loadReceipts makes n durable first calls on s, of workload.UUIDKey(0) to UUIDKey(n-1),
+// loadConc-way, in steps equal parts, calling after at the end of each part with the
+// receipts loaded so far and the part's ops/s. It is the population of -mem and -scale.
+func loadReceipts(ctx context.Context, s stores.Store, n uint64, steps int, after func(loaded uint64, opsPerSec float64)) error {
+	var next atomic.Uint64
+	loaded := uint64(0)
+	for step := 1; step <= steps; step++ {
+		target := n * uint64(step) / uint64(steps)
+		t0 := time.Now()
+		r := workload.Run(ctx, loadConc, 0, target-loaded, func(ctx context.Context, _ int, _ uint64) error {
+			k := workload.UUIDKey(next.Add(1) - 1)
+			replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+			if err == nil && replayed {
+				err = fmt.Errorf("key %v was already there", k)
+			}
+			return err
+		})
+		if r.FirstErr != nil {
+			return fmt.Errorf("%s: loading %d receipts: %w", s.Name(), n, r.FirstErr)
+		}
+		loaded = target
+		if after != nil {
+			after(loaded, float64(r.Ops)/time.Since(t0).Seconds())
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func measureMem(dir string, receipts uint64, start time.Time, opsPerSec float64) memPoint {

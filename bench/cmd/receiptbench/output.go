@@ -102,7 +102,28 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		if cfg.settle {
 			settled = " (floor and receipts: flushed and compacted first)"
 		}
-		notes = append(notes, fmt.Sprintf("  replays read %d committed keys%s", rep.ReplayKeys, settled))
+		if sc := rep.Scale; sc != nil {
+			notes = append(notes, fmt.Sprintf("  replays read %d keys sampled evenly from all %d loaded ones%s", sc.ReplaySample, sc.Receipts, settled))
+		} else {
+			notes = append(notes, fmt.Sprintf("  replays read %d committed keys%s", rep.ReplayKeys, settled))
+		}
+	}
+	if sc := rep.Scale; sc != nil {
+		settled := ""
+		if cfg.settle {
+			settled = ", then flushed and compacted"
+		}
+		notes = append(notes, fmt.Sprintf("  scale: each store loaded with %d durable receipts first (%d-way first calls, as -mem)%s", sc.Receipts, loadConc, settled))
+		for _, name := range scaleStores {
+			if ops, ok := sc.LoadOpsPerSec[name]; ok {
+				notes = append(notes, fmt.Sprintf("    %-12s load %s ops/s (%.0fs), settle %.1fs, disk %s after loading", name, fmtOps(ops), sc.LoadSeconds[name], sc.SettleSeconds[name], fmtBytes(sc.DiskBytes[name])))
+			}
+		}
+		if sc.RSSBytes > 0 {
+			notes = append(notes, fmt.Sprintf("  RSS after the run: %s with both stores open; receipts' store alone %s = Pebble cache %s + %s (cache in use %s, memtables %s, replay cache %s, Go heap %s; peak RSS of the run %s; RSS with both stores empty, before loading: %s)",
+				fmtBytes(sc.RSSBothBytes), fmtBytes(sc.RSSBytes), fmtBytes(uint64(sc.CacheBytes)), signedBytes(sc.RSSOverCache),
+				fmtBytes(uint64(sc.CacheInUse)), fmtBytes(sc.MemTableBytes), fmtBytes(uint64(sc.ReplayCache)), fmtBytes(sc.GoHeapBytes), fmtBytes(sc.PeakRSSBytes), fmtBytes(sc.BaselineRSS)))
+		}
 	}
 	if rep.Postgres != "" {
 		notes = append(notes, "  postgres: "+rep.Postgres)
@@ -118,6 +139,13 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 	}
 	fmt.Fprintln(w, strings.Join(notes, "\n"))
+}
+
+func signedBytes(b int64) string {
+	if b < 0 {
+		return "-" + fmtBytes(uint64(-b))
+	}
+	return fmtBytes(uint64(b))
 }
 
 func ratioString(v float64) string {

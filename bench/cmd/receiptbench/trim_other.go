@@ -1,0 +1,7 @@
+//go:build !(linux && cgo)
+
+package main
+
+// mallocTrim is a no-op without glibc: Pebble's block cache is then Go memory, which
+// debug.FreeOSMemory returns.
+func mallocTrim() bool { return false }
