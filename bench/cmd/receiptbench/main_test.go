@@ -94,19 +94,23 @@ func TestScaleKeys(t *testing.T) {
 	}
 }
 
-// TestScale runs -scale on a small store: both stores loaded, new and replay on them (a
-// replay of a key that was not loaded fails the row), and the RSS reported.
-func TestScale(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the stores")
-	}
-	cfg, err := parseFlags([]string{"-scale", "3000", "-duration", "20ms", "-conc", "1,4", "-dir", t.TempDir(), "-json"})
+// capture sends the tool's output to a buffer until t ends.
+func capture(t *testing.T) *bytes.Buffer {
+	var out bytes.Buffer
+	stdout = &out
+	t.Cleanup(func() { stdout = os.Stdout })
+	return &out
+}
+
+// compareJSON runs receiptbench with args and -json, and returns its report and its
+// configuration.
+func compareJSON(t *testing.T, args ...string) (report, *config) {
+	t.Helper()
+	cfg, err := parseFlags(append(args, "-json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	stdout = &out
-	defer func() { stdout = os.Stdout }()
+	out := capture(t)
 	if err := runCompare(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +118,16 @@ func TestScale(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("JSON: %v\n%s", err, out.String())
 	}
+	return rep, cfg
+}
+
+// TestScale runs -scale on a small store: both stores loaded, new and replay on them (a
+// replay of a key that was not loaded fails the row), and the RSS reported.
+func TestScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the stores")
+	}
+	rep, cfg := compareJSON(t, "-scale", "3000", "-duration", "20ms", "-conc", "1,4", "-dir", t.TempDir())
 	if len(rep.Results) != 8 {
 		t.Errorf("%d rows, want 8 (new and replay, 2 stores, 2 concurrencies)", len(rep.Results))
 	}
@@ -127,7 +141,7 @@ func TestScale(t *testing.T) {
 		sc.LoadOpsPerSec["receipts"] <= 0 || sc.LoadOpsPerSec["pebble-floor"] <= 0 || sc.DiskBytes["receipts"] == 0 {
 		t.Errorf("scale report: %+v", sc)
 	}
-	out.Reset()
+	var out bytes.Buffer
 	cfg.json = false
 	printTable(&out, &rep, cfg)
 	for _, want := range []string{"keys sampled evenly from all 3000", "receipts' store alone", "x floor"} {
@@ -147,9 +161,7 @@ func TestCompareTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	stdout = &out
-	defer func() { stdout = os.Stdout }()
+	out := capture(t)
 	if err := runCompare(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -220,21 +232,8 @@ func testPG(t *testing.T) string {
 // sizes.
 func TestComparePG(t *testing.T) {
 	dsn := testPG(t)
-	cfg, err := parseFlags([]string{"-dsn", dsn, "-duration", "50ms", "-replay-keys", "32", "-conc", "1,4",
-		"-stores", strings.Join(pgStores, ","), "-workloads", "new,replay", "-dir", t.TempDir(), "-json"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	stdout = &out
-	defer func() { stdout = os.Stdout }()
-	if err := runCompare(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("JSON: %v\n%s", err, out.String())
-	}
+	rep, _ := compareJSON(t, "-dsn", dsn, "-duration", "50ms", "-replay-keys", "32", "-conc", "1,4",
+		"-stores", strings.Join(pgStores, ","), "-workloads", "new,replay", "-dir", t.TempDir())
 	seen := map[string]int{}
 	for _, r := range rep.Results {
 		if r.Error != "" || r.Ops == 0 {
@@ -251,8 +250,8 @@ func TestComparePG(t *testing.T) {
 		}
 	}
 
-	out.Reset()
-	cfg, err = parseFlags([]string{"-dsn", dsn, "-purge=3000"})
+	out := capture(t)
+	cfg, err := parseFlags([]string{"-dsn", dsn, "-purge=3000"})
 	if err != nil {
 		t.Fatal(err)
 	}
