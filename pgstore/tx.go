@@ -231,11 +231,10 @@ const effectSavepoint = "receipts_effect"
 // back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
 // retried in a new transaction with the same nonce, as Claim does.
 func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (*txConn, driver.ClaimResult, error) {
-	if !e.hint.has(keyHash(req.Key)) {
-		// probably a first call: straight to the claim transaction (its claim statement
-		// answers a finished record too)
-	} else if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read, no transaction
-		return nil, res, nil
+	if e.hint.has(keyHash(req.Key)) { // else probably a first call: the claim transaction (its claim statement answers a finished record too)
+		if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read, no transaction
+			return nil, res, nil
+		}
 	}
 	busy, other := 0, 0
 	for {
