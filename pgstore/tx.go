@@ -349,8 +349,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	}
 	switch {
 	case err == nil && ferr == nil:
-		e.wake(li.Key)
-		e.hint.add(keyHash(li.Key)) // a retry of the key is now probably a replay
+		e.wakeFinished(li.Key)
 		return fin, nil
 	case err == nil: // COMMIT ran, but the receipt's write answered nothing readable: the record says
 	case lostReply(ctx, err):
@@ -362,8 +361,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	cur, found, _, lerr := e.Lookup(ctx, li.Key)
 	switch {
 	case found && finished(li.Token, state, result)(cur):
-		e.wake(li.Key)
-		e.hint.add(keyHash(li.Key))
+		e.wakeFinished(li.Key)
 		return cur, nil
 	case err == nil: // committed without its receipt: the claim stays Pending until its lease ends
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: committed, but the receipt was not written, outcome unknown: %w (%v)", ferr, lerr)

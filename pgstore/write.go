@@ -92,8 +92,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	}
 	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), finished(token, state, result))
 	if err == nil {
-		e.wake(k)
-		e.hint.add(keyHash(k)) // a retry of k is now probably a replay
+		e.wakeFinished(k)
 	}
 	return rec, err
 }
