@@ -12,6 +12,8 @@
 #   cachekeep  writes of a key keep its replay-cache entry
 #   cacheraw   the replay cache answers from memory after DB.Pebble
 #   nocopy     a replay from memory hands out the cache's own bytes
+#   memokeep   writes of a key keep the memo of its last Pending record
+#   memoraw    writes decide from that memo after DB.Pebble
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -52,7 +54,7 @@ suites=(
 	"./internal/harness/model ^TestModel"
 	"./internal/harness/linearize ^TestLinearizability"
 	"./internal/harness/isolation ^TestScopeIsolation"
-	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory)$"
+	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"
 	". ^TestReplayFromMemoryAllocatesOnce$"
 )
 
@@ -88,7 +90,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

@@ -23,10 +23,12 @@ var suites = []struct{ pkg, list string }{
 	{"./internal/harness/model", "^TestModel"},
 	{"./internal/harness/linearize", "^TestLinearizability"},
 	{"./internal/harness/isolation", "^TestScopeIsolation"},
-	// The replay cache's memory answers: the invariants a black-box harness
-	// cannot see (a finished record never changes while visible, so a
-	// stale entry is an expired one) are checked on the engine itself.
-	{"./internal/pebbleengine", "^(TestWriteDeletesCacheEntry|TestReplayFromMemory)$"},
+	// The replay cache's memory answers and the memo of the last Pending
+	// record written: the invariants a black-box harness cannot see (a
+	// finished record never changes while visible, so a stale entry is an
+	// expired one; writes behind the engine's back, through the raw
+	// handle) are checked on the engine itself.
+	{"./internal/pebbleengine", "^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"},
 	{".", "^TestReplayFromMemoryAllocatesOnce$"},
 }
 
@@ -35,7 +37,7 @@ var suites = []struct{ pkg, list string }{
 // it builds each harness package's tests with -tags receipts_mutate, checks
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
-// cacheraw, nocopy), logs the table,
+// cacheraw, nocopy, memokeep, memoraw), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -111,7 +113,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

@@ -15,6 +15,10 @@
 //	cacheraw   the replay cache answers from memory after the raw Pebble
 //	           handle was handed out
 //	nocopy     a replay answered from memory hands out the cache's own bytes
+//	memokeep   writes of a key keep the memo of its last Pending record (no
+//	           delete), so the next write decides from a stale record
+//	memoraw    writes decide from the memo of the last write after the raw
+//	           Pebble handle was handed out
 //	pgnofence  PostgreSQL: Finish (commit, fail) skips the fencing-token check
 //	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
 //	           takeover and the unique-key arbitration of a fresh claim, so that
@@ -37,6 +41,12 @@ const (
 	// NoCopy: the root does not copy a Shared replay's fingerprint and
 	// result (the caller gets the replay cache's bytes).
 	NoCopy = "nocopy"
+	// MemoKeep: the engine's writes of a key skip the delete of its
+	// pending-record memo.
+	MemoKeep = "memokeep"
+	// MemoRaw: writes decide from the pending-record memo although
+	// Engine.DB handed out the raw Pebble handle.
+	MemoRaw = "memoraw"
 	// PgNoFence: pgstore's Finish skips the token check (the record need only be Pending).
 	PgNoFence = "pgnofence"
 	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).

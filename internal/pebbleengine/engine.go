@@ -58,6 +58,7 @@ type Engine struct {
 	dirLock     *pebble.Lock
 	locks       *locktable.Table
 	cache       *rcache.Cache // recently finished receipts; nil if disabled
+	memo        *pendingMemo  // the Pending records last written, for the next write (memo.go)
 	width       int64         // epoch width, ns
 	retention   int64         // ns
 	window      int64         // TombstoneWindow, ns; <= 0: no tombstones
@@ -75,7 +76,8 @@ type Engine struct {
 	floor    atomic.Uint64 // epochs below were dropped by GC; writes never land there
 	// rawDB: DB has handed out the Pebble database, whose user may write
 	// the store's keys behind its back; replays are no longer answered
-	// from the cache's bytes alone (fromCache).
+	// from the cache's bytes alone (fromCache), and writes read Pebble,
+	// not the memo (readMemo).
 	rawDB atomic.Bool
 	// markerMin: no tombstone marker lives in an older epoch.
 	markerMin atomic.Uint64
@@ -101,9 +103,10 @@ func (e *Engine) Secret() []byte { return e.secret }
 
 // DB returns the Pebble database the store runs on, for the application's
 // own data (receipts.DB.Pebble). From then on replays are checked against
-// the engine's bytes, never answered from the replay cache's alone: what
-// the caller writes with it does not go through the engine's writes, which
-// keep the cache right.
+// the engine's bytes, never answered from the replay cache's alone, and
+// writes read the record from Pebble (not from the memo of the last
+// write): what the caller writes with it does not go through the engine's
+// writes, which keep the cache and the memo right.
 func (e *Engine) DB() *pebble.DB {
 	e.rawDB.Store(true)
 	return e.pdb

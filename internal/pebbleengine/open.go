@@ -49,6 +49,7 @@ func Open(dir string, cfg Config) (*Engine, error) {
 		dirLock:     lock,
 		locks:       locktable.New(),
 		cache:       rcache.New(cfg.ReplayCacheSize),
+		memo:        newPendingMemo(),
 		retention:   int64(cfg.Retention),
 		readOnly:    po.ReadOnly,
 		compactOnGC: cfg.CompactOnGC,

@@ -72,7 +72,11 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
-	found, stored, err := e.readInto(ctx, k, now, &rec, *bp)
+	found, stored, err := true, []byte(nil), error(nil)
+	var memoed bool
+	if stored, memoed = e.readMemo(lockKey, now, &rec, *bp); !memoed {
+		found, stored, err = e.readInto(ctx, k, now, &rec, *bp)
+	}
 	if stored != nil { // readInto may have grown the buffer
 		*bp = stored[:0]
 	}
@@ -113,6 +117,9 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	if mutate.Name != mutate.CacheKeep {
 		e.cache.Delete(lockKey)
 	}
+	if mutate.Name != mutate.MemoKeep {
+		e.memo.delete(lockKey) // the same for the memo of the last write
+	}
 	if b == nil {
 		b = e.pdb.NewBatch()
 		defer b.Close()
@@ -133,6 +140,9 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	}
 	if next != nil && !wo.noSync {
 		e.cache.PutEncoded(lockKey, key, epoch, next, enc) // synced (finished records only)
+	}
+	if next != nil && next.State == encoding.StatePending {
+		e.memo.put(lockKey, key, epoch, enc) // durable or not: it is what Pebble holds
 	}
 	if wo.notify {
 		ent.Notify()
