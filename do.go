@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -121,34 +122,80 @@ func (l *Lease) KeepAlive(cancel context.CancelCauseFunc) (stop func()) {
 }
 
 func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Context) error) (stop func()) {
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(max(l.ttl/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
-			err := renew(context.Background())
-			switch {
-			case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrClosed):
-				cancel(err)
-				return
-			case err != nil:
-				l.db.opts.Logger.Warn("receipts: renew lease", l.db.LogKey(l.key), "err", err)
-			}
+	k := &keeper{l: l, cancel: cancel, renew: renew, every: max(l.ttl/3, time.Millisecond)}
+	k.mu.Lock()
+	k.t = time.AfterFunc(k.every, k.tick)
+	k.mu.Unlock()
+	return k.stop
+}
+
+// keeper renews a lease from a timer, not a goroutine of its own: a Do
+// whose effect ends within a third of the TTL (most) costs one timer,
+// started and stopped, and no goroutine.
+type keeper struct {
+	l      *Lease
+	cancel context.CancelCauseFunc
+	renew  func(context.Context) error
+	every  time.Duration
+
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool          // stop was called: no renewal starts after
+	running bool          // a renewal is under way
+	done    chan struct{} // closed when the renewal under way ends (made by stop)
+}
+
+// tick renews the lease and sets the timer for the next renewal, unless
+// the lease is lost, the store closed, or stop called meanwhile.
+func (k *keeper) tick() {
+	k.mu.Lock()
+	if k.stopped {
+		k.mu.Unlock()
+		return
+	}
+	k.running = true
+	k.mu.Unlock()
+
+	err := k.renew(context.Background())
+	over := false
+	switch {
+	case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrClosed):
+		k.cancel(err)
+		over = true
+	case err != nil:
+		k.l.db.opts.Logger.Warn("receipts: renew lease", k.l.db.LogKey(k.l.key), "err", err)
+	}
+
+	k.mu.Lock()
+	k.running = false
+	if k.done != nil {
+		close(k.done)
+	} else if !over && !k.stopped {
+		k.t.Reset(k.every)
+	}
+	k.mu.Unlock()
+}
+
+// stop ends the renewals, and waits for one under way. It may be called
+// more than once.
+func (k *keeper) stop() {
+	k.mu.Lock()
+	if k.stopped {
+		d := k.done
+		k.mu.Unlock()
+		if d != nil {
+			<-d
 		}
-	}()
-	return func() {
-		select {
-		case <-quit:
-		default:
-			close(quit)
-		}
-		<-done
+		return
+	}
+	k.stopped = true
+	k.t.Stop()
+	if k.running {
+		k.done = make(chan struct{})
+	}
+	d := k.done
+	k.mu.Unlock()
+	if d != nil {
+		<-d
 	}
 }
