@@ -227,6 +227,9 @@ func NotPerformed(err error) error { return &outcomeError{kind: kindNotPerformed
 func Permanent(err error) error { return &outcomeError{kind: kindPermanent, err: err} }
 
 func outcomeOf(err error) (outcomeKind, bool) {
+	if err == nil {
+		return 0, false // no errors.As: its target would escape, an allocation per Do
+	}
 	var oe *outcomeError
 	if errors.As(err, &oe) {
 		return oe.kind, true

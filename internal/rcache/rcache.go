@@ -131,13 +131,20 @@ type slot struct {
 }
 
 type item struct {
+	// h is the hash of the key the entry was put under: compared before
+	// the key itself, so that a scan of a set (Delete, Put) reads the key
+	// bytes of no item but its own key's.
+	h uint64
 	// keys is the record key (Entry.Key) followed by the key the entry
 	// was put under: one allocation, and one cache miss, for both.
 	keys []byte
 	Entry
 }
 
-func (it *item) is(key []byte) bool { return string(it.keys[len(it.Key):]) == string(key) }
+// is reports whether it was put under key, whose hash is h.
+func (it *item) is(key []byte, h uint64) bool {
+	return it.h == h && string(it.keys[len(it.Key):]) == string(key)
+}
 
 // New returns a cache that holds about size bytes (nil if size <= 0).
 func New(size int64) *Cache {
@@ -167,7 +174,7 @@ func (c *Cache) Get(key []byte) *Entry {
 		if set[w].tag.Load() != h {
 			continue
 		}
-		if it := set[w].p.Load(); it != nil && it.is(key) {
+		if it := set[w].p.Load(); it != nil && it.is(key, h) {
 			return &it.Entry
 		}
 	}
@@ -203,7 +210,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	set, h := c.set(key)
 	rk := make([]byte, len(recKey)+len(key))
 	copy(rk[copy(rk, recKey):], key)
-	it := &item{keys: rk, Entry: Entry{
+	it := &item{h: h, keys: rk, Entry: Entry{
 		Layout: l, Key: rk[:len(recKey):len(recKey)], Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
@@ -222,7 +229,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	for w := range set {
 		olds[w] = set[w].p.Load()
 	}
-	victim := slices.IndexFunc(olds[:], func(old *item) bool { return old != nil && old.is(key) })
+	victim := slices.IndexFunc(olds[:], func(old *item) bool { return old != nil && old.is(key, h) })
 	if victim < 0 {
 		victim = slices.Index(olds[:], nil)
 	}
@@ -253,11 +260,12 @@ func (c *Cache) Delete(key []byte) {
 	if c == nil {
 		return
 	}
-	set, _ := c.set(key)
+	set, h := c.set(key)
 	// Every way, not only those whose tag is key's: the tag is only a
-	// filter, and racing Puts of other keys may leave a way's tag stale.
+	// filter, and racing Puts of other keys may leave a way's tag stale
+	// (the item's own hash never is).
 	for w := range set {
-		if it := set[w].p.Load(); it != nil && it.is(key) && set[w].p.CompareAndSwap(it, nil) {
+		if it := set[w].p.Load(); it != nil && it.is(key, h) && set[w].p.CompareAndSwap(it, nil) {
 			c.release(it)
 		}
 	}
