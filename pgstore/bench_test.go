@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
 )
 
@@ -146,16 +148,17 @@ func benchWake(b *testing.B, quiet time.Duration) {
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
 }
 
-// BenchmarkDoTx: claim, (empty) effect and receipt in one transaction, one commit flush;
-// compare with BenchmarkClaimFinish (two commits).
+// BenchmarkDoTx: DoTx with an (empty) effect: claim, effect and receipt in one transaction,
+// one commit flush; compare with BenchmarkClaimFinish (two commits; the engine's statements
+// alone, without the DB above them).
 func BenchmarkDoTx(b *testing.B) {
-	e := benchEngine(b)
+	db := benchOpen(b)
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			k := key(fmt.Sprint("t", benchSeq.Add(1)))
-			_, _, err := e.doTx(bg, req(k, "fp"), func(context.Context, pgx.Tx, driver.ClaimResult) (driver.State, []byte, error) {
-				return driver.Succeeded, []byte("0123456789abcdef0123456789abcdef"), nil
+			k := receipts.Key{Scope: "s", ID: fmt.Sprint("t", benchSeq.Add(1))}
+			_, err := DoTx(bg, db, k, []byte("fp"), func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+				return []byte("0123456789abcdef0123456789abcdef"), nil
 			})
 			if err != nil {
 				b.Error(err)
@@ -163,4 +166,30 @@ func BenchmarkDoTx(b *testing.B) {
 			}
 		}
 	})
+}
+
+// benchOpen opens a DB on a fresh schema, with a pool as large as benchEngine's.
+func benchOpen(b *testing.B) *receipts.DB {
+	b.Helper()
+	d := newBenchDB(b)
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 40
+	pool, err := pgxpool.NewWithConfig(bg, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db, err := Open(bg, pool, &Options{Schema: d.schema})
+	if err != nil {
+		pool.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = db.Close()
+		pool.Close()
+	})
+	b.ResetTimer()
+	return db
 }

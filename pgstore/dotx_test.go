@@ -353,3 +353,144 @@ func TestDoTxOwnsItsTransaction(t *testing.T) {
 		}
 	}
 }
+
+// DoTx: claim, effect and receipt in one transaction. A duplicate Claim on another node while
+// the transaction runs waits for it (on the key's lock) and replays its receipt; a second DoTx
+// replays without running fn; an error from the effect records nothing, the claim included
+// (the key is free for a first attempt, on any node).
+func TestDoTx(t *testing.T) {
+	d := newTestDB(t)
+	a, pool := d.openDB(Options{})
+	b, _ := d.openDB(Options{})
+	insert, count := effects(t, pool, d.schema)
+	k, fp := receipts.Key{Scope: "s", ID: "dotx"}, []byte("fp")
+
+	inFn, stop := make(chan struct{}), make(chan struct{})
+	defer close(stop)
+	dupDone := make(chan struct{})
+	var dupLease *receipts.Lease
+	var dup *receipts.Receipt
+	var dupErr error
+	go func() {
+		defer close(dupDone)
+		select {
+		case <-inFn:
+		case <-stop:
+			return
+		}
+		dupLease, dup, dupErr = b.Claim(bg, k, fp) // blocks on the key's lock until a commits
+	}()
+	r, err := DoTx(bg, a, k, fp, func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error) {
+		if l.Attempt() != 1 || l.Recovered() { // a fresh claim, not a takeover
+			t.Errorf("claim in DoTx: attempt %d, recovered %v", l.Attempt(), l.Recovered())
+		}
+		if err := insert(ctx, tx, "dotx"); err != nil {
+			return nil, err
+		}
+		close(inFn)
+		time.Sleep(100 * time.Millisecond)
+		return []byte("r"), nil
+	})
+	if err != nil || r == nil || r.State != receipts.Succeeded || string(r.Result) != "r" || count() != 1 {
+		t.Fatalf("DoTx: %+v %v, %d effects", r, err, count())
+	}
+	<-dupDone
+	if dupErr != nil || dupLease != nil || dup == nil || dup.State != receipts.Succeeded || string(dup.Result) != "r" {
+		t.Fatalf("duplicate during DoTx: lease %+v receipt %+v %v", dupLease, dup, dupErr)
+	}
+	// a second DoTx replays without running fn
+	replays := b.Stats().Replays
+	r, err = DoTx(bg, b, k, fp, func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+		t.Error("fn ran on a replay")
+		return nil, nil
+	})
+	if err != nil || r == nil || r.State != receipts.Succeeded || string(r.Result) != "r" || b.Stats().Replays != replays+1 {
+		t.Fatalf("second DoTx: %+v %v (replays %d, were %d)", r, err, b.Stats().Replays, replays)
+	}
+
+	// fn fails: nothing recorded, claim included
+	k2 := receipts.Key{Scope: "s", ID: "dotx-fail"}
+	boom := errors.New("boom")
+	_, err = DoTx(bg, a, k2, fp, func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+		if err := insert(ctx, tx, "dotx-fail"); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("failing fn: %v", err)
+	}
+	if got, err := a.Lookup(bg, k2); !errors.Is(err, receipts.ErrNotFound) {
+		t.Fatalf("claim of a failed DoTx survived: %+v %v", got, err)
+	}
+	var rows int
+	if err := pool.QueryRow(bg, `SELECT count(*) FROM `+buildQueries(d.schema, false, false, 1).schema+`.records WHERE id = 'dotx-fail'`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("records of a failed DoTx: %d (%v)", rows, err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	l, r, err := b.Claim(bg, k2, fp)
+	if err != nil || r != nil || l == nil || l.Attempt() != 1 || l.Recovered() {
+		t.Fatalf("claim after a failed DoTx: lease %+v receipt %+v %v", l, r, err)
+	}
+	if err := l.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if s := a.Stats(); s.Commits != 1 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// A claim blocked behind a DoTx on the same key honours its context; once the DoTx has
+// committed, the claim replays its receipt.
+func TestClaimBlockedByDoTxHonoursContext(t *testing.T) {
+	d := newTestDB(t)
+	a, _ := d.openDB(Options{})
+	b, _ := d.openDB(Options{})
+	k, fp := receipts.Key{Scope: "s", ID: "blocked"}, []byte("fp")
+	inFn, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock() // before the DBs close (t.Cleanup): DoTx must not hang in fn
+	done := make(chan error, 1)
+	go func() {
+		_, err := DoTx(bg, a, k, fp, func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+			close(inFn)
+			<-release
+			return []byte("r"), nil
+		})
+		done <- err
+	}()
+	<-inFn
+	ctx, cancel := context.WithTimeout(bg, 200*time.Millisecond)
+	defer cancel()
+	type claimed struct {
+		l   *receipts.Lease
+		r   *receipts.Receipt
+		err error
+	}
+	got := make(chan claimed, 1)
+	go func() {
+		l, r, err := b.Claim(ctx, k, fp)
+		got <- claimed{l, r, err}
+	}()
+	var c claimed
+	select {
+	case c = <-got:
+	case <-time.After(2 * time.Second): // a claim deaf to ctx would wait for the DoTx, which waits for us
+		unblock()
+		t.Fatal("blocked claim did not return within 2s of its 200ms deadline")
+	}
+	if !errors.Is(c.err, context.DeadlineExceeded) {
+		t.Fatalf("blocked claim: lease %+v receipt %+v %v", c.l, c.r, c.err)
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatalf("DoTx: %v", err)
+	}
+	l, r, err := b.Claim(bg, k, fp)
+	if err != nil || l != nil || r == nil || r.State != receipts.Succeeded || string(r.Result) != "r" {
+		t.Fatalf("claim after the DoTx: lease %+v receipt %+v %v", l, r, err)
+	}
+}
