@@ -10,36 +10,46 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // TestConformance runs the contract kit (package receiptstest) on PostgreSQL: each store is
-// a fresh schema on the test server (internal/pgtest), and a reopen is a new pool and
-// pgstore.Open on the same schema, as a restarted node would do.
+// a fresh schema on the test server (internal/pgtest), opened on a pool the suite shares, as
+// the nodes of a service share theirs; a reopen is a new pool and pgstore.Open on the same
+// schema, as a restarted node would do. (A new pool for every store connected afresh each
+// time: the close-race test alone, 30 stores of 40-odd connections, spent most of a minute
+// starting backends on a 2-vCPU machine.)
 //
 //	go test -run 'TestConformance/Lease/' ./pgstore
 //
-// Its runtime is mostly Isolation/Scopes (300 random checks, each a few hundred statements):
-// under the race detector, which CI also runs this package with, it runs 100 (one rapid
-// batch, the fewest it runs) unless RECEIPTSTEST_ISOLATION_CHECKS says otherwise.
+// Its runtime is mostly Isolation/Scopes (300 random checks by default, each a few hundred
+// statements and a new partition, 50–90 s here): it runs 100 (one rapid batch, the fewest it
+// runs) unless RECEIPTSTEST_ISOLATION_CHECKS says otherwise or RECEIPTS_SOAK=1 (the kit's
+// 300). The Pebble run of the kit keeps its 300.
 func TestConformance(t *testing.T) {
 	pgtest.DSN(t) // skips (or, with CI=true, fails) without a server
-	if raceEnabled && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
+	if !testkit.Soak() && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
 		t.Setenv("RECEIPTSTEST_ISOLATION_CHECKS", "100")
 	}
-	receiptstest.Run(t, &pgStore{})
+	s := &pgStore{}
+	t.Cleanup(s.close) // after every subtest's own cleanups
+	receiptstest.Run(t, s)
 }
 
 // pgStore is receiptstest.Store on PostgreSQL.
 type pgStore struct {
 	mu      sync.Mutex
+	shared  *pgxpool.Pool           // protected by mu: fresh stores' pool, made by the first Open
 	schemas map[*receipts.DB]opened // protected by mu
 }
 
-// opened is a store this Store opened: where, and on which pool.
+// opened is a store this Store opened: where, and on which pool (own: made by a Reopen,
+// closed with the store).
 type opened struct {
 	place
 	pool *pgxpool.Pool
+	own  bool
 }
 
 type place struct{ dsn, schema string }
@@ -49,7 +59,13 @@ func (s *pgStore) Resolution() time.Duration { return time.Microsecond }
 
 func (s *pgStore) Open(t testing.TB, opts receipts.Options) (*receipts.DB, error) {
 	dsn, schema := pgtest.Schema(t)
-	return s.open(t, place{dsn, schema}, opts)
+	s.mu.Lock()
+	if s.shared == nil {
+		s.shared = newTestPool(t, dsn)
+	}
+	pool := s.shared
+	s.mu.Unlock()
+	return s.open(t, opened{place{dsn, schema}, pool, false}, opts)
 }
 
 func (s *pgStore) Reopen(t testing.TB, db *receipts.DB, opts receipts.Options) (*receipts.DB, error) {
@@ -62,12 +78,22 @@ func (s *pgStore) Reopen(t testing.TB, db *receipts.DB, opts receipts.Options) (
 	if err := db.Close(); err != nil {
 		return nil, err
 	}
-	o.pool.Close() // its connections go now, not when t ends (tests that reopen many times)
-	return s.open(t, o.place, opts)
+	if o.own {
+		o.pool.Close() // its connections go now, not when t ends (tests that reopen many times)
+	}
+	return s.open(t, opened{o.place, newTestPool(t, o.dsn), true}, opts)
 }
 
-func (s *pgStore) open(t testing.TB, p place, opts receipts.Options) (*receipts.DB, error) {
-	cfg, err := pgxpool.ParseConfig(p.dsn)
+func (s *pgStore) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shared != nil {
+		s.shared.Close()
+	}
+}
+
+func newTestPool(t testing.TB, dsn string) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,20 +102,28 @@ func (s *pgStore) open(t testing.TB, p place, opts receipts.Options) (*receipts.
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := Open(bg, pool, &Options{Options: opts, Schema: p.schema})
+	return pool
+}
+
+func (s *pgStore) open(t testing.TB, o opened, opts receipts.Options) (*receipts.DB, error) {
+	db, err := Open(bg, o.pool, &Options{Options: opts, Schema: o.schema})
 	if err != nil {
-		pool.Close()
+		if o.own {
+			o.pool.Close()
+		}
 		return nil, err
 	}
 	s.mu.Lock()
 	if s.schemas == nil {
 		s.schemas = map[*receipts.DB]opened{}
 	}
-	s.schemas[db] = opened{p, pool}
+	s.schemas[db] = o
 	s.mu.Unlock()
 	t.Cleanup(func() {
 		_ = db.Close()
-		pool.Close()
+		if o.own {
+			o.pool.Close()
+		}
 	})
 	return db, nil
 }
