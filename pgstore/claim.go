@@ -87,7 +87,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 			if err := sleep(ctx, 10*time.Millisecond<<min(lost-1, 5)); err != nil {
 				return driver.ClaimResult{}, err
 			}
-		case errors.Is(err, pgx.ErrNoRows) || retryable(err):
+		case errors.Is(err, pgx.ErrNoRows) || retryable(err) || uniqueViolation(err):
 			if other++; other > maxOther {
 				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
 			}

@@ -14,7 +14,7 @@ import (
 type freshGot int
 
 const (
-	freshNone     freshGot = iota // no row back: a conflicting insert, or a tombstone in force
+	freshNone     freshGot = iota // no row back: a tombstone in force (a conflicting insert fails: uniqueViolation)
 	freshClaimed                  // the key had no record and is claimed (row holds the claim)
 	freshExisting                 // the key has a record (row.rec, row.now: as the lookup reads it)
 )

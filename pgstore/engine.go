@@ -437,6 +437,10 @@ func retryable(err error) bool {
 	return c == "40001" || c == "40P01"
 }
 
+// uniqueViolation: the fresh claim statement's INSERT met a row of the key its snapshot did
+// not see (queries.fresh); the claim is re-sent, as one that returned no row.
+func uniqueViolation(err error) bool { return pgCode(err) == "23505" }
+
 // divisionByZero: the error queries.finishMust raises when its fence did not hold.
 func divisionByZero(err error) bool { return pgCode(err) == "22012" }
 

@@ -22,9 +22,11 @@ func mutated(q queries, name string) queries {
 	case mutate.PgNoAtomic:
 		q.lock = `SELECT $1::int4, $2::int4`
 		q.claim = mustReplace(q.claim, "FOR UPDATE OF r SKIP LOCKED", "")
-		q.fresh = mustReplace(q.fresh, "ON CONFLICT DO NOTHING", `ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
+		q.fresh = mustReplace(q.fresh, "\nRETURNING *", `
+ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
     fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
-    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at`)
+    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at
+RETURNING *`)
 		q.claim = mustReplace(q.claim, "ON CONFLICT DO NOTHING",
 			`ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1, fp = EXCLUDED.fp, token = EXCLUDED.token,
     attempts = 1, nonce = EXCLUDED.nonce, result = NULL, created_at = EXCLUDED.created_at,

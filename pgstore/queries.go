@@ -159,6 +159,14 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
 	// lock), so that a retry of a finished operation is answered by the same round trip; the
 	// claim statement decides everything else. Same parameters as claim. Columns: recCols,
 	// the statement's time, then whether the row is the new claim (else the key's record).
+	//
+	// A plain INSERT, without ON CONFLICT DO NOTHING: under the key's lock, with cur read on
+	// a snapshot taken after it, no row of the key can exist in the live partitions that cur
+	// does not see (every writer of a new row of a key holds its lock), so a conflict is left
+	// only to a row the snapshot cannot see; it fails with a unique violation (23505), which
+	// the claim re-sends as it re-sends a claim statement that returned no row (claimDecide).
+	// ON CONFLICT's speculative insertion costs the server one more index descent (its
+	// pre-check) on every first call: bench/README.md, "Per statement".
 	freshCur := `cur AS (SELECT * FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8
                 ORDER BY r.epoch DESC LIMIT 1)`
 	freshIns := `INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
@@ -176,7 +184,6 @@ SELECT ` + recCols + `, t.now, false FROM cur r, t`
 ` + freshCur + `,
 ins AS (
 ` + freshIns + `
-ON CONFLICT DO NOTHING
 RETURNING *
 )` + freshOut)
 	} else {
@@ -188,7 +195,6 @@ ins AS (
 ` + freshIns + `
    AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint
                       AND m.used_at + $11::bigint` + us + ` > t.now)
-ON CONFLICT DO NOTHING
 RETURNING *
 ),
 mark AS (
