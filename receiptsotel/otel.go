@@ -211,7 +211,19 @@ func spanName(e receipts.Event) string {
 }
 
 func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
-	a := make([]attribute.KeyValue, 0, 8)
+	n := 2 // engine, outcome
+	if e.Class != "" {
+		n++
+	}
+	if e.Attempt != 0 {
+		n += 2
+	}
+	if e.Kind == receipts.GCEvent {
+		n += 2
+	} else if o.keyHash {
+		n++
+	}
+	a := make([]attribute.KeyValue, 0, n) // the exact size: a KeyValue is 64 bytes
 	a = append(a, attribute.String("receipts.engine", e.Engine), attribute.String("receipts.outcome", string(e.Outcome)))
 	if e.Class != "" {
 		a = append(a, attribute.String("receipts.class", e.Class))
