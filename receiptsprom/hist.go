@@ -78,3 +78,31 @@ func (h *hist) metric() prometheus.Metric {
 	n += counts[len(h.upper)]
 	return prometheus.MustNewConstHistogram(h.desc, n, sum, buckets, h.labels...)
 }
+
+// ctr is one series of a counter, striped like a hist (one cache line per
+// stripe), summed at scrape time into a constant counter.
+type ctr struct {
+	desc   *prometheus.Desc
+	labels []string
+	words  [histShards * 8]atomic.Uint64 // stripe i is words[i*8]
+}
+
+func newCtr(desc *prometheus.Desc, labels ...string) *ctr {
+	return &ctr{desc: desc, labels: labels}
+}
+
+// inc adds one.
+func (c *ctr) inc() { c.words[rand.Uint32()%histShards*8].Add(1) }
+
+// metric is the counter's current value, a constant metric for a scrape.
+func (c *ctr) metric() prometheus.Metric {
+	shards := histShards
+	if mutate.Name == mutate.HistShard {
+		shards = 1
+	}
+	var n uint64
+	for s := range shards {
+		n += c.words[s*8].Load()
+	}
+	return prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), c.labels...)
+}

@@ -53,3 +53,23 @@ func TestBucketBoundsMustIncrease(t *testing.T) {
 	require.Panics(t, func() { bucketBounds([]float64{1, 1}) })
 	require.Panics(t, func() { bucketBounds([]float64{2, 1}) })
 }
+
+// A ctr counts every inc, made from many goroutines at once.
+func TestCtrCountsEveryInc(t *testing.T) {
+	c := newCtr(prometheus.NewDesc("c", "c", []string{"l"}, nil), "v")
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				c.inc()
+			}
+		}()
+	}
+	wg.Wait()
+	var m dto.Metric
+	require.NoError(t, c.metric().Write(&m))
+	require.Equal(t, 8000.0, m.GetCounter().GetValue())
+	require.Equal(t, "v", m.GetLabel()[0].GetValue())
+}

@@ -83,7 +83,10 @@ type Collector struct {
 	// prometheus.HistogramVecs: the series of each engine and class are in
 	// cache, the GC's in gcDur.
 	opDurDesc, waitDurDesc *prometheus.Desc
-	upper                  []float64 // the buckets' upper bounds
+	// The documented outcomes' counters are ctrs (striped) too; the
+	// CounterVecs claims and finishes hold only outcomes they do not list.
+	claimsDesc, finishesDesc *prometheus.Desc
+	upper                    []float64 // the buckets' upper bounds
 
 	waitersDesc, abandonedDesc *prometheus.Desc
 
@@ -127,13 +130,19 @@ func New(opts *Options) *Collector {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl}, labels)
 	}
+	const claimsHelp = "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, expired, canceled, closed, error)."
+	const finishesHelp = "Attempts ended, by result (succeeded, failed, released, abandoned, lease_lost)."
 	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl}, labels)
 	}
 	return &Collector{
-		opts:      o,
-		claims:    counter("receipts_claims_total", "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, expired, canceled, closed, error).", "engine", "class", "outcome"),
-		finishes:  counter("receipts_finishes_total", "Attempts ended, by result (succeeded, failed, released, abandoned, lease_lost).", "engine", "class", "result"),
+		opts:     o,
+		claims:   counter("receipts_claims_total", claimsHelp, "engine", "class", "outcome"),
+		finishes: counter("receipts_finishes_total", finishesHelp, "engine", "class", "result"),
+		claimsDesc: prometheus.NewDesc("receipts_claims_total", claimsHelp,
+			[]string{"engine", "class", "outcome"}, cl),
+		finishesDesc: prometheus.NewDesc("receipts_finishes_total", finishesHelp,
+			[]string{"engine", "class", "result"}, cl),
 		gcRuns:    counter("receipts_gc_runs_total", "Garbage collections, by result (ok, error).", "engine", "result"),
 		gcDropped: counter("receipts_gc_epochs_dropped_total", "Epochs (or partitions) garbage collection dropped.", "engine"),
 		gcFreed:   counter("receipts_gc_bytes_freed_total", "Bytes garbage collection reclaimed (an estimate).", "engine"),
@@ -199,7 +208,7 @@ type seriesKey struct{ engine, class string }
 // outcomeCounter is the counter of one outcome.
 type outcomeCounter struct {
 	out receipts.Outcome
-	ctr prometheus.Counter
+	ctr *ctr
 }
 
 func (c *Collector) series(engine, class string) *series {
@@ -220,25 +229,26 @@ func (c *Collector) series(engine, class string) *series {
 		waits:      map[receipts.Outcome]*hist{},
 	}
 	for _, o := range claimOutcomes {
-		s.claims = append(s.claims, outcomeCounter{o, c.claims.WithLabelValues(engine, class, string(o))})
+		s.claims = append(s.claims, outcomeCounter{o, newCtr(c.claimsDesc, engine, class, string(o))})
 	}
 	for _, o := range finishOutcomes {
-		s.finishes = append(s.finishes, outcomeCounter{o, c.finishes.WithLabelValues(engine, class, string(o))})
+		s.finishes = append(s.finishes, outcomeCounter{o, newCtr(c.finishesDesc, engine, class, string(o))})
 	}
 	got, _ := c.cache.LoadOrStore(k, s)
 	c.last.Store(got.(*series))
 	return got.(*series)
 }
 
-// counter is the child of vec for out: from m, or (an outcome this
-// version does not list) looked up.
-func (s *series) counter(m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) prometheus.Counter {
+// inc counts out: in m, or (an outcome this version does not list) in
+// vec's child for it.
+func (s *series) inc(m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) {
 	for _, oc := range m {
 		if oc.out == out {
-			return oc.ctr
+			oc.ctr.inc()
+			return
 		}
 	}
-	return vec.WithLabelValues(k.engine, k.class, string(out))
+	vec.WithLabelValues(k.engine, k.class, string(out)).Inc()
 }
 
 func (s *series) wait(c *Collector, out receipts.Outcome) *hist {
@@ -254,6 +264,12 @@ func (s *series) wait(c *Collector, out receipts.Outcome) *hist {
 
 // metrics sends s's histograms.
 func (s *series) metrics(ch chan<- prometheus.Metric) {
+	for _, oc := range s.claims {
+		ch <- oc.ctr.metric()
+	}
+	for _, oc := range s.finishes {
+		ch <- oc.ctr.metric()
+	}
 	ch <- s.claimDur.metric()
 	ch <- s.finishDur.metric()
 	ch <- s.attemptDur.metric()
@@ -290,7 +306,7 @@ func (c *Collector) Observe(_ context.Context, e receipts.Event) {
 	switch e.Kind {
 	case receipts.ClaimEvent:
 		s := c.series(e.Engine, e.Class)
-		s.counter(s.claims, c.claims, k, e.Outcome).Inc()
+		s.inc(s.claims, c.claims, k, e.Outcome)
 		s.claimDur.observe(e.Duration.Seconds())
 		if e.Outcome == receipts.OutcomeClaimed || e.Outcome == receipts.OutcomeTookOver {
 			s.leases.Inc()
@@ -300,7 +316,7 @@ func (c *Collector) Observe(_ context.Context, e receipts.Event) {
 		s.wait(c, e.Outcome).observe(e.Duration.Seconds())
 	case receipts.FinishEvent:
 		s := c.series(e.Engine, e.Class)
-		s.counter(s.finishes, c.finishes, k, e.Outcome).Inc()
+		s.inc(s.finishes, c.finishes, k, e.Outcome)
 		s.finishDur.observe(e.Duration.Seconds())
 		s.attemptDur.observe(e.Held.Seconds())
 		s.leases.Dec()
