@@ -38,13 +38,18 @@ func newHist(desc *prometheus.Desc, upper []float64, labels ...string) *hist {
 	return &hist{desc: desc, labels: labels, upper: upper, stride: stride, words: make([]atomic.Uint64, histShards*stride)}
 }
 
-// observe adds v (seconds).
-func (h *hist) observe(v float64) {
+// stripe picks the stripe an event's adds go to: at random, so that
+// goroutines on different cores mostly use different ones. One event's
+// adds (its counter and histograms) share one pick.
+func stripe() int { return int(rand.Uint32() % histShards) }
+
+// observe adds v (seconds) in stripe sh.
+func (h *hist) observe(sh int, v float64) {
 	i := 0
 	for i < len(h.upper) && v > h.upper[i] {
 		i++
 	}
-	w := h.words[int(rand.Uint32()%histShards)*h.stride:]
+	w := h.words[sh*h.stride:]
 	w[1+i].Add(1)
 	for {
 		old := w[0].Load()
@@ -91,8 +96,8 @@ func newCtr(desc *prometheus.Desc, labels ...string) *ctr {
 	return &ctr{desc: desc, labels: labels}
 }
 
-// inc adds one.
-func (c *ctr) inc() { c.words[rand.Uint32()%histShards*8].Add(1) }
+// inc adds one in stripe sh.
+func (c *ctr) inc(sh int) { c.words[sh*8].Add(1) }
 
 // metric is the counter's current value, a constant metric for a scrape.
 func (c *ctr) metric() prometheus.Metric {

@@ -29,7 +29,7 @@ func TestHistMatchesPrometheus(t *testing.T) {
 				for i := range 500 {
 					v := vals[(g+i)%len(vals)]
 					want.Observe(v)
-					got.observe(v)
+					got.observe(stripe(), v)
 				}
 			}()
 		}
@@ -63,7 +63,7 @@ func TestCtrCountsEveryInc(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 500 {
-				c.inc()
+				c.inc(stripe())
 			}
 		}()
 	}

@@ -241,10 +241,10 @@ func (c *Collector) series(engine, class string) *series {
 
 // inc counts out: in m, or (an outcome this version does not list) in
 // vec's child for it.
-func (s *series) inc(m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) {
+func (s *series) inc(sh int, m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) {
 	for _, oc := range m {
 		if oc.out == out {
-			oc.ctr.inc()
+			oc.ctr.inc(sh)
 			return
 		}
 	}
@@ -306,23 +306,25 @@ func (c *Collector) Observe(_ context.Context, e receipts.Event) {
 	switch e.Kind {
 	case receipts.ClaimEvent:
 		s := c.series(e.Engine, e.Class)
-		s.inc(s.claims, c.claims, k, e.Outcome)
-		s.claimDur.observe(e.Duration.Seconds())
+		sh := stripe()
+		s.inc(sh, s.claims, c.claims, k, e.Outcome)
+		s.claimDur.observe(sh, e.Duration.Seconds())
 		if e.Outcome == receipts.OutcomeClaimed || e.Outcome == receipts.OutcomeTookOver {
 			s.leases.Inc()
 		}
 	case receipts.WaitEvent:
 		s := c.series(e.Engine, e.Class)
-		s.wait(c, e.Outcome).observe(e.Duration.Seconds())
+		s.wait(c, e.Outcome).observe(stripe(), e.Duration.Seconds())
 	case receipts.FinishEvent:
 		s := c.series(e.Engine, e.Class)
-		s.inc(s.finishes, c.finishes, k, e.Outcome)
-		s.finishDur.observe(e.Duration.Seconds())
-		s.attemptDur.observe(e.Held.Seconds())
+		sh := stripe()
+		s.inc(sh, s.finishes, c.finishes, k, e.Outcome)
+		s.finishDur.observe(sh, e.Duration.Seconds())
+		s.attemptDur.observe(sh, e.Held.Seconds())
 		s.leases.Dec()
 	case receipts.GCEvent:
 		c.gcRuns.WithLabelValues(e.Engine, string(e.Outcome)).Inc()
-		c.gcHist(e.Engine).observe(e.Duration.Seconds())
+		c.gcHist(e.Engine).observe(stripe(), e.Duration.Seconds())
 		if e.Outcome == receipts.OutcomeOK {
 			c.gcDropped.WithLabelValues(e.Engine).Add(float64(e.EpochsDropped))
 			c.gcFreed.WithLabelValues(e.Engine).Add(float64(e.BytesFreed))
