@@ -41,6 +41,10 @@ type claimConfig struct {
 	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
 	ttlSet  bool          // LeaseFor was given
 	ttl     time.Duration // with ttlSet: this claim's lease length
+	// traceOut (Do, when it is observed) receives a replay's stored trace
+	// context, for the Do's event: a pointer into the Do's frame instead of
+	// a value in its context, which would cost two allocations per Do.
+	traceOut *[]byte
 }
 
 // WaitForResult makes Claim block, bounded by its context, while another
@@ -162,6 +166,9 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 	start := monoNow()
 	l, r, err := db.claimLoop(ctx, k, fp, cfg, decide, &tr)
 	db.observeClaim(ctx, k, start, &tr, l, r, err)
+	if cfg.traceOut != nil {
+		*cfg.traceOut = tr.trace
+	}
 	return l, r, err
 }
 

@@ -35,6 +35,8 @@ type DB struct {
 	// observesDo: the Observer takes DoEvents (it is not a KindFilter
 	// that declines them).
 	observesDo bool
+	beginner   Beginner      // the Observer, if it is one (asserted once, not per call)
+	engName    string        // eng.Name(), for events
 	ttl        time.Duration // Options.LeaseTTL
 
 	// hot holds the atomics every call touches (the gate, the counters, the

@@ -74,23 +74,25 @@ func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batc
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
 	if !db.observesDo {
-		r, _, err := db.doOnce(ctx, k, fp, opts, batch, fn)
+		r, _, err := db.doOnce(ctx, k, fp, opts, batch, fn, nil)
 		return r, err
 	}
 	ctx = db.begin(ctx, DoEvent)
-	ctx = context.WithValue(ctx, traceSinkKey{}, new(traceSink))
 	start := monoNow()
-	r, ran, err := db.doOnce(ctx, k, fp, opts, batch, fn)
-	db.observeDo(ctx, k, start, r, err, ran)
+	var trace []byte // a replay's stored trace context, for the DoEvent
+	r, ran, err := db.doOnce(ctx, k, fp, opts, batch, fn, &trace)
+	db.observeDo(ctx, k, start, r, err, ran, trace)
 	return r, err
 }
 
 // doOnce is do; ran reports whether an attempt ran (a claim was made).
+// trace, if not nil, receives a replay's stored trace context (the one its
+// ClaimEvent carries).
 func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batch bool,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error), trace *[]byte,
 ) (_ *Receipt, ran bool, _ error) {
 	cfg := claimOptions(opts)
-	cfg.wait, cfg.noSync = true, batch
+	cfg.wait, cfg.noSync, cfg.traceOut = true, batch, trace
 	l, r, err := db.claim(ctx, k, fp, cfg, nil)
 	if err != nil {
 		return nil, false, err

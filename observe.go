@@ -308,7 +308,7 @@ func (db *DB) tracing(ctx context.Context) bool {
 
 // event starts an Event of kind on k for this store.
 func (db *DB) event(kind EventKind, k Key, class string, start time.Time) Event {
-	return Event{Kind: kind, Engine: db.eng.Name(), Class: class, Start: start, Duration: time.Since(start), hashKey: db.hashKey, key: k}
+	return Event{Kind: kind, Engine: db.engName, Class: class, Start: start, Duration: time.Since(start), hashKey: db.hashKey, key: k}
 }
 
 // emit hands e to the observer and logs it.
@@ -434,7 +434,7 @@ func claimOutcome(l *Lease, r *Receipt, err error) Outcome {
 type claimTrace struct {
 	waited    bool
 	waitStart time.Time
-	trace     []byte // a replay's: the trace context stored with the receipt
+	trace     []byte // a replay's: the trace context stored with the receipt (observeClaim replaces it by the event's copy)
 }
 
 // TraceRecorder is implemented by observers that store a trace context
@@ -454,12 +454,6 @@ type TraceRecorder interface {
 // MaxTraceContext bounds what TraceRecorder.TraceContext may store (a W3C
 // traceparent is 55 bytes).
 const MaxTraceContext = driver.MaxTrace
-
-// traceSink is where a Do's claim leaves a replay's stored trace context
-// for the DoEvent (put in the Do's context when the Do is observed).
-type traceSink struct{ trace []byte }
-
-type traceSinkKey struct{}
 
 // withTrace returns ctx carrying the trace context the store's observer
 // wants stored with the receipt a finish of it writes (driver.WithTrace).
@@ -493,9 +487,7 @@ func (db *DB) observeClaim(ctx context.Context, k Key, start time.Time, tr *clai
 		e.Attempt, e.Recovered = r.Attempts, r.Attempts > 1
 		if tr.trace != nil {
 			e.Trace = bytes.Clone(tr.trace)
-			if s, ok := ctx.Value(traceSinkKey{}).(*traceSink); ok {
-				s.trace = e.Trace
-			}
+			tr.trace = e.Trace // for the Do's event (claimConfig.traceOut)
 		}
 	}
 	db.emit(ctx, e)
@@ -604,15 +596,15 @@ func (db *DB) EngineName() string { return db.eng.Name() }
 // begin lets the observer, if it is a Beginner, see an operation of kind
 // begin, and returns the context the operation runs with.
 func (db *DB) begin(ctx context.Context, kind EventKind) context.Context {
-	if b, ok := db.opts.Observer.(Beginner); ok {
-		return b.Begin(ctx, kind)
+	if db.beginner != nil {
+		return db.beginner.Begin(ctx, kind)
 	}
 	return ctx
 }
 
 // observeDo reports a Do that began at start and returned r, err.
 // ran says whether an attempt ran.
-func (db *DB) observeDo(ctx context.Context, k Key, start time.Time, r *Receipt, err error, ran bool) {
+func (db *DB) observeDo(ctx context.Context, k Key, start time.Time, r *Receipt, err error, ran bool, trace []byte) {
 	e := db.event(DoEvent, k, OperationClass(ctx), start)
 	switch {
 	case !ran && r != nil:
@@ -630,8 +622,8 @@ func (db *DB) observeDo(ctx context.Context, k Key, start time.Time, r *Receipt,
 	}
 	if r != nil {
 		e.Attempt, e.Recovered = r.Attempts, r.Attempts > 1
-		if s, ok := ctx.Value(traceSinkKey{}).(*traceSink); ok && !ran {
-			e.Trace = s.trace
+		if !ran {
+			e.Trace = trace
 		}
 	}
 	db.emit(ctx, e)

@@ -132,12 +132,14 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 		secret:     eng.Secret(),
 		hashKey:    deriveHashKey(eng.Secret()),
 		observesDo: observes(o.Observer, DoEvent),
+		engName:    eng.Name(),
 		ttl:        o.LeaseTTL,
 		hot:        h,
 		closing:    closing,
 		drained:    make(chan struct{}),
 	}
 	db.peb, _ = eng.(*pebbleengine.Engine)
+	db.beginner, _ = o.Observer.(Beginner)
 	db.lastGC.Store(&GCStats{})
 	ctx, cancel := context.WithCancel(context.Background())
 	db.bgCancel = cancel

@@ -70,7 +70,7 @@ type Observer struct {
 	claims, finishes, gcRuns metric.Int64Counter
 	opDur, waitDur           metric.Float64Histogram
 
-	sets sync.Map // setKey -> metric.MeasurementOption
+	sets sync.Map // setKey -> *measureOpts
 }
 
 // New returns an Observer; set it as Options.Observer, alone or with others
@@ -114,71 +114,82 @@ func (o *Observer) Begin(ctx context.Context, kind receipts.EventKind) context.C
 	if kind == receipts.DoEvent {
 		name = "receipts.do"
 	}
-	ctx, _ = o.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, _ = o.tracer.Start(ctx, name, internalSpan...)
 	return ctx
 }
+
+// internalSpan is the option every span starts with, built once (an
+// option made per call, and the variadic slice holding it, cost two
+// allocations per span).
+var internalSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 
 // Observe records e (receipts.Observer): it ends the span Begin started
 // for a Do or a claim, records the other events as spans of their own with
 // the event's times, and counts e.
 func (o *Observer) Observe(ctx context.Context, e receipts.Event) {
-	attrs := o.attrs(e)
 	end := e.Start.Add(e.Duration)
 	switch e.Kind {
 	case receipts.ClaimEvent, receipts.DoEvent:
 		span := trace.SpanFromContext(ctx)
-		if span.IsRecording() {
+		if span.IsRecording() { // a span sampled out gets nothing: build nothing for it
 			if sc, ok := parseTraceparent(e.Trace); ok { // a replay: the recorded execution
-				span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{recordedLink}})
+				span.AddLink(trace.Link{SpanContext: sc, Attributes: recordedLinkAttrs})
 			}
-			span.SetAttributes(attrs...)
+			span.SetAttributes(o.attrs(e)...)
 			setStatus(span, e.Outcome)
 			span.End(trace.WithTimestamp(end))
 		}
 	default:
-		_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindInternal))
+		_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(o.attrs(e)...), internalSpan[0])
 		setStatus(span, e.Outcome)
 		span.End(trace.WithTimestamp(end))
 	}
 
-	set := o.attrSet(e, "")
 	switch e.Kind {
 	case receipts.ClaimEvent:
-		o.claims.Add(ctx, 1, set)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "claim"))
+		o.claims.Add(ctx, 1, o.attrSet(e, "").add...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "claim").rec...)
 	case receipts.WaitEvent:
-		o.waitDur.Record(ctx, e.Duration.Seconds(), set)
+		o.waitDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "").rec...)
 	case receipts.FinishEvent:
-		o.finishes.Add(ctx, 1, set)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "finish"))
-		o.opDur.Record(ctx, e.Held.Seconds(), o.attrSet(e, "attempt"))
+		o.finishes.Add(ctx, 1, o.attrSet(e, "").add...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "finish").rec...)
+		o.opDur.Record(ctx, e.Held.Seconds(), o.attrSet(e, "attempt").rec...)
 	case receipts.GCEvent:
-		o.gcRuns.Add(ctx, 1, set)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "gc"))
+		o.gcRuns.Add(ctx, 1, o.attrSet(e, "").add...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "gc").rec...)
 	case receipts.DoEvent:
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "do"))
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "do").rec...)
 	}
+}
+
+// measureOpts is one attribute set as the options of an Add and of a
+// Record, in slices built once: passing them spreads (...) an existing
+// slice, where a single option would be boxed into a new one per call.
+type measureOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
 }
 
 // setKey names one metric attribute set: the engine, class and outcome of
 // an event, and the op attribute ("" for none).
 type setKey struct{ engine, class, outcome, op string }
 
-// attrSet returns the measurement option for e's attributes (with op, if
+// attrSet returns the measurement options for e's attributes (with op, if
 // not ""), built once per distinct set: attribute sets are what the SDK's
 // aggregation is keyed by, and building one sorts and copies.
-func (o *Observer) attrSet(e receipts.Event, op string) metric.MeasurementOption {
+func (o *Observer) attrSet(e receipts.Event, op string) *measureOpts {
 	k := setKey{e.Engine, e.Class, string(e.Outcome), op}
 	if v, ok := o.sets.Load(k); ok {
-		return v.(metric.MeasurementOption)
+		return v.(*measureOpts)
 	}
 	attrs := o.metricAttrs(e)
 	if op != "" {
 		attrs = append(attrs, attribute.String("op", op))
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
-	v, _ := o.sets.LoadOrStore(k, opt)
-	return v.(metric.MeasurementOption)
+	v, _ := o.sets.LoadOrStore(k, &measureOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	return v.(*measureOpts)
 }
 
 func spanName(e receipts.Event) string {
@@ -200,7 +211,19 @@ func spanName(e receipts.Event) string {
 }
 
 func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
-	a := make([]attribute.KeyValue, 0, 8)
+	n := 2 // engine, outcome
+	if e.Class != "" {
+		n++
+	}
+	if e.Attempt != 0 {
+		n += 2
+	}
+	if e.Kind == receipts.GCEvent {
+		n += 2
+	} else if o.keyHash {
+		n++
+	}
+	a := make([]attribute.KeyValue, 0, n) // the exact size: a KeyValue is 64 bytes
 	a = append(a, attribute.String("receipts.engine", e.Engine), attribute.String("receipts.outcome", string(e.Outcome)))
 	if e.Class != "" {
 		a = append(a, attribute.String("receipts.class", e.Class))
@@ -256,6 +279,10 @@ const traceparentLen = 55
 
 // recordedLink marks the link from a replay to the recorded execution.
 var recordedLink = attribute.String("receipts.link", "recorded_execution")
+
+// recordedLinkAttrs are the link's attributes, one slice for every link
+// (the SDK copies what it changes, it does not write to them).
+var recordedLinkAttrs = []attribute.KeyValue{recordedLink}
 
 // parseTraceparent reads a version-00 traceparent that TraceContext wrote.
 func parseTraceparent(b []byte) (trace.SpanContext, bool) {

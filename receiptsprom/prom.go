@@ -34,6 +34,9 @@ package receiptsprom
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,8 +78,15 @@ type Collector struct {
 	opts Options
 
 	claims, finishes, gcRuns, gcDropped, gcFreed *prometheus.CounterVec
-	opDur, waitDur                               *prometheus.HistogramVec
 	leases, gcLast                               *prometheus.GaugeVec
+	// The duration histograms are hists (striped, summed at scrape), not
+	// prometheus.HistogramVecs: the series of each engine and class are in
+	// cache, the GC's in gcDur.
+	opDurDesc, waitDurDesc *prometheus.Desc
+	// The documented outcomes' counters are ctrs (striped) too; the
+	// CounterVecs claims and finishes hold only outcomes they do not list.
+	claimsDesc, finishesDesc *prometheus.Desc
+	upper                    []float64 // the buckets' upper bounds
 
 	waitersDesc, abandonedDesc *prometheus.Desc
 
@@ -86,6 +96,7 @@ type Collector struct {
 	mu      sync.Mutex
 	watched []*watched // protected by mu
 	engDesc map[string]*prometheus.Desc
+	gcDur   map[string]*hist // engine -> op="gc" series; protected by mu
 }
 
 type watched struct {
@@ -108,6 +119,7 @@ func New(opts *Options) *Collector {
 	if o.Buckets == nil {
 		o.Buckets = DefaultBuckets
 	}
+	upper := bucketBounds(o.Buckets)
 	if o.ScanEvery == 0 {
 		o.ScanEvery = DefaultScanEvery
 	}
@@ -118,29 +130,54 @@ func New(opts *Options) *Collector {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl}, labels)
 	}
-	hist := func(name, help string, labels ...string) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: cl, Buckets: o.Buckets}, labels)
-	}
+	const claimsHelp = "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, expired, canceled, closed, error)."
+	const finishesHelp = "Attempts ended, by result (succeeded, failed, released, abandoned, lease_lost)."
 	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl}, labels)
 	}
 	return &Collector{
-		opts:      o,
-		claims:    counter("receipts_claims_total", "Claims by outcome (claimed, took_over, replayed, in_progress, mismatch, expired, canceled, closed, error).", "engine", "class", "outcome"),
-		finishes:  counter("receipts_finishes_total", "Attempts ended, by result (succeeded, failed, released, abandoned, lease_lost).", "engine", "class", "result"),
+		opts:     o,
+		claims:   counter("receipts_claims_total", claimsHelp, "engine", "class", "outcome"),
+		finishes: counter("receipts_finishes_total", finishesHelp, "engine", "class", "result"),
+		claimsDesc: prometheus.NewDesc("receipts_claims_total", claimsHelp,
+			[]string{"engine", "class", "outcome"}, cl),
+		finishesDesc: prometheus.NewDesc("receipts_finishes_total", finishesHelp,
+			[]string{"engine", "class", "result"}, cl),
 		gcRuns:    counter("receipts_gc_runs_total", "Garbage collections, by result (ok, error).", "engine", "result"),
 		gcDropped: counter("receipts_gc_epochs_dropped_total", "Epochs (or partitions) garbage collection dropped.", "engine"),
 		gcFreed:   counter("receipts_gc_bytes_freed_total", "Bytes garbage collection reclaimed (an estimate).", "engine"),
-		opDur:     hist("receipts_operation_duration_seconds", "Duration of store operations: claim (waiting included), finish (the write that ends an attempt), attempt (claim to finish), gc.", "engine", "class", "op"),
-		waitDur:   hist("receipts_wait_duration_seconds", "Time claims waited for another caller's attempt, by how the wait ended.", "engine", "class", "result"),
-		leases:    gauge("receipts_leases_held", "Leases handed out by this process and not finished yet.", "engine"),
-		gcLast:    gauge("receipts_gc_last_run_timestamp_seconds", "When garbage collection last succeeded (Unix time).", "engine"),
+		opDurDesc: prometheus.NewDesc("receipts_operation_duration_seconds", "Duration of store operations: claim (waiting included), finish (the write that ends an attempt), attempt (claim to finish), gc.",
+			[]string{"engine", "class", "op"}, cl),
+		waitDurDesc: prometheus.NewDesc("receipts_wait_duration_seconds", "Time claims waited for another caller's attempt, by how the wait ended.",
+			[]string{"engine", "class", "result"}, cl),
+		upper:  upper,
+		leases: gauge("receipts_leases_held", "Leases handed out by this process and not finished yet.", "engine"),
+		gcLast: gauge("receipts_gc_last_run_timestamp_seconds", "When garbage collection last succeeded (Unix time).", "engine"),
 		waitersDesc: prometheus.NewDesc("receipts_waiters", "Claims waiting now for another caller's attempt.",
 			[]string{"engine"}, cl),
 		abandonedDesc: prometheus.NewDesc("receipts_abandoned_claims", "Claims whose outcome is unknown (abandoned, or their lease ran out): outcomes to reconcile.",
 			[]string{"engine"}, cl),
 		engDesc: map[string]*prometheus.Desc{},
+		gcDur:   map[string]*hist{},
 	}
+}
+
+// bucketBounds are the upper bounds of buckets as prometheus.NewHistogram
+// takes them: DefBuckets if there are none, a last +Inf dropped (it is
+// implicit), and a panic unless they increase.
+func bucketBounds(buckets []float64) []float64 {
+	if len(buckets) == 0 {
+		buckets = prometheus.DefBuckets
+	}
+	if math.IsInf(buckets[len(buckets)-1], +1) {
+		buckets = buckets[:len(buckets)-1]
+	}
+	for i := 1; i < len(buckets); i++ {
+		if buckets[i] <= buckets[i-1] {
+			panic(fmt.Sprintf("receiptsprom: histogram buckets must be in increasing order: %v >= %v", buckets[i-1], buckets[i]))
+		}
+	}
+	return slices.Clone(buckets)
 }
 
 // series are the children of the vectors for one engine and class, looked
@@ -148,15 +185,15 @@ func New(opts *Options) *Collector {
 // hash of its labels.
 type series struct {
 	k                               seriesKey
-	claimDur, finishDur, attemptDur prometheus.Observer
+	claimDur, finishDur, attemptDur *hist
 	leases                          prometheus.Gauge
 	// claims and finishes hold every documented outcome from the start
 	// (series at zero, as Prometheus advises): read-only after. A short
 	// slice searched in order (the common outcomes first) is cheaper than
 	// a map lookup, which hashes the outcome.
 	claims, finishes []outcomeCounter
-	mu               sync.Mutex                               // guards waits
-	waits            map[receipts.Outcome]prometheus.Observer // filled as waits end (rare)
+	mu               sync.Mutex                 // guards waits
+	waits            map[receipts.Outcome]*hist // filled as waits end (rare)
 }
 
 var (
@@ -171,7 +208,7 @@ type seriesKey struct{ engine, class string }
 // outcomeCounter is the counter of one outcome.
 type outcomeCounter struct {
 	out receipts.Outcome
-	ctr prometheus.Counter
+	ctr *ctr
 }
 
 func (c *Collector) series(engine, class string) *series {
@@ -185,43 +222,78 @@ func (c *Collector) series(engine, class string) *series {
 	}
 	s := &series{
 		k:          k,
-		claimDur:   c.opDur.WithLabelValues(engine, class, "claim"),
-		finishDur:  c.opDur.WithLabelValues(engine, class, "finish"),
-		attemptDur: c.opDur.WithLabelValues(engine, class, "attempt"),
+		claimDur:   newHist(c.opDurDesc, c.upper, engine, class, "claim"),
+		finishDur:  newHist(c.opDurDesc, c.upper, engine, class, "finish"),
+		attemptDur: newHist(c.opDurDesc, c.upper, engine, class, "attempt"),
 		leases:     c.leases.WithLabelValues(engine),
-		waits:      map[receipts.Outcome]prometheus.Observer{},
+		waits:      map[receipts.Outcome]*hist{},
 	}
 	for _, o := range claimOutcomes {
-		s.claims = append(s.claims, outcomeCounter{o, c.claims.WithLabelValues(engine, class, string(o))})
+		s.claims = append(s.claims, outcomeCounter{o, newCtr(c.claimsDesc, engine, class, string(o))})
 	}
 	for _, o := range finishOutcomes {
-		s.finishes = append(s.finishes, outcomeCounter{o, c.finishes.WithLabelValues(engine, class, string(o))})
+		s.finishes = append(s.finishes, outcomeCounter{o, newCtr(c.finishesDesc, engine, class, string(o))})
 	}
 	got, _ := c.cache.LoadOrStore(k, s)
 	c.last.Store(got.(*series))
 	return got.(*series)
 }
 
-// counter is the child of vec for out: from m, or (an outcome this
-// version does not list) looked up.
-func (s *series) counter(m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) prometheus.Counter {
+// inc counts out: in m, or (an outcome this version does not list) in
+// vec's child for it.
+func (s *series) inc(sh int, m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) {
 	for _, oc := range m {
 		if oc.out == out {
-			return oc.ctr
+			oc.ctr.inc(sh)
+			return
 		}
 	}
-	return vec.WithLabelValues(k.engine, k.class, string(out))
+	vec.WithLabelValues(k.engine, k.class, string(out)).Inc()
 }
 
-func (s *series) wait(vec *prometheus.HistogramVec, k seriesKey, out receipts.Outcome) prometheus.Observer {
+func (s *series) wait(c *Collector, out receipts.Outcome) *hist {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	o, ok := s.waits[out]
+	h, ok := s.waits[out]
 	if !ok {
-		o = vec.WithLabelValues(k.engine, k.class, string(out))
-		s.waits[out] = o
+		h = newHist(c.waitDurDesc, c.upper, s.k.engine, s.k.class, string(out))
+		s.waits[out] = h
 	}
-	return o
+	return h
+}
+
+// metrics sends s's histograms.
+func (s *series) metrics(ch chan<- prometheus.Metric) {
+	for _, oc := range s.claims {
+		ch <- oc.ctr.metric()
+	}
+	for _, oc := range s.finishes {
+		ch <- oc.ctr.metric()
+	}
+	ch <- s.claimDur.metric()
+	ch <- s.finishDur.metric()
+	ch <- s.attemptDur.metric()
+	s.mu.Lock()
+	ws := make([]*hist, 0, len(s.waits))
+	for _, h := range s.waits {
+		ws = append(ws, h)
+	}
+	s.mu.Unlock()
+	for _, h := range ws {
+		ch <- h.metric()
+	}
+}
+
+// gcHist is the op="gc" series of engine.
+func (c *Collector) gcHist(engine string) *hist {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.gcDur[engine]
+	if !ok {
+		h = newHist(c.opDurDesc, c.upper, engine, "", "gc")
+		c.gcDur[engine] = h
+	}
+	return h
 }
 
 // ObservesKind declines DoEvents (receipts.KindFilter): a Do's claim and
@@ -234,23 +306,25 @@ func (c *Collector) Observe(_ context.Context, e receipts.Event) {
 	switch e.Kind {
 	case receipts.ClaimEvent:
 		s := c.series(e.Engine, e.Class)
-		s.counter(s.claims, c.claims, k, e.Outcome).Inc()
-		s.claimDur.Observe(e.Duration.Seconds())
+		sh := stripe()
+		s.inc(sh, s.claims, c.claims, k, e.Outcome)
+		s.claimDur.observe(sh, e.Duration.Seconds())
 		if e.Outcome == receipts.OutcomeClaimed || e.Outcome == receipts.OutcomeTookOver {
 			s.leases.Inc()
 		}
 	case receipts.WaitEvent:
 		s := c.series(e.Engine, e.Class)
-		s.wait(c.waitDur, k, e.Outcome).Observe(e.Duration.Seconds())
+		s.wait(c, e.Outcome).observe(stripe(), e.Duration.Seconds())
 	case receipts.FinishEvent:
 		s := c.series(e.Engine, e.Class)
-		s.counter(s.finishes, c.finishes, k, e.Outcome).Inc()
-		s.finishDur.Observe(e.Duration.Seconds())
-		s.attemptDur.Observe(e.Held.Seconds())
+		sh := stripe()
+		s.inc(sh, s.finishes, c.finishes, k, e.Outcome)
+		s.finishDur.observe(sh, e.Duration.Seconds())
+		s.attemptDur.observe(sh, e.Held.Seconds())
 		s.leases.Dec()
 	case receipts.GCEvent:
 		c.gcRuns.WithLabelValues(e.Engine, string(e.Outcome)).Inc()
-		c.opDur.WithLabelValues(e.Engine, "", "gc").Observe(e.Duration.Seconds())
+		c.gcHist(e.Engine).observe(stripe(), e.Duration.Seconds())
 		if e.Outcome == receipts.OutcomeOK {
 			c.gcDropped.WithLabelValues(e.Engine).Add(float64(e.EpochsDropped))
 			c.gcFreed.WithLabelValues(e.Engine).Add(float64(e.BytesFreed))
@@ -275,7 +349,7 @@ func (c *Collector) Watch(db *receipts.DB) {
 func (c *Collector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *Collector) vecs() []prometheus.Collector {
-	return []prometheus.Collector{c.claims, c.finishes, c.gcRuns, c.gcDropped, c.gcFreed, c.opDur, c.waitDur, c.leases, c.gcLast}
+	return []prometheus.Collector{c.claims, c.finishes, c.gcRuns, c.gcDropped, c.gcFreed, c.leases, c.gcLast}
 }
 
 // Collect sends the metrics (prometheus.Collector).
@@ -283,9 +357,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range c.vecs() {
 		m.Collect(ch)
 	}
+	c.cache.Range(func(_, s any) bool {
+		s.(*series).metrics(ch)
+		return true
+	})
 	c.mu.Lock()
 	ws := append([]*watched(nil), c.watched...)
+	gcs := make([]*hist, 0, len(c.gcDur))
+	for _, h := range c.gcDur {
+		gcs = append(gcs, h)
+	}
 	c.mu.Unlock()
+	for _, h := range gcs {
+		ch <- h.metric()
+	}
 	for _, w := range ws {
 		ms := w.db.EngineMetrics() // nil once closed
 		if ms == nil && c.closed(w) {

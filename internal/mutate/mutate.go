@@ -23,6 +23,8 @@
 //	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
 //	           takeover and the unique-key arbitration of a fresh claim, so that
 //	           concurrent claims of one key can all win
+//	histshard  receiptsprom: a duration histogram's scrape reads only its first
+//	           stripe (the counts other goroutines added elsewhere are lost)
 package mutate
 
 // Mutation names.
@@ -51,4 +53,6 @@ const (
 	PgNoFence = "pgnofence"
 	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).
 	PgNoAtomic = "pgnoatomic"
+	// HistShard: receiptsprom's striped histograms sum only their first stripe at scrape.
+	HistShard = "histshard"
 )
