@@ -14,6 +14,7 @@
 #   nocopy     a replay from memory hands out the cache's own bytes
 #   memokeep   writes of a key keep the memo of its last Pending record
 #   memoraw    writes decide from that memo after DB.Pebble
+#   histshard  receiptsprom's histograms sum only their first stripe at scrape
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -56,6 +57,7 @@ suites=(
 	"./internal/harness/isolation ^TestScopeIsolation"
 	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"
 	". ^TestReplayFromMemoryAllocatesOnce$"
+	"./receiptsprom ^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"
 )
 
 harnesses=()      # test names
@@ -90,7 +92,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then
