@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
@@ -172,15 +171,7 @@ func BenchmarkDoTx(b *testing.B) {
 func benchOpen(b *testing.B) *receipts.DB {
 	b.Helper()
 	d := newBenchDB(b)
-	cfg, err := pgxpool.ParseConfig(d.dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = 40
-	pool, err := pgxpool.NewWithConfig(bg, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	pool := newTestPool(b, d.dsn)
 	db, err := Open(bg, pool, &Options{Schema: d.schema})
 	if err != nil {
 		pool.Close()
