@@ -8,8 +8,10 @@
 // rules are internal/machine's. Finished, synced records are remembered in
 // the replay cache (internal/rcache), so a retry of one is answered from
 // memory (a small record's bytes: see fromCache for why that is safe) or
-// with a single engine read checked against it. GC drops whole epochs with one
-// range deletion.
+// with a single engine read checked against it. The last Pending record
+// written for a key (a claim, a renewal, a takeover) is remembered too, so
+// that the key's next write, most often the claim's commit, decides without
+// reading it back (memo.go). GC drops whole epochs with one range deletion.
 //
 // Besides driver.Engine it serves what only Pebble can: the *pebble.DB for
 // the application's own data, checkpoints, and receipts committed in the
