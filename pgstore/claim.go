@@ -285,11 +285,6 @@ func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.Clai
 	if st := res.Record.State; st == driver.Succeeded || st == driver.Failed {
 		e.hint.add(keyHash(req.Key)) // the next retry takes the replay fast path
 	}
-	if res.Outcome == driver.Claimed || res.Outcome == driver.TookOver {
-		// Every write puts the record in the epoch of its time (updated_at): the lower
-		// bound of this token's fenced writes (epochhint.go).
-		e.epochs.set(res.Record.Token, e.epochOf(res.Record.UpdatedAt))
-	}
 	return res, nil
 }
 

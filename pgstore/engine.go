@@ -181,9 +181,6 @@ type engine struct {
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).
 	hint finishedHint
-	// epochs remembers the epoch of each handed-out token's record, for its fenced writes'
-	// lower bound (epochhint.go).
-	epochs epochHint
 }
 
 // newEngine creates or migrates the schema and starts the background goroutines (notifier,

@@ -17,15 +17,7 @@ import (
 var errBadState = errors.New("pgstore: finish state must be Succeeded or Failed")
 
 func (e *engine) fencedArgs(k driver.Key, token uint64, extra ...any) []any {
-	return append([]any{[]byte(k.Scope), []byte(k.ID), int64(token), e.epochs.low(token, e.oldest()), e.retentionUS(), e.width, e.nowArg()}, extra...)
-}
-
-// leaseOver forgets token's epoch once a write ended its lease (done, or the lease lost);
-// after any other error the caller may try again, and the epoch still bounds the record.
-func (e *engine) leaseOver(token uint64, err error) {
-	if err == nil || errors.Is(err, driver.ErrLeaseLost) {
-		e.epochs.forget(token)
-	}
+	return append([]any{[]byte(k.Scope), []byte(k.ID), int64(token), e.oldest(), e.retentionUS(), e.width, e.nowArg()}, extra...)
 }
 
 // write runs a fenced UPDATE that returns the record, retrying serialization failures (a
@@ -87,9 +79,6 @@ func finished(token uint64, state driver.State, result []byte) func(driver.Recor
 // Renew implements driver.Engine.
 func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
 	rec, _, err := e.write(ctx, e.pool, "renew", e.q.renew, k, e.fencedArgs(k, token, ttl.Microseconds()), nil)
-	if err == nil {
-		e.epochs.set(token, e.epochOf(rec.UpdatedAt)) // the renewal moved it to its epoch
-	}
 	return rec, err
 }
 
@@ -102,7 +91,6 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 		result = []byte{}
 	}
 	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), finished(token, state, result))
-	e.leaseOver(token, err)
 	if err == nil {
 		e.wakeFinished(k)
 	}
@@ -112,7 +100,6 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 // Abandon implements driver.Engine.
 func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
 	_, _, err := e.write(ctx, e.pool, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil)
-	e.leaseOver(token, err)
 	if err == nil {
 		e.wake(k)
 	}
@@ -125,22 +112,17 @@ func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error 
 func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
 	if recovered {
 		_, _, err := e.write(ctx, e.pool, "release", e.q.abandon, k, e.fencedArgs(k, token), nil)
-		e.leaseOver(token, err)
 		if err == nil {
 			e.wake(k)
 		}
 		return err
 	}
-	err := e.delete(ctx, "release", k, token)
-	e.leaseOver(token, err)
-	return err
+	return e.delete(ctx, "release", k, token)
 }
 
 // Forget implements driver.Engine.
 func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
-	err := e.delete(ctx, "forget", k, token)
-	e.leaseOver(token, err)
-	return err
+	return e.delete(ctx, "forget", k, token)
 }
 
 func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint64) error {

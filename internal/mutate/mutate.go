@@ -23,8 +23,6 @@
 //	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
 //	           takeover and the unique-key arbitration of a fresh claim, so that
 //	           concurrent claims of one key can all win
-//	pgepochhint PostgreSQL: a fenced write searches from the epoch after its record's, so
-//	           the holder of a lease cannot find its own claim
 //	histshard  receiptsprom: a duration histogram's scrape reads only its first
 //	           stripe (the counts other goroutines added elsewhere are lost)
 package mutate
@@ -55,8 +53,6 @@ const (
 	PgNoFence = "pgnofence"
 	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).
 	PgNoAtomic = "pgnoatomic"
-	// PgEpochHint: pgstore's fenced writes start their search one epoch above the record's.
-	PgEpochHint = "pgepochhint"
 	// HistShard: receiptsprom's striped histograms sum only their first stripe at scrape.
 	HistShard = "histshard"
 )
