@@ -12,6 +12,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // Benchmarks of the engine's statements on the test server (go test -run '^$' -bench . ./pgstore).
@@ -183,4 +184,37 @@ func benchOpen(b *testing.B) *receipts.DB {
 	})
 	b.ResetTimer()
 	return db
+}
+
+// BenchmarkClaimFinishAged is BenchmarkClaimFinish on a store that has run for a whole
+// Retention, so that every live epoch has its partition (Retention/EpochWidth + 1 of them,
+// here 17), as in a service that has been up for a day: what a fenced write's search over the
+// live partitions costs shows (epochhint.go). One caller, so that the figure is per statement
+// pair rather than the server's CPU under load.
+func BenchmarkClaimFinishAged(b *testing.B) {
+	const width = 15 * time.Minute
+	clk := receiptstest.NewClock(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC))
+	n := newBenchDB(b).open(engineOptions{Retention: 4 * time.Hour, EpochWidth: width, Now: clk.Now})
+	for i := 0; i < 17; i++ { // one receipt in each live epoch
+		k := key(fmt.Sprint("age", i))
+		res, err := n.Claim(bg, req(k, "fp"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := n.Finish(bg, k, res.Record.Token, driver.Succeeded, []byte("r")); err != nil {
+			b.Fatal(err)
+		}
+		clk.Advance(width)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := key(fmt.Sprint("f", i))
+		res, err := n.Claim(bg, req(k, "fp"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := n.Finish(bg, k, res.Record.Token, driver.Succeeded, []byte("r")); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
