@@ -37,16 +37,19 @@ type decideFunc func(cur *encoding.Record, now int64) (next *encoding.Record, de
 //  1. take k's lock (lockKey, keys.AppendLockKey of k);
 //  2. take the store's time; a claim gives up here (after the time, under
 //     the lock) once the DB's Close has begun;
-//     read the visible record at that time (readInto: the newest
+//     read the visible record at that time (from the memo of k's last
+//     Pending record written, readMemo, or else readInto: the newest
 //     live epoch holding k, from the current one back);
 //  3. let decide choose what to write;
-//  4. drop k's replay-cache entry (before anything of k changes), then
-//     write decide's choice into b (the caller's, holding an effect, or a new batch),
-//     moving the record to the current epoch (put), and commit, synced
-//     unless wo.noSync (a deletion also writes the clock: commitWithClock);
+//  4. drop k's replay-cache and memo entries (before anything of k
+//     changes), then write decide's choice into b (the caller's, holding
+//     an effect, or a new batch), moving the record to the current epoch
+//     (put), and commit, synced unless wo.noSync (a deletion also writes
+//     the clock: commitWithClock);
 //  5. remember a finished, synced record in the replay cache: the one
 //     written, or, if nothing is, the one read (it was read under the
-//     lock, so it is durable);
+//     lock, so it is durable); remember a Pending record written in the
+//     memo;
 //  6. wake the key's waiters if wo.notify, then unlock.
 //
 // The lock is held across the sync, so no same-key caller sees a write
