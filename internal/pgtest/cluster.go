@@ -103,11 +103,16 @@ func StartWith(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "receipts-pgtest-")
+	reapOrphans(bin)
+	dir, err := os.MkdirTemp("", clusterPrefix)
 	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{Dir: dir, BinDir: bin, cfg: cfg}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		c.remove()
+		return nil, err
+	}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -178,6 +183,42 @@ func (c *Cluster) Stop() error {
 }
 
 func (c *Cluster) remove() error { return os.RemoveAll(c.Dir) }
+
+// clusterPrefix names the clusters' directories (under os.TempDir); ownerFile, in each, holds
+// the process ID of the test binary that started it.
+const (
+	clusterPrefix = "receipts-pgtest-"
+	ownerFile     = "owner.pid"
+)
+
+// reapOrphans stops and removes the clusters whose test binary is gone: one killed, or ended
+// by a test timeout's panic, never ran Stop, and its server would run on, holding its memory
+// and port, until the machine restarts. A cluster whose owner is alive (another package's
+// tests running at the same time), or that names no owner (being set up, or made by an older
+// version), is left alone.
+func reapOrphans(bin string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), clusterPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || processAlive(pid) {
+			continue
+		}
+		c := &Cluster{Dir: dir, BinDir: bin}
+		if os.Geteuid() == 0 {
+			c.runAs = "postgres"
+		}
+		if _, err := os.Stat(filepath.Join(c.data(), "postmaster.pid")); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, _ = c.run(ctx, "pg_ctl", "-D", c.data(), "-m", "immediate", "-w", "stop")
+			cancel()
+		}
+		_ = c.remove()
+	}
+}
 
 func (c *Cluster) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
 	path := filepath.Join(c.BinDir, prog)
