@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -274,10 +275,7 @@ func (s *series) metrics(ch chan<- prometheus.Metric) {
 	ch <- s.finishDur.metric()
 	ch <- s.attemptDur.metric()
 	s.mu.Lock()
-	ws := make([]*hist, 0, len(s.waits))
-	for _, h := range s.waits {
-		ws = append(ws, h)
-	}
+	ws := slices.Collect(maps.Values(s.waits))
 	s.mu.Unlock()
 	for _, h := range ws {
 		ch <- h.metric()
@@ -363,10 +361,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	})
 	c.mu.Lock()
 	ws := append([]*watched(nil), c.watched...)
-	gcs := make([]*hist, 0, len(c.gcDur))
-	for _, h := range c.gcDur {
-		gcs = append(gcs, h)
-	}
+	gcs := slices.Collect(maps.Values(c.gcDur))
 	c.mu.Unlock()
 	for _, h := range gcs {
 		ch <- h.metric()
