@@ -283,7 +283,7 @@ func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.Clai
 		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: unknown outcome %q", row.outcome)
 	}
 	if st := res.Record.State; st == driver.Succeeded || st == driver.Failed {
-		e.hint.add(keyHash(req.Key)) // the next retry takes the replay fast path
+		e.hint.add(keyHash(req.Key), e.epochOf(res.Record.UpdatedAt)) // the next retry takes the replay fast path
 	}
 	return res, nil
 }

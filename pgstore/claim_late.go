@@ -21,8 +21,8 @@ import (
 // claim took more than a third of the lease, Claim renews it first (a fenced write, so it
 // fails if another caller took the key over meanwhile; the key is then claimed afresh).
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
-	if e.hint.has(keyHash(req.Key)) { // else probably a first call: the claim batch, no read before it
-		if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read (replayfast.go)
+	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim batch, no read before it
+		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read (replayfast.go)
 			return res, nil
 		}
 	}

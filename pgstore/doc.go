@@ -51,8 +51,9 @@
 // A key that already has a record takes the gated claim statement ([BEGIN; advisory lock;
 // claim] in one batch, then COMMIT once the engine has checked that Close has not begun). A
 // retry of a finished operation is one round trip on any node: on a node that recently saw
-// it finished (a bounded hint of key hashes), one plain MVCC read (no transaction, no lock,
-// nothing written); on another node, the first call's batch, whose insert-if-absent statement
+// it finished (a bounded hint of key hashes and their records' epochs), one plain MVCC read
+// of the one partition that holds the record (no transaction, no lock, nothing written; the
+// parent's read if the record has moved since); on another node, the first call's batch, whose insert-if-absent statement
 // returns the finished record instead. DoTx's first call is two round trips too: the claim
 // batch begins its transaction, and the receipt's write is sent with COMMIT.
 //

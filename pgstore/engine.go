@@ -177,6 +177,13 @@ type engine struct {
 	// replayFastHits counts the claims it answered (replayfast.go).
 	testNoReplayFast bool
 	replayFastHits   atomic.Uint64
+	// testNoLookupIn sends the fast path's read to the parent (measurements), and
+	// lookupInHits counts the reads one partition answered (lookupIn).
+	testNoLookupIn bool
+	lookupInHits   atomic.Uint64
+	// lookupInText holds lookupIn's statements by epoch.
+	lookupInMu   sync.Mutex
+	lookupInText map[int64]string
 
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).

@@ -104,13 +104,13 @@ func (e *engine) wake(k driver.Key) {
 	e.notifier.queue(h)
 }
 
-// wakeFinished is wake for a write that finished k: a retry of k is now probably a replay
-// (the hint), and the key's hash is computed once for both.
-func (e *engine) wakeFinished(k driver.Key) {
+// wakeFinished is wake for a write that finished k with rec: a retry of k is now probably a
+// replay (the hint, with rec's epoch), and the key's hash is computed once for both.
+func (e *engine) wakeFinished(k driver.Key, rec driver.Record) {
 	h := keyHash(k)
 	e.hub.wake(h)
 	e.notifier.queue(h)
-	e.hint.add(h)
+	e.hint.add(h, e.epochOf(rec.UpdatedAt))
 }
 
 // maxPayload bounds one NOTIFY payload (the server's limit is 8000 bytes).

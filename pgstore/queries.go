@@ -350,6 +350,14 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 	return q
 }
 
+// lookupIn is the lookup statement reading one records partition, part (lookupIn in
+// replayfast.go). $1 scope, $2 id, $3 now.
+func (q queries) lookupIn(part string) string {
+	return `SELECT ` + recCols + `, t.now
+  FROM (SELECT ` + q.clock("$3") + ` AS now) t
+  LEFT JOIN ` + q.schema + `.` + pgx.Identifier{part}.Sanitize() + ` r ON r.scope = $1 AND r.id = $2`
+}
+
 // schemaSQL creates format 2 (run once, under the schema's advisory lock).
 func schemaSQL(schema string) []string {
 	s := pgx.Identifier{schema}.Sanitize()

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"time"
 
 	"github.com/receiptstore/receipts/driver"
 )
@@ -26,19 +27,69 @@ import (
 // Replay) or "mismatch" (another: Mismatch) with this record and this time. A record that
 // became visible after the read's snapshot is missed, and then the claim path answers: a
 // fast answer is never one the claim path could not have given at the read's time.
-func (e *engine) replayFast(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, bool) {
+//
+// epoch is where the hint saw the record (lookupIn): the read goes to that partition alone,
+// and to the parent only if the record is no longer there.
+func (e *engine) replayFast(ctx context.Context, req driver.ClaimRequest, epoch int64) (driver.ClaimResult, bool) {
 	if e.closing() || e.testNoReplayFast {
 		return driver.ClaimResult{}, false
 	}
-	rec, found, now, err := e.Lookup(ctx, req.Key)
+	rec, found, now, err := e.lookupIn(ctx, req.Key, epoch)
 	if err != nil || !found || (rec.State != driver.Succeeded && rec.State != driver.Failed) {
 		return driver.ClaimResult{}, false
 	}
 	e.replayFastHits.Add(1)
-	e.hint.add(keyHash(req.Key))
+	e.hint.add(keyHash(req.Key), e.epochOf(rec.UpdatedAt))
 	res := driver.ClaimResult{Outcome: driver.Replay, Record: rec, Now: now}
 	if string(rec.Fingerprint) != string(req.Fingerprint) {
 		res.Outcome = driver.Mismatch
 	}
 	return res, true
+}
+
+// lookupIn is Lookup reading only the records partition of epoch, where the hint last saw k's
+// record: one index probe of one table, without the parent's Append, whose executor start-up
+// sets up an index scan in every live partition (bench/README.md, "Replay in one partition").
+// It gives Lookup's answer: a key has at most one row in the live partitions (a claim inserts
+// a row only when its probe of every live partition, under the key's lock, found none, and
+// every later write moves that row to its own epoch in the same statement), so a row found
+// in epoch's partition is the one the parent's read would return, read on one snapshot with
+// the same clock and visibility test. When the partition holds no row of k (the record moved
+// to a later epoch, was deleted, or epoch is no longer live), or the read fails, Lookup
+// answers instead.
+func (e *engine) lookupIn(ctx context.Context, k driver.Key, epoch int64) (driver.Record, bool, time.Time, error) {
+	if epoch < e.oldest() || e.testNoLookupIn {
+		return e.Lookup(ctx, k)
+	}
+	var rec driver.Record
+	var now time.Time
+	arg := e.nowArg()
+	err := scanRecord(e.pool.QueryRow(ctx, e.lookupInSQL(epoch), []byte(k.Scope), []byte(k.ID), arg), &rec, &now)
+	if err != nil {
+		return e.Lookup(ctx, k)
+	}
+	now = e.saw(now, arg)
+	e.lookupInHits.Add(1)
+	rec.Key = k
+	e.fill(&rec)
+	if !now.Before(rec.ExpiresAt) { // exact at read time: past retention is absent
+		return driver.Record{}, false, now, nil
+	}
+	return rec, true, now, nil
+}
+
+// lookupInSQL is the statement of lookupIn for epoch's partition (its text names the
+// partition; the few texts in use are kept, at most 64).
+func (e *engine) lookupInSQL(epoch int64) string {
+	e.lookupInMu.Lock()
+	defer e.lookupInMu.Unlock()
+	if s, ok := e.lookupInText[epoch]; ok {
+		return s
+	}
+	if e.lookupInText == nil || len(e.lookupInText) >= 64 {
+		e.lookupInText = make(map[int64]string)
+	}
+	s := e.q.lookupIn(partName(famRecords, epoch))
+	e.lookupInText[epoch] = s
+	return s
 }

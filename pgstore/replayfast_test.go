@@ -203,3 +203,81 @@ func TestReplayFromClaimBatch(t *testing.T) {
 		t.Fatalf("failed replay %+v", rf.Record)
 	}
 }
+
+// The fast path's read goes to the one partition where this node saw the key's record finished
+// (lookupIn), and still answers what the parent's read would: after another node has claimed
+// the key afresh past retention and finished it again in a later epoch, the old partition
+// (still live) holds no row of the key and the parent's read answers the new receipt; a hint
+// naming an epoch that is no longer live goes to the parent without reading it.
+func TestReplayFastOnePartition(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	const retention = time.Hour
+	o := engineOptions{Now: clk.Now, Retention: retention, EpochWidth: 15 * time.Minute, TombstoneWindow: -1}
+	a, b := d.open(o), d.open(o)
+	k := key(t.Name())
+	c := mustClaim(t, a.engine, req(k, "fp"), driver.Claimed)
+	fin, err := a.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, seen := a.hint.get(keyHash(k))
+	if !seen || ep != a.epochOf(fin.UpdatedAt) {
+		t.Fatalf("hint %d %v, want epoch %d", ep, seen, a.epochOf(fin.UpdatedAt))
+	}
+	rowsIn := func(ep int64) (n int64) {
+		t.Helper()
+		if err := a.pool.QueryRow(bg, `SELECT count(*) FROM `+a.q.schema+`.`+pgx.Identifier{partName(famRecords, ep)}.Sanitize()+
+			` WHERE scope = $1 AND id = $2`, []byte(k.Scope), []byte(k.ID)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := rowsIn(ep); n != 1 {
+		t.Fatalf("the record is not in the partition of epochOf(UpdatedAt): %d rows", n)
+	}
+	in, fast := a.lookupInHits.Load(), a.replayFastHits.Load()
+	rp := mustClaim(t, a.engine, req(k, "fp"), driver.Replay)
+	if string(rp.Record.Result) != "first" || !rp.Record.UpdatedAt.Equal(fin.UpdatedAt) || !rp.Now.Equal(clk.Now()) {
+		t.Fatalf("replay %+v now %v", rp.Record, rp.Now)
+	}
+	mustClaim(t, a.engine, req(k, "other"), driver.Mismatch)
+	if a.lookupInHits.Load()-in != 2 || a.replayFastHits.Load()-fast != 2 {
+		t.Fatalf("%d reads of one partition, %d fast answers, want 2 and 2", a.lookupInHits.Load()-in, a.replayFastHits.Load()-fast)
+	}
+
+	// just past retention, the first epoch still live: node b claims the key afresh (the row
+	// moves to the epoch of now) and finishes it
+	clk.Advance(fin.UpdatedAt.Add(retention).Sub(clk.Now()) + time.Microsecond)
+	c2 := mustClaim(t, b.engine, req(k, "fp"), driver.Claimed)
+	fin2, err := b.Finish(bg, k, c2.Record.Token, driver.Succeeded, []byte("second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep2 := b.epochOf(fin2.UpdatedAt)
+	if ep2 == ep || ep < a.oldest() || rowsIn(ep) != 0 || rowsIn(ep2) != 1 {
+		t.Fatalf("the test's record did not move from live epoch %d to %d (oldest %d)", ep, ep2, a.oldest())
+	}
+	in, fast = a.lookupInHits.Load(), a.replayFastHits.Load()
+	rp = mustClaim(t, a.engine, req(k, "fp"), driver.Replay)
+	if string(rp.Record.Result) != "second" || rp.Record.Token != c2.Record.Token {
+		t.Fatalf("replay after the move %+v", rp.Record)
+	}
+	if a.lookupInHits.Load() != in || a.replayFastHits.Load()-fast != 1 {
+		t.Fatal("the read of the old partition answered, or the parent's read did not")
+	}
+	if got, _ := a.hint.get(keyHash(k)); got != ep2 {
+		t.Fatalf("hint after the move: epoch %d, want %d", got, ep2)
+	}
+	rp = mustClaim(t, a.engine, req(k, "fp"), driver.Replay)
+	if string(rp.Record.Result) != "second" || a.lookupInHits.Load()-in != 1 {
+		t.Fatalf("replay from the new partition %+v (%d reads of one partition)", rp.Record, a.lookupInHits.Load()-in)
+	}
+
+	// a hint naming an epoch older than the oldest live one: the parent's read, no error
+	a.hint.add(keyHash(k), a.oldest()-3)
+	in = a.lookupInHits.Load()
+	if rp = mustClaim(t, a.engine, req(k, "fp"), driver.Replay); string(rp.Record.Result) != "second" || a.lookupInHits.Load() != in {
+		t.Fatalf("replay with a dead epoch's hint %+v", rp.Record)
+	}
+}

@@ -231,8 +231,8 @@ const effectSavepoint = "receipts_effect"
 // back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
 // retried in a new transaction with the same nonce, as Claim does.
 func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (*txConn, driver.ClaimResult, error) {
-	if e.hint.has(keyHash(req.Key)) { // else probably a first call: the claim transaction (its claim statement answers a finished record too)
-		if res, ok := e.replayFast(ctx, req); ok { // a finished record: one plain read, no transaction
+	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim transaction (its claim statement answers a finished record too)
+		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read, no transaction
 			return nil, res, nil
 		}
 	}
@@ -349,7 +349,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	}
 	switch {
 	case err == nil && ferr == nil:
-		e.wakeFinished(li.Key)
+		e.wakeFinished(li.Key, fin)
 		return fin, nil
 	case err == nil: // COMMIT ran, but the receipt's write answered nothing readable: the record says
 	case lostReply(ctx, err):
@@ -361,7 +361,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	cur, found, _, lerr := e.Lookup(ctx, li.Key)
 	switch {
 	case found && finished(li.Token, state, result)(cur):
-		e.wakeFinished(li.Key)
+		e.wakeFinished(li.Key, cur)
 		return cur, nil
 	case err == nil: // committed without its receipt: the claim stays Pending until its lease ends
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: committed, but the receipt was not written, outcome unknown: %w (%v)", ferr, lerr)

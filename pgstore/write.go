@@ -92,7 +92,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	}
 	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), finished(token, state, result))
 	if err == nil {
-		e.wakeFinished(k)
+		e.wakeFinished(k, rec)
 	}
 	return rec, err
 }
