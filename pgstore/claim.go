@@ -282,6 +282,9 @@ func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.Clai
 	default:
 		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: unknown outcome %q", row.outcome)
 	}
+	if res.Outcome == driver.Claimed || res.Outcome == driver.TookOver {
+		e.leases.put(res.Record.Token, e.epochOf(res.Record.UpdatedAt)) // Finish aims at its partition
+	}
 	if st := res.Record.State; st == driver.Succeeded || st == driver.Failed {
 		e.hint.add(keyHash(req.Key), e.epochOf(res.Record.UpdatedAt)) // the next retry takes the replay fast path
 	}

@@ -185,6 +185,16 @@ type engine struct {
 	lookupInMu   sync.Mutex
 	lookupInText map[int64]string
 
+	// leases remembers where the records of this engine's open leases are, for Finish
+	// (finishin.go); testNoFinishIn turns that off (tests and measurements), finishInHits
+	// counts the finishes the aimed statement wrote, and finishInText holds its statements by
+	// epoch.
+	leases         leaseEpochs
+	testNoFinishIn bool
+	finishInHits   atomic.Uint64
+	finishInMu     sync.Mutex
+	finishInText   map[int64]string
+
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).
 	hint finishedHint

@@ -19,6 +19,7 @@ func mutated(q queries, name string) queries {
 	case mutate.PgNoFence:
 		q.finish = mustReplace(q.finish, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
 		q.finishMust = mustReplace(q.finishMust, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
+		q.finishIn = mustReplace(q.finishIn, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
 	case mutate.PgNoAtomic:
 		q.lock = `SELECT $1::int4, $2::int4`
 		q.claim = mustReplace(q.claim, "FOR UPDATE OF r SKIP LOCKED", "")

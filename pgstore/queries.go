@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,7 @@ type queries struct {
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
 	finishMust                                                           string // DoTx's: fails if it matches no row
+	finishIn                                                             string // template of Finish in one partition (finishInSQL)
 	tombstone, scanTombstones                                            string // tombs only
 }
 
@@ -280,6 +282,39 @@ SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, res
 	q.finish = x(upd(finishSet))
 	q.finishMust = x(mustUpd(finishSet))
 
+	// Finish aimed at the one records partition where the lease's record was last written
+	// (finishInSQL fills in @records@, @ep@ its epoch, and with tombstones on @markers@ and
+	// @mep@, the markers partition of that epoch): the record must still be there and stay
+	// there (t.ep = @ep@), else no row, and Finish sends q.finish. Writing to the partition
+	// itself skips the parent's ModifyTable and Append set-up over every live partition.
+	if !tombs {
+		q.finishIn = x(`WITH ` + q.clockCTE("$7", "$6") + `
+UPDATE S.@records@ r
+   SET ` + finishSet + `
+  FROM t
+ WHERE ` + fenced + ` AND t.ep = @ep@` + ret)
+	} else {
+		q.finishIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
+u AS (
+UPDATE S.@records@ r
+   SET ` + finishSet + `
+  FROM t
+ WHERE ` + fenced + ` AND t.ep = @ep@
+ RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text AS xid
+),
+mu AS (                         -- the marker of the record's epoch, if written already
+  UPDATE S.@markers@ m SET used_at = u.updated_at FROM u
+   WHERE m.scope = $1 AND m.id = $2
+  RETURNING 1
+),
+mark AS (                       -- else the upsert
+  INSERT INTO S.@markers@ (scope, id, epoch, used_at) SELECT $1, $2, @mep@, updated_at FROM u
+   WHERE NOT EXISTS (SELECT 1 FROM mu)
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
+)
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid FROM u`)
+	}
+
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
 	q.abandon = x(upd(`lease_expires_at = t.now, updated_at = t.now, epoch = t.ep`))
 
@@ -348,6 +383,17 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 		q = mutated(q, mutate.Name) // test-only: mutations.go
 	}
 	return q
+}
+
+// finishInSQL is the template q.finishIn filled in for records epoch ep, whose markers
+// partition is mep.
+func (q queries) finishInSQL(ep, mep int64) string {
+	return strings.NewReplacer(
+		"@records@", pgx.Identifier{partName(famRecords, ep)}.Sanitize(),
+		"@markers@", pgx.Identifier{partName(famMarkers, mep)}.Sanitize(),
+		"@ep@", strconv.FormatInt(ep, 10)+"::bigint",
+		"@mep@", strconv.FormatInt(mep, 10)+"::bigint",
+	).Replace(q.finishIn)
 }
 
 // lookupIn is the lookup statement reading one records partition, part (lookupIn in

@@ -319,6 +319,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	if state == driver.Failed {
 		b.Queue("ROLLBACK TO SAVEPOINT " + effectSavepoint)
 	}
+	e.leases.drop(li.Token)
 	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result, driver.TraceOf(ctx))...)
 	b.Queue("COMMIT")
 	br := tx.tx.SendBatch(ctx, b)

@@ -79,6 +79,11 @@ func finished(token uint64, state driver.State, result []byte) func(driver.Recor
 // Renew implements driver.Engine.
 func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
 	rec, _, err := e.write(ctx, e.pool, "renew", e.q.renew, k, e.fencedArgs(k, token, ttl.Microseconds()), nil)
+	if err == nil {
+		e.leases.put(token, e.epochOf(rec.UpdatedAt)) // the row moved to the renewal's epoch
+	} else if errors.Is(err, driver.ErrLeaseLost) {
+		e.leases.drop(token)
+	}
 	return rec, err
 }
 
@@ -90,7 +95,31 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	if result == nil {
 		result = []byte{}
 	}
-	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), finished(token, state, result))
+	args := e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx))
+	verify := finished(token, state, result)
+	if sql, ok := e.finishIn(token); ok {
+		rec, ok, err := e.finishAimed(ctx, sql, k, args, verify)
+		if ok {
+			if err == nil {
+				e.wakeFinished(k, rec)
+			}
+			return rec, err
+		}
+		// The row was not in the remembered partition: the parent's statement finds it, or
+		// reports the lease lost. An earlier try of the aimed statement may have lost its
+		// reply after it applied; the outcome it wrote is then recognised.
+		rec, _, err = e.write(ctx, e.pool, "finish", e.q.finish, k, args, verify)
+		if errors.Is(err, driver.ErrLeaseLost) {
+			if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
+				rec, err = cur, nil
+			}
+		}
+		if err == nil {
+			e.wakeFinished(k, rec)
+		}
+		return rec, err
+	}
+	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, args, verify)
 	if err == nil {
 		e.wakeFinished(k, rec)
 	}
@@ -99,6 +128,7 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 
 // Abandon implements driver.Engine.
 func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
+	e.leases.drop(token)
 	_, _, err := e.write(ctx, e.pool, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil)
 	if err == nil {
 		e.wake(k)
@@ -110,6 +140,7 @@ func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error 
 // recovered one keeps it as an abandoned claim (the earlier attempt's outcome is still
 // unknown, so the next claim must be Recovered too).
 func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
+	e.leases.drop(token)
 	if recovered {
 		_, _, err := e.write(ctx, e.pool, "release", e.q.abandon, k, e.fencedArgs(k, token), nil)
 		if err == nil {
@@ -122,6 +153,7 @@ func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recove
 
 // Forget implements driver.Engine.
 func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
+	e.leases.drop(token)
 	return e.delete(ctx, "forget", k, token)
 }
 
@@ -176,6 +208,7 @@ func (e *engine) finishTx(ctx context.Context, tx pgx.Tx, k driver.Key, token ui
 	if result == nil {
 		result = []byte{}
 	}
+	e.leases.drop(token)
 	rec, xid, err := e.write(ctx, tx, "commit", e.q.finish, k, e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx)), nil)
 	if err == nil {
 		e.notifier.afterCommit(xid, keyHash(k))
