@@ -182,8 +182,7 @@ type engine struct {
 	testNoLookupIn bool
 	lookupInHits   atomic.Uint64
 	// lookupInText holds lookupIn's statements by epoch.
-	lookupInMu   sync.Mutex
-	lookupInText map[int64]string
+	lookupInText epochTexts
 
 	// leases remembers where the records of this engine's open leases are, for Finish
 	// (finishin.go); testNoFinishIn turns that off (tests and measurements), finishInHits
@@ -192,8 +191,7 @@ type engine struct {
 	leases         leaseEpochs
 	testNoFinishIn bool
 	finishInHits   atomic.Uint64
-	finishInMu     sync.Mutex
-	finishInText   map[int64]string
+	finishInText   epochTexts
 
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).

@@ -69,17 +69,7 @@ func (e *engine) finishIn(token uint64) (string, bool) {
 	if !ok || ep < e.oldest() || e.testNoFinishIn {
 		return "", false
 	}
-	e.finishInMu.Lock()
-	defer e.finishInMu.Unlock()
-	if s, ok := e.finishInText[ep]; ok {
-		return s, true
-	}
-	if e.finishInText == nil || len(e.finishInText) >= 64 {
-		e.finishInText = make(map[int64]string)
-	}
-	s := e.q.finishInSQL(ep, e.markerEpoch(ep))
-	e.finishInText[ep] = s
-	return s, true
+	return e.finishInText.get(ep, func() string { return e.q.finishInSQL(ep, e.markerEpoch(ep)) }), true
 }
 
 // finishAimed runs the aimed statement (finishIn). ok false: it matched no row, or the server
@@ -98,4 +88,26 @@ func (e *engine) finishAimed(ctx context.Context, sql string, k driver.Key, args
 	default:
 		return driver.Record{}, true, err
 	}
+}
+
+// epochTexts keeps the statement texts that name one epoch's partition (lookupIn's, finishIn's):
+// the few epochs in use, at most 64.
+type epochTexts struct {
+	mu sync.Mutex
+	m  map[int64]string
+}
+
+// get returns epoch's text, building it once.
+func (t *epochTexts) get(epoch int64, build func() string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.m[epoch]; ok {
+		return s
+	}
+	if t.m == nil || len(t.m) >= 64 {
+		t.m = make(map[int64]string)
+	}
+	s := build()
+	t.m[epoch] = s
+	return s
 }

@@ -81,15 +81,5 @@ func (e *engine) lookupIn(ctx context.Context, k driver.Key, epoch int64) (drive
 // lookupInSQL is the statement of lookupIn for epoch's partition (its text names the
 // partition; the few texts in use are kept, at most 64).
 func (e *engine) lookupInSQL(epoch int64) string {
-	e.lookupInMu.Lock()
-	defer e.lookupInMu.Unlock()
-	if s, ok := e.lookupInText[epoch]; ok {
-		return s
-	}
-	if e.lookupInText == nil || len(e.lookupInText) >= 64 {
-		e.lookupInText = make(map[int64]string)
-	}
-	s := e.q.lookupIn(partName(famRecords, epoch))
-	e.lookupInText[epoch] = s
-	return s
+	return e.lookupInText.get(epoch, func() string { return e.q.lookupIn(partName(famRecords, epoch)) })
 }

@@ -97,29 +97,24 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	}
 	args := e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx))
 	verify := finished(token, state, result)
-	if sql, ok := e.finishIn(token); ok {
-		rec, ok, err := e.finishAimed(ctx, sql, k, args, verify)
-		if ok {
+	sql, aimed := e.finishIn(token)
+	if aimed {
+		if rec, done, err := e.finishAimed(ctx, sql, k, args, verify); done {
 			if err == nil {
 				e.wakeFinished(k, rec)
 			}
 			return rec, err
 		}
-		// The row was not in the remembered partition: the parent's statement finds it, or
-		// reports the lease lost. An earlier try of the aimed statement may have lost its
-		// reply after it applied; the outcome it wrote is then recognised.
-		rec, _, err = e.write(ctx, e.pool, "finish", e.q.finish, k, args, verify)
-		if errors.Is(err, driver.ErrLeaseLost) {
-			if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
-				rec, err = cur, nil
-			}
-		}
-		if err == nil {
-			e.wakeFinished(k, rec)
-		}
-		return rec, err
 	}
+	// The parent's statement finds the row wherever it is, or reports the lease lost. If the
+	// aimed statement was tried, it may have applied before its reply was lost: the outcome
+	// it wrote is then recognised.
 	rec, _, err := e.write(ctx, e.pool, "finish", e.q.finish, k, args, verify)
+	if aimed && errors.Is(err, driver.ErrLeaseLost) {
+		if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
+			rec, err = cur, nil
+		}
+	}
 	if err == nil {
 		e.wakeFinished(k, rec)
 	}
