@@ -211,15 +211,23 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 				if ctx.Err() != nil {
 					return out
 				}
-				run := workload.RunID()
-				r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
-					k := workload.NewKey(run, w, seq)
-					replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
-					if err == nil && replayed {
-						err = fmt.Errorf("new key %v was replayed", k)
+				newKeys := func(run string) workload.Op {
+					return func(ctx context.Context, w int, seq uint64) error {
+						k := workload.NewKey(run, w, seq)
+						replayed, err := s.Do(ctx, k, workload.Fingerprint(k), workload.ResultFor(k))
+						if err == nil && replayed {
+							err = fmt.Errorf("new key %v was replayed", k)
+						}
+						return err
 					}
-					return err
-				})
+				}
+				if cfg.warmup > 0 { // keys of their own, not measured
+					if w := workload.Run(ctx, conc, cfg.warmup, 0, newKeys(workload.RunID())); w.FirstErr != nil {
+						add("new", s.Name(), conc, w, 0)
+						continue
+					}
+				}
+				r := workload.Run(ctx, conc, cfg.duration, 0, newKeys(workload.RunID()))
 				add("new", s.Name(), conc, r, 0)
 			}
 		}
@@ -285,10 +293,17 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 				if ctx.Err() != nil {
 					return out
 				}
-				r := workload.Run(ctx, conc, cfg.duration, 0, func(ctx context.Context, w int, seq uint64) error {
+				replay := func(ctx context.Context, w int, seq uint64) error {
 					k, fp := pick(w, seq)
 					return s.Replay(ctx, k, fp)
-				})
+				}
+				if cfg.warmup > 0 {
+					if w := workload.Run(ctx, conc, cfg.warmup, 0, replay); w.FirstErr != nil {
+						add("replay", s.Name(), conc, w, 0)
+						continue
+					}
+				}
+				r := workload.Run(ctx, conc, cfg.duration, 0, replay)
 				add("replay", s.Name(), conc, r, 0)
 			}
 		}

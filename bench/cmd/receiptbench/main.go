@@ -44,6 +44,7 @@ import (
 type config struct {
 	dsn       string
 	duration  time.Duration
+	warmup    time.Duration
 	quick     bool
 	settle    bool
 	json      bool
@@ -119,6 +120,7 @@ func parseFlags(args []string) (*config, error) {
 	var concs, storeList, workloadList string
 	fs.StringVar(&cfg.dsn, "dsn", "", "PostgreSQL DSN (default: a throwaway cluster if the server binaries are installed)")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured time per configuration")
+	fs.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "unmeasured run of the same workload before each measured configuration (new and replay), so that connections, statement caches and memtables are warm (default: 500ms, at most a quarter of -duration); 0: none")
 	fs.BoolVar(&cfg.quick, "quick", false, "short run: 1s per configuration, fewer replay keys")
 	fs.BoolVar(&cfg.settle, "settle", true, "flush and compact the floor and receipts before the replay rows (false: replays read whatever the earlier workloads left in memtables and L0)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
@@ -149,6 +151,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if cfg.quick && !flagSet(fs, "duration") {
 		cfg.duration = time.Second
+	}
+	if !flagSet(fs, "warmup") {
+		cfg.warmup = min(cfg.warmup, cfg.duration/4)
 	}
 	if cfg.replayN == 0 {
 		cfg.replayN = 10000
