@@ -126,17 +126,9 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // nothing decided after Close began stays. If the key had a record, that batch committed
 // nothing and the claim statement decides in a second transaction, gated as above.
 func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce []byte, oneTrip bool) (claimRow, error) {
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return claimRow{}, err
-	}
-	defer conn.Release() // a connection left in a transaction is closed by the pool
 	if oneTrip {
-		row, got, err := e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
+		row, got, err := e.freshOneTrip(ctx, req, nonce) // [BEGIN; lock; insert if absent; COMMIT], maybe with other keys
 		if err != nil {
-			if conn.Conn().PgConn().TxStatus() != 'I' { // the batch failed inside its transaction
-				_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-			}
 			return claimRow{}, err
 		}
 		switch got {
@@ -151,6 +143,11 @@ func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce 
 			}
 		}
 	}
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return claimRow{}, err
+	}
+	defer conn.Release()                                        // a connection left in a transaction is closed by the pool
 	row, got, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; lock; insert if absent]
 	if err == nil && got != freshClaimed {                      // the key has a record: the claim statement decides
 		if done, ok := replayable(req, row); got == freshExisting && ok {

@@ -192,6 +192,17 @@ type engine struct {
 	testNoFinishIn bool
 	finishInHits   atomic.Uint64
 	finishInText   epochTexts
+	finishManyText epochTexts
+
+	// claims sends first claims that arrive together in one transaction (freshbatch.go),
+	// finishes finishes (finishbatch.go); testNoBatch sends each alone (tests and
+	// measurements).
+	claims      *combiner[freshV]
+	finishes    *combiner[finishV]
+	testNoBatch bool
+	// testLoseBatch, if set, is asked after a batch of two or more was answered; true: its
+	// answers are dropped as if the reply had been lost (tests of the lost-reply path).
+	testLoseBatch func() bool
 
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).
@@ -208,6 +219,7 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 		return nil, err
 	}
 	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil, false, 1)}
+	e.claims, e.finishes = e.newFreshCombiner(), e.newFinishCombiner()
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	e.me = hex.EncodeToString(id)
@@ -485,7 +497,7 @@ func lostReply(ctx context.Context, err error) bool {
 	var ce *pgconn.ConnectError
 	return pgconn.SafeToRetry(err) || errors.As(err, &ne) || errors.As(err, &ce) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, errLostReply)
+		errors.Is(err, errLostReply) || errors.Is(err, errBatchLost)
 }
 
 // errLostReply is what testLoseReply hooks return.

@@ -53,8 +53,9 @@ func (l *leaseEpochs) drop(token uint64) {
 	l.mu.Unlock()
 }
 
-// finishIn is Finish's statement aimed at the records partition where token's record was last
-// written, if this engine remembers it and the partition is live (ok false: send the parent's).
+// finishIn is the records epoch where token's record was last written, if this engine
+// remembers it and its partition is live: Finish's statement is then aimed at that partition
+// (finishInFor; ok false: send the parent's).
 //
 // Why it decides as the parent's statement does: a key has at most one row in the live
 // partitions (lookupIn), and the fenced UPDATE matches that row only if it is Pending with
@@ -64,12 +65,17 @@ func (l *leaseEpochs) drop(token uint64) {
 // what the parent's would (the same SET, the marker of the same markers partition); when it
 // does not, Finish sends the parent's statement, which finds the row wherever it is, or
 // reports the lease lost.
-func (e *engine) finishIn(token uint64) (string, bool) {
-	ep, ok := e.leases.take(token)
+func (e *engine) finishIn(token uint64) (ep int64, ok bool) {
+	ep, ok = e.leases.take(token)
 	if !ok || ep < e.oldest() || e.testNoFinishIn {
-		return "", false
+		return 0, false
 	}
-	return e.finishInText.get(ep, func() string { return e.q.finishInSQL(ep, e.markerEpoch(ep)) }), true
+	return ep, true
+}
+
+// finishInFor is the aimed statement's text for records epoch ep.
+func (e *engine) finishInFor(ep int64) string {
+	return e.finishInText.get(ep, func() string { return e.q.finishInSQL(ep, e.markerEpoch(ep)) })
 }
 
 // finishAimed runs the aimed statement (finishIn). ok false: it matched no row, or the server

@@ -20,10 +20,17 @@ func mutated(q queries, name string) queries {
 		q.finish = mustReplace(q.finish, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
 		q.finishMust = mustReplace(q.finishMust, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
 		q.finishIn = mustReplace(q.finishIn, "AND r.token = $3 AND", "AND $3::bigint > 0 AND")
+		q.finishManyIn = mustReplace(q.finishManyIn, "AND r.token = k.token AND", "AND k.token > 0 AND")
 	case mutate.PgNoAtomic:
 		q.lock = `SELECT $1::int4, $2::int4`
 		q.claim = mustReplace(q.claim, "FOR UPDATE OF r SKIP LOCKED", "")
 		q.fresh = mustReplace(q.fresh, "\nRETURNING *", `
+ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
+    fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
+    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at
+RETURNING *`)
+		q.lockMany = `SELECT $1::int4, $2::int4[]`
+		q.freshMany = mustReplace(q.freshMany, "\nRETURNING *", `
 ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
     fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at

@@ -22,8 +22,10 @@ type queries struct {
 	tombs    bool   // tombstones are on: writes keep markers, claims check them
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
+	lockMany, freshMany                                                  string // a batch of first claims (freshbatch.go)
 	finishMust                                                           string // DoTx's: fails if it matches no row
 	finishIn                                                             string // template of Finish in one partition (finishInSQL)
+	finishManyIn                                                         string // the same for a batch of finishes (finishInSQL)
 	tombstone, scanTombstones                                            string // tombs only
 }
 
@@ -205,6 +207,56 @@ mark AS (
 )` + freshOut)
 	}
 
+	// The fresh statement for several keys at once (freshbatch.go): the same decision as
+	// q.fresh for each key of the batch, in one statement, after lockMany took every key's
+	// lock. $1 scopes, $2 ids, $3 fingerprints, $4 nonces, $5 lease µs (arrays, one element
+	// per key; the keys are distinct), then $6.. as q.fresh's. Columns: q.fresh's, then the
+	// key's position in the arrays (1-based). A key with no row back has a tombstone in force.
+	manyK := `k AS MATERIALIZED (
+  SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[])
+                WITH ORDINALITY AS k(scope, id, fp, nonce, lease_us, i)
+),
+cur AS MATERIALIZED (SELECT k.i, r.* FROM k CROSS JOIN LATERAL (
+    SELECT * FROM S.records r WHERE r.scope = k.scope AND r.id = k.id AND r.epoch >= $8
+     ORDER BY r.epoch DESC LIMIT 1) r)`
+	manyIns := `INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
+                       created_at, updated_at, lease_expires_at)
+SELECT k.scope, k.id, t.ep, 1, k.fp, nextval('S.token_seq'), 1, k.nonce, t.now, t.now, t.now + k.lease_us` + us + `
+  FROM k, t
+ WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.i = k.i)
+   AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)`
+	manyOut := `
+SELECT ` + recCols + `, t.now, true, k.i FROM ins r JOIN k ON k.scope = r.scope AND k.id = r.id, t
+UNION ALL
+SELECT ` + recCols + `, t.now, false, r.i FROM cur r, t`
+	if !tombs {
+		q.freshMany = x(`WITH ` + q.clockCTE("$9", "$7") + `,
+` + manyK + `,
+ins AS (
+` + manyIns + `
+RETURNING *
+)` + manyOut)
+	} else {
+		q.freshMany = x(`WITH ` + q.clockCTE("$9", "$7") + `,
+` + manyK + `,
+ins AS (
+` + manyIns + `
+   AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = k.scope AND m.id = k.id AND m.epoch >= $10::bigint
+                      AND m.used_at + $11::bigint` + us + ` > t.now)
+RETURNING *
+),
+mark AS (
+  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT scope, id, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM ins
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
+)` + manyOut)
+	}
+	// The locks of a batch's keys, in the order given (sorted: two batches never wait for
+	// each other in a cycle), after a lock_timeout for this transaction: a key whose lock
+	// another transaction holds for long (a DoTx running its effect) fails the batch
+	// (55P03) instead of holding up the others, which then claim one by one.
+	q.lockMany = `WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', '` + batchLockTimeout + `', true))
+SELECT pg_advisory_xact_lock($1::int4, x) FROM s, unnest($2::int4[]) AS x`
+
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.
 	q.lookup = x(`SELECT ` + recCols + `, t.now
@@ -315,6 +367,50 @@ mark AS (                       -- else the upsert
 SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid FROM u`)
 	}
 
+	// Finish of several leases at once (finishbatch.go), aimed at one records partition as
+	// finishIn is: $1 scopes, $2 ids, $3 tokens, $8 states, $9 results, $10 trace contexts
+	// (arrays, one element per key; the keys are distinct), $4..$7 as finishIn's. Each
+	// lease's row is fenced as finishIn fences it, and gets finishIn's writes (the same SET,
+	// the marker of the same markers partition). Columns: finishIn's, then the key's
+	// position in the arrays (1-based); a key with no row back was not written.
+	manyFK := `k AS MATERIALIZED (
+  SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bigint[], $8::smallint[], $9::bytea[], $10::bytea[])
+                WITH ORDINALITY AS k(scope, id, token, state, result, meta, i)
+)`
+	manyFenced := `r.scope = k.scope AND r.id = k.id AND r.epoch >= $4 AND r.token = k.token AND r.state = 1
+   AND r.updated_at + $5::bigint` + us + ` > t.now AND t.ep = @ep@`
+	manyFSet := `state = k.state, result = k.result, meta = k.meta, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`
+	if !tombs {
+		q.finishManyIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
+` + manyFK + `
+UPDATE S.@records@ r
+   SET ` + manyFSet + `
+  FROM k, t
+ WHERE ` + manyFenced + `
+ RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text, k.i`)
+	} else {
+		q.finishManyIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
+` + manyFK + `,
+u AS (
+UPDATE S.@records@ r
+   SET ` + manyFSet + `
+  FROM k, t
+ WHERE ` + manyFenced + `
+ RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text AS xid, k.i, r.scope AS ks, r.id AS kid
+),
+mu AS (                         -- the markers of the records' epoch, if written already
+  UPDATE S.@markers@ m SET used_at = u.updated_at FROM u
+   WHERE m.scope = u.ks AND m.id = u.kid
+  RETURNING m.scope, m.id
+),
+mark AS (                       -- else the upsert
+  INSERT INTO S.@markers@ (scope, id, epoch, used_at) SELECT u.ks, u.kid, @mep@, u.updated_at FROM u
+   WHERE NOT EXISTS (SELECT 1 FROM mu WHERE mu.scope = u.ks AND mu.id = u.kid)
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
+)
+SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid, i FROM u`)
+	}
+
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
 	q.abandon = x(upd(`lease_expires_at = t.now, updated_at = t.now, epoch = t.ep`))
 
@@ -387,13 +483,19 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 
 // finishInSQL is the template q.finishIn filled in for records epoch ep, whose markers
 // partition is mep.
-func (q queries) finishInSQL(ep, mep int64) string {
+func (q queries) finishInSQL(ep, mep int64) string { return q.inPartition(q.finishIn, ep, mep) }
+
+// finishManyInSQL is q.finishManyIn filled in as finishInSQL fills in q.finishIn.
+func (q queries) finishManyInSQL(ep, mep int64) string { return q.inPartition(q.finishManyIn, ep, mep) }
+
+// inPartition fills in template sql for records epoch ep, whose markers partition is mep.
+func (q queries) inPartition(sql string, ep, mep int64) string {
 	return strings.NewReplacer(
 		"@records@", pgx.Identifier{partName(famRecords, ep)}.Sanitize(),
 		"@markers@", pgx.Identifier{partName(famMarkers, mep)}.Sanitize(),
 		"@ep@", strconv.FormatInt(ep, 10)+"::bigint",
 		"@mep@", strconv.FormatInt(mep, 10)+"::bigint",
-	).Replace(q.finishIn)
+	).Replace(sql)
 }
 
 // lookupIn is the lookup statement reading one records partition, part (lookupIn in

@@ -95,11 +95,24 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	if result == nil {
 		result = []byte{}
 	}
-	args := e.fencedArgs(k, token, int16(state), result, driver.TraceOf(ctx))
+	trace := driver.TraceOf(ctx)
+	args := e.fencedArgs(k, token, int16(state), result, trace)
 	verify := finished(token, state, result)
-	sql, aimed := e.finishIn(token)
+	ep, aimed := e.finishIn(token)
 	if aimed {
-		if rec, done, err := e.finishAimed(ctx, sql, k, args, verify); done {
+		var rec driver.Record
+		var done bool
+		var err error
+		if e.testNoBatch {
+			rec, done, err = e.finishAimed(ctx, e.finishInFor(ep), k, args, verify)
+		} else { // alone, or in a batch with other finishes aimed at the same partition
+			c := &finishCall{ctx: ctx, key: k, v: finishV{ep: ep, token: token, state: state, result: result, trace: trace, args: args, verify: verify}}
+			if !e.finishes.do(c) {
+				return driver.Record{}, fmt.Errorf("pgstore: finish: %w", ctx.Err())
+			}
+			rec, done, err = c.v.rec, c.v.done, c.v.err
+		}
+		if done {
 			if err == nil {
 				e.wakeFinished(k, rec)
 			}

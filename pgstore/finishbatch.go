@@ -1,0 +1,114 @@
+package pgstore
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// Finishes of different leases share a statement when they arrive together (combiner.go).
+//
+// A finish aimed at its record's partition (finishIn) is one autocommitted statement. A batch
+// of finishes aimed at the same partition is one statement over arrays of keys
+// (queries.finishManyIn): each lease's row is fenced, and written, as its own aimed statement
+// would fence and write it. A member whose row it did not write (its fence did not hold
+// there: taken over, moved to another partition) goes on as Finish does after an aimed
+// statement that matched nothing: the parent's statement decides. So does every member of
+// a batch that failed: on a server error nothing was written; after a lost reply the
+// batch may have committed, and the parent's statement then finds the row finished, which
+// Finish recognises as its own outcome (finished: token, state and result) before
+// reporting the lease lost. Members aimed at another partition than the sender's go on
+// alone the same way (the parent's statement: only at an epoch boundary).
+
+// finishV is one aimed finish's arguments and answer in the finish combiner.
+type finishV struct {
+	ep     int64 // the records epoch the statement is aimed at
+	token  uint64
+	state  driver.State
+	result []byte
+	trace  []byte
+	args   []any // the aimed statement's parameters, for a batch of one
+	verify func(driver.Record) bool
+
+	rec  driver.Record
+	done bool // rec and err are Finish's answer; else Finish sends the parent's statement
+	err  error
+}
+
+type finishCall = batchCall[finishV]
+
+// newFinishCombiner is the engine's combiner of aimed finishes.
+func (e *engine) newFinishCombiner() *combiner[finishV] {
+	return &combiner[finishV]{send: func(self *finishCall, batch []*finishCall) {
+		if len(batch) == 1 {
+			v := &self.v
+			v.rec, v.done, v.err = e.finishAimed(self.ctx, e.finishInFor(v.ep), self.key, v.args, v.verify)
+			return
+		}
+		e.finishMany(self, batch)
+	}}
+}
+
+// finishMany sends the batch's finishes aimed at the sender's partition in one statement and
+// fills in the answers of those it wrote; the others are left to the parent's statement.
+func (e *engine) finishMany(self *finishCall, batch []*finishCall) {
+	ep := self.v.ep
+	var in []*finishCall
+	for _, c := range batch {
+		if c.v.ep == ep {
+			in = append(in, c)
+		}
+	}
+	if len(in) == 1 {
+		v := &self.v
+		v.rec, v.done, v.err = e.finishAimed(self.ctx, e.finishInFor(ep), self.key, v.args, v.verify)
+		return
+	}
+	n := len(in)
+	scopes, ids, results, traces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	tokens, states := make([]int64, n), make([]int16, n)
+	for i, c := range in {
+		scopes[i], ids[i] = []byte(c.key.Scope), []byte(c.key.ID)
+		tokens[i], states[i], results[i], traces[i] = int64(c.v.token), int16(c.v.state), c.v.result, c.v.trace
+	}
+	sql := e.finishManyText.get(ep, func() string { return e.q.finishManyInSQL(ep, e.markerEpoch(ep)) })
+	rows, err := e.pool.Query(self.ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
+	if err != nil {
+		return // nothing answered: the parent's statement decides for each
+	}
+	type wrote struct {
+		rec driver.Record
+		now time.Time
+	}
+	got := make([]*wrote, n)
+	for rows.Next() {
+		w := &wrote{}
+		var xid string
+		var i int64
+		if err = scanRecord(rows, &w.rec, &w.now, &xid, &i); err != nil {
+			break
+		}
+		if i < 1 || i > int64(n) || got[i-1] != nil {
+			err = fmt.Errorf("pgstore: finish batch: row for key %d of %d", i, n)
+			break
+		}
+		got[i-1] = w
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil || (e.testLoseBatch != nil && e.testLoseBatch()) {
+		return // see above: on a lost reply the parent's statement finds what was written
+	}
+	for i, c := range in {
+		if w := got[i]; w != nil {
+			w.rec.Key = c.key
+			e.fill(&w.rec)
+			e.saw(w.now, nil)
+			e.finishInHits.Add(1)
+			c.v.rec, c.v.done = w.rec, true
+		}
+	}
+}
