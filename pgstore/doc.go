@@ -57,6 +57,23 @@
 // returns the finished record instead. DoTx's first call is two round trips too: the claim
 // batch begins its transaction, and the receipt's write is sent with COMMIT.
 //
+// Batches. Under load the server's work for a first claim or a finish is mostly per
+// statement and per transaction (the plan over the partitions, parse, bind and execute, the
+// lock's statement, BEGIN, COMMIT and its WAL flush), not per key. So while two claim
+// transactions are in flight, first claims that arrive wait, and the next caller sends them
+// together, up to 32 distinct keys, in one transaction: every key's advisory lock (in sorted
+// order, with a 50 ms lock_timeout so that a key a DoTx holds cannot hold the others up),
+// then the insert-if-absent statement over an array of keys, then COMMIT; each key gets the
+// decision its own statement would have made. Finishes aimed at the same partition are
+// batched the same way, in one fenced UPDATE. A server error rolls a batch back and each
+// call is sent alone; a lost reply is a lost reply for each member (its nonce, or its
+// recorded outcome, recognises what landed); a caller that leaves while its batch is in
+// flight has the claim it was granted undone. With fewer concurrent callers nothing waits
+// and every call is sent alone. The engine starts no goroutine for this: the caller that
+// finds room sends. At 64 callers on a 2-vCPU machine this is what puts Do ahead of the
+// two plain statements (bench/README.md). DoTx is never batched: its transaction is the
+// caller's.
+//
 // Wake-ups across nodes need a LISTEN session outside any transaction pooler (ListenConn).
 // Without one (behind PgBouncer in transaction mode, where LISTEN does not work) the engine
 // runs in poll-only mode: waiters on a node learn of other nodes' commits by re-reading every

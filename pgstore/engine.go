@@ -181,8 +181,8 @@ type engine struct {
 	// lookupInHits counts the reads one partition answered (lookupIn).
 	testNoLookupIn bool
 	lookupInHits   atomic.Uint64
-	// lookupInText holds lookupIn's statements by epoch.
-	lookupInText epochTexts
+	// lookupInText holds lookupIn's statements by epoch, lookupManyText lookupManyIn's.
+	lookupInText, lookupManyText epochTexts
 
 	// leases remembers where the records of this engine's open leases are, for Finish
 	// (finishin.go); testNoFinishIn turns that off (tests and measurements), finishInHits
@@ -199,6 +199,7 @@ type engine struct {
 	// measurements).
 	claims      *combiner[freshV]
 	finishes    *combiner[finishV]
+	lookups     *combiner[lookupV]
 	testNoBatch bool
 	// testLoseBatch, if set, is asked after a batch of two or more was answered; true: its
 	// answers are dropped as if the reply had been lost (tests of the lost-reply path).
@@ -219,7 +220,7 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 		return nil, err
 	}
 	e := &engine{pool: pool, o: o, q: buildQueries(o.Schema, o.Now != nil, false, 1)}
-	e.claims, e.finishes = e.newFreshCombiner(), e.newFinishCombiner()
+	e.claims, e.finishes, e.lookups = e.newFreshCombiner(), e.newFinishCombiner(), e.newLookupCombiner()
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	e.me = hex.EncodeToString(id)

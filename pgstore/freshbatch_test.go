@@ -484,3 +484,79 @@ func TestBatchLostReply(t *testing.T) {
 		t.Fatalf("records: %d rows of %d keys (%v), want %d", rows, keys, err, n)
 	}
 }
+
+// Replays through the fast path of many keys at once, some read in one statement
+// (lookupbatch.go), answer as reads one by one: a finished key replays its own result (or
+// mismatches another fingerprint), a key past retention is left to the claim path (here:
+// tombstoned).
+func TestLookupBatch(t *testing.T) {
+	leakCheck(t)
+	d := newTestDB(t)
+	clk := newClock()
+	a := d.open(engineOptions{Now: clk.Now, Retention: time.Hour, TombstoneWindow: 2 * time.Hour})
+	const n = 100
+	finish := func(i int) {
+		k := key(fmt.Sprintf("r-%d", i))
+		c := mustClaim(t, a.engine, req(k, "fp"), driver.Claimed)
+		state := driver.Succeeded
+		if i%4 == 0 {
+			state = driver.Failed
+		}
+		if _, err := a.Finish(bg, k, c.Record.Token, state, fmt.Appendf(nil, "res-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n / 2 {
+		finish(i)
+	}
+	clk.Advance(30 * time.Minute)
+	for i := n / 2; i < n; i++ {
+		finish(i)
+	}
+	clk.Advance(31 * time.Minute) // the first half is past retention
+	hits := a.replayFastHits.Load()
+	type answer struct {
+		res driver.ClaimResult
+		err error
+	}
+	answers := make([]answer, 2*n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for j := range 2 * n {
+		wg.Go(func() {
+			<-start
+			fp := "fp"
+			if j >= n {
+				fp = "other"
+			}
+			res, err := a.Claim(bg, req(key(fmt.Sprintf("r-%d", j%n)), fp))
+			answers[j] = answer{res, err}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for j, got := range answers {
+		i := j % n
+		want := driver.Replay
+		switch {
+		case i < n/2:
+			want = driver.Expired
+		case j >= n:
+			want = driver.Mismatch
+		}
+		if got.err != nil || got.res.Outcome != want {
+			t.Errorf("claim r-%d (#%d): %v %v, want %v", i, j, got.res.Outcome, got.err, want)
+			continue
+		}
+		if want == driver.Replay && string(got.res.Record.Result) != fmt.Sprintf("res-%d", i) {
+			t.Errorf("replay r-%d: result %q", i, got.res.Record.Result)
+		}
+	}
+	if got := a.replayFastHits.Load() - hits; got != n {
+		t.Errorf("fast-path answers: %d, want %d (the finished keys' replays and mismatches)", got, n)
+	}
+	if a.lookups.batches.Load() == 0 {
+		t.Errorf("%d concurrent replays sent no batch", 2*n)
+	}
+	t.Logf("%d claims, %d read batches", 2*n, a.lookups.batches.Load())
+}

@@ -506,6 +506,16 @@ func (q queries) lookupIn(part string) string {
   LEFT JOIN ` + q.schema + `.` + pgx.Identifier{part}.Sanitize() + ` r ON r.scope = $1 AND r.id = $2`
 }
 
+// lookupManyIn is lookupIn for several keys at once (lookupbatch.go): one row per key of the
+// arrays, its record in part or NULLs. $1 scopes, $2 ids, $3 now. Columns: lookupIn's, then
+// the key's position in the arrays (1-based).
+func (q queries) lookupManyIn(part string) string {
+	return `SELECT ` + recCols + `, t.now, k.i
+  FROM (SELECT ` + q.clock("$3") + ` AS now) t
+  CROSS JOIN unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS k(scope, id, i)
+  LEFT JOIN ` + q.schema + `.` + pgx.Identifier{part}.Sanitize() + ` r ON r.scope = k.scope AND r.id = k.id`
+}
+
 // schemaSQL creates format 2 (run once, under the schema's advisory lock).
 func schemaSQL(schema string) []string {
 	s := pgx.Identifier{schema}.Sanitize()

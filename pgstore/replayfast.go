@@ -57,10 +57,26 @@ func (e *engine) replayFast(ctx context.Context, req driver.ClaimRequest, epoch 
 // the same clock and visibility test. When the partition holds no row of k (the record moved
 // to a later epoch, was deleted, or epoch is no longer live), or the read fails, Lookup
 // answers instead.
+//
+// Reads of different keys that arrive together are sent as one statement (lookupbatch.go).
 func (e *engine) lookupIn(ctx context.Context, k driver.Key, epoch int64) (driver.Record, bool, time.Time, error) {
 	if epoch < e.oldest() || e.testNoLookupIn {
 		return e.Lookup(ctx, k)
 	}
+	if !e.testNoBatch {
+		c := &lookupCall{ctx: ctx, key: k, v: lookupV{epoch: epoch}}
+		if !e.lookups.do(c) {
+			return driver.Record{}, false, time.Time{}, ctx.Err()
+		}
+		if v := &c.v; v.done {
+			return v.rec, v.found, v.now, v.err
+		}
+	}
+	return e.lookupInAlone(ctx, k, epoch)
+}
+
+// lookupInAlone is lookupIn's read of one key.
+func (e *engine) lookupInAlone(ctx context.Context, k driver.Key, epoch int64) (driver.Record, bool, time.Time, error) {
 	var rec driver.Record
 	var now time.Time
 	arg := e.nowArg()
@@ -70,6 +86,11 @@ func (e *engine) lookupIn(ctx context.Context, k driver.Key, epoch int64) (drive
 	}
 	now = e.saw(now, arg)
 	e.lookupInHits.Add(1)
+	return e.lookupInAnswer(k, rec, now)
+}
+
+// lookupInAnswer is lookupIn's answer from the row of k read in its partition at time now.
+func (e *engine) lookupInAnswer(k driver.Key, rec driver.Record, now time.Time) (driver.Record, bool, time.Time, error) {
 	rec.Key = k
 	e.fill(&rec)
 	if !now.Before(rec.ExpiresAt) { // exact at read time: past retention is absent
