@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/bench/internal/engine"
@@ -79,3 +80,26 @@ type dropExporter struct{}
 
 func (dropExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
 func (dropExporter) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkOTelSDKSpans: what the OpenTelemetry SDK itself costs for the spans of one replay,
+// with no receipts code: a receipts.do span and its receipts.claim child, the child linked to
+// another trace's span (the recorded execution), both sampled and ended, on the same provider
+// as BenchmarkObserved's otel run (batched to an exporter that drops them). Any observer that
+// emits the replay spans issue 16 asks for pays at least this per replay; compare it with
+// BenchmarkObserved/replay/none.
+func BenchmarkOTelSDKSpans(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr := tp.Tracer("receipts")
+	recorded := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled})
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			c, do := tr.Start(ctx, "receipts.do")
+			_, claim := tr.Start(c, "receipts.claim", trace.WithLinks(trace.Link{SpanContext: recorded}))
+			claim.End()
+			do.End()
+		}
+	})
+}
