@@ -20,9 +20,8 @@ import (
 // statement would have made (freshbatch.go, finishbatch.go). With fewer callers than
 // batchInflight nothing waits and every call is sent alone, as before.
 const (
-	batchInflight    = 2      // transactions of one kind in flight before calls wait to be batched
-	batchMax         = 32     // keys in one batch
-	batchLockTimeout = "50ms" // lockMany's lock_timeout
+	batchInflight = 2  // transactions of one kind in flight before calls wait to be batched
+	batchMax      = 32 // keys in one batch
 )
 
 // A batchCall is one call waiting for, or in, a batch; v holds its arguments and answer.

@@ -61,9 +61,10 @@
 // statement and per transaction (the plan over the partitions, parse, bind and execute, the
 // lock's statement, BEGIN, COMMIT and its WAL flush), not per key. So while two claim
 // transactions are in flight, first claims that arrive wait, and the next caller sends them
-// together, up to 32 distinct keys, in one transaction: every key's advisory lock (in sorted
-// order, with a 50 ms lock_timeout so that a key a DoTx holds cannot hold the others up),
-// then the insert-if-absent statement over an array of keys, then COMMIT; each key gets the
+// together, up to 32 distinct keys, in one transaction: the advisory lock of every key that is
+// free (pg_try_advisory_xact_lock: a batch never waits for a key another transaction holds,
+// a DoTx running its effect say, and takes part in no deadlock; such a key claims alone),
+// then the insert-if-absent statement over the locked keys, then COMMIT; each key gets the
 // decision its own statement would have made. Finishes aimed at the same partition are
 // batched the same way, in one fenced UPDATE. A server error rolls a batch back and each
 // call is sent alone; a lost reply is a lost reply for each member (its nonce, or its

@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,13 +15,15 @@ import (
 // First claims of different keys share a transaction when they arrive together (combiner.go).
 //
 // A first call's claim is one round trip, [BEGIN; lock; fresh; COMMIT] (claimFresh). A batch
-// of them is [BEGIN; lockMany; freshMany; COMMIT]: each key gets the decision its own
-// claimFresh would have made, on a snapshot taken after every key's lock was granted (the
-// statement is the fresh statement over an array of keys).
+// of them is [BEGIN; lockMany; freshMany; COMMIT]: each key whose lock was free gets the
+// decision its own claimFresh would have made, on a snapshot taken after its lock was taken
+// (the statement is the fresh statement over an array of keys).
 //
 // Failure keeps each claim's own semantics:
-//   - A server error (a unique violation, the lock timeout, a missing partition) rolls the
-//     whole transaction back: nothing was written, and each claim is sent again alone.
+//   - A key whose lock another transaction holds is left out (lockMany only takes free
+//     locks) and claims alone, waiting for its lock as a claim sent alone does.
+//   - A server error (a unique violation, a missing partition) rolls the whole transaction
+//     back: nothing was written, and each claim is sent again alone.
 //   - A lost reply (the connection broke, or the sender's context ended mid-batch) may or
 //     may not have committed the batch: every member gets a lost reply, and claimDecide
 //     retries it with its nonce on the slow path, which recognises a claim that landed.
@@ -99,14 +102,12 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 	n := len(batch)
 	scopes, ids, fps, nonces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	leases := make([]int64, n)
-	locks := make([]int32, 0, n)
+	locks := make([]int32, n)
 	for i, c := range batch {
 		scopes[i], ids[i] = []byte(c.key.Scope), []byte(c.key.ID)
 		fps[i], nonces[i], leases[i] = c.v.req.Fingerprint, c.v.nonce, c.v.req.LeaseTTL.Microseconds()
-		locks = append(locks, lockID(keyHash(c.key)))
+		locks[i] = lockID(keyHash(c.key))
 	}
-	slices.Sort(locks)
-	locks = slices.Compact(locks)
 	now := e.nowArg()
 	args := []any{scopes, ids, fps, nonces, leases, e.retentionUS(), e.width, e.oldest(), now}
 	if e.q.tombs {
@@ -138,8 +139,16 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	got := make([]bool, n)
+	locked := make([]bool, n)
 	if _, err = br.Exec(); err == nil {
-		_, err = br.Exec()
+		var list string
+		if err = br.QueryRow().Scan(&list); err == nil {
+			for _, f := range strings.Split(list, ",") {
+				if i, perr := strconv.Atoi(f); perr == nil && i >= 1 && i <= n {
+					locked[i-1] = true
+				}
+			}
+		}
 	}
 	if err == nil {
 		var rows pgx.Rows
@@ -151,7 +160,7 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 				if err = scanRecord(rows, &row.rec, &row.now, &claimed, &i); err != nil {
 					break
 				}
-				if i < 1 || i > int64(n) || got[i-1] {
+				if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
 					err = fmt.Errorf("pgstore: claim batch: row for key %d of %d", i, n)
 					break
 				}
@@ -188,8 +197,12 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 		return
 	}
 	// as claimFresh finishes each answer
-	for _, bc := range batch {
+	for i, bc := range batch {
 		c := &bc.v
+		if !locked[i] { // its lock was taken: it claims alone, waiting for the lock
+			c.solo = true
+			continue
+		}
 		if c.got == freshNone { // no row: a tombstone in force; the claim statement decides
 			continue
 		}

@@ -179,9 +179,9 @@ func waitQueued(t *testing.T, e *engine, n int) {
 }
 
 // A key whose lock another transaction holds (a DoTx running its effect) does not hold up
-// the other keys of its batch for longer than the lock timeout: the batch fails and every
-// claim is sent alone; the others are claimed while that transaction is still open, and the
-// blocked key once it ends.
+// the other keys of its batch: it is left out of the batch and claims alone, waiting for its
+// lock; the others are claimed while that transaction is still open, and the blocked key once
+// it ends.
 func TestClaimBatchLockedKeyDoesNotBlockOthers(t *testing.T) {
 	leakCheck(t)
 	d := newTestDB(t)

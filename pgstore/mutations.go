@@ -29,7 +29,8 @@ ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
     fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
     created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at
 RETURNING *`)
-		q.lockMany = `SELECT $1::int4, $2::int4[]`
+		q.lockMany = `SELECT set_config('receipts.locked', array_to_string(ARRAY(
+  SELECT generate_series(1, cardinality($2::int4[]))), ','), true) WHERE $1::int4 IS NOT NULL`
 		q.freshMany = mustReplace(q.freshMany, "\nRETURNING *", `
 ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
     fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,

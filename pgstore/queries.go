@@ -208,13 +208,15 @@ mark AS (
 	}
 
 	// The fresh statement for several keys at once (freshbatch.go): the same decision as
-	// q.fresh for each key of the batch, in one statement, after lockMany took every key's
-	// lock. $1 scopes, $2 ids, $3 fingerprints, $4 nonces, $5 lease µs (arrays, one element
-	// per key; the keys are distinct), then $6.. as q.fresh's. Columns: q.fresh's, then the
-	// key's position in the arrays (1-based). A key with no row back has a tombstone in force.
+	// q.fresh for each key of the batch whose lock lockMany took (the positions it listed in
+	// receipts.locked), in one statement. $1 scopes, $2 ids, $3 fingerprints, $4 nonces,
+	// $5 lease µs (arrays, one element per key; the keys are distinct), then $6.. as
+	// q.fresh's. Columns: q.fresh's, then the key's position in the arrays (1-based). A
+	// locked key with no row back has a tombstone in force; the others are not decided.
 	manyK := `k AS MATERIALIZED (
   SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[])
                 WITH ORDINALITY AS k(scope, id, fp, nonce, lease_us, i)
+   WHERE i = ANY (string_to_array(current_setting('receipts.locked'), ',')::bigint[])
 ),
 cur AS MATERIALIZED (SELECT k.i, r.* FROM k CROSS JOIN LATERAL (
     SELECT * FROM S.records r WHERE r.scope = k.scope AND r.id = k.id AND r.epoch >= $8
@@ -250,12 +252,15 @@ mark AS (
   ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )` + manyOut)
 	}
-	// The locks of a batch's keys, in the order given (sorted: two batches never wait for
-	// each other in a cycle), after a lock_timeout for this transaction: a key whose lock
-	// another transaction holds for long (a DoTx running its effect) fails the batch
-	// (55P03) instead of holding up the others, which then claim one by one.
-	q.lockMany = `WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', '` + batchLockTimeout + `', true))
-SELECT pg_advisory_xact_lock($1::int4, x) FROM s, unnest($2::int4[]) AS x`
+	// The locks of a batch's keys ($2, one per key), each taken only if it is free
+	// (pg_try_advisory_xact_lock never waits, so a batch neither waits for a key another
+	// transaction holds, a DoTx running its effect say, nor takes part in a deadlock): the
+	// positions (1-based) of the keys locked, comma-separated, are returned and kept in the
+	// transaction's receipts.locked setting, which freshMany reads.
+	q.lockMany = `SELECT set_config('receipts.locked', s.l, true) FROM (
+  SELECT coalesce(string_agg(x.i::text, ','), '') AS l
+    FROM unnest($2::int4[]) WITH ORDINALITY AS x(id, i)
+   WHERE pg_try_advisory_xact_lock($1::int4, x.id)) s`
 
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.
