@@ -161,6 +161,22 @@ func holdLocks(t *testing.T, e *engine, keys ...driver.Key) (release func()) {
 	return release
 }
 
+// waitInflight waits until e's claim combiner has as many batches in flight as it allows.
+func waitInflight(t *testing.T, e *engine) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		e.claims.mu.Lock()
+		in := e.claims.inflight
+		e.claims.mu.Unlock()
+		if in == batchInflight {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first claims never went in flight")
+		}
+	}
+}
+
 // waitQueued waits until n claims wait in e's batch queue.
 func waitQueued(t *testing.T, e *engine, n int) {
 	t.Helper()
@@ -201,17 +217,7 @@ func TestClaimBatchLockedKeyDoesNotBlockOthers(t *testing.T) {
 	}
 	go claim(p1) // the two senders in flight, each waiting on its key's lock
 	go claim(p2)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		e.claims.mu.Lock()
-		in := e.claims.inflight
-		e.claims.mu.Unlock()
-		if in == batchInflight {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first claims never went in flight")
-		}
-	}
+	waitInflight(t, e)
 	others := []driver.Key{key("f1"), key("f2"), key("f3")}
 	xDone := make(chan error, 1)
 	go func() {
@@ -266,17 +272,7 @@ func TestClaimBatchCallerGone(t *testing.T) {
 	for _, k := range []driver.Key{p1, p2} {
 		go func() { _, err := e.Claim(bg, req(k, "fp")); done <- err }()
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		e.claims.mu.Lock()
-		in := e.claims.inflight
-		e.claims.mu.Unlock()
-		if in == batchInflight {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first claims never went in flight")
-		}
-	}
+	waitInflight(t, e)
 	ctx, cancel := context.WithCancel(bg)
 	gone := make(chan error, 1)
 	go func() { _, err := e.Claim(ctx, req(key("queued"), "fp")); gone <- err }()
