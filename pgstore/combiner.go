@@ -56,7 +56,8 @@ type combiner[V any] struct {
 	mu       sync.Mutex
 	queue    []*batchCall[V]
 	inflight int
-	batches  atomic.Uint64 // batches of two or more keys sent (tests, measurements)
+	batches  atomic.Uint64 // batches of two or more keys sent
+	batched  atomic.Uint64 // the calls those batches carried
 }
 
 // do answers c, alone or in a batch. false: c's context ended first (c was not sent, or its
@@ -116,6 +117,7 @@ func (b *combiner[V]) takeLocked(n int, k driver.Key) []*batchCall[V] {
 func (b *combiner[V]) run(self *batchCall[V], batch []*batchCall[V]) {
 	if len(batch) > 1 {
 		b.batches.Add(1)
+		b.batched.Add(uint64(len(batch)))
 	}
 	b.send(self, batch)
 	for _, c := range batch {

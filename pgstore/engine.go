@@ -525,6 +525,8 @@ func (e *engine) Metrics() []driver.Metric {
 	}
 	listens := e.listens.Load()
 	ps := e.pool.Stat()
+	batches := e.claims.batches.Load() + e.finishes.batches.Load() + e.lookups.batches.Load()
+	batched := e.claims.batched.Load() + e.finishes.batched.Load() + e.lookups.batched.Load()
 	return []driver.Metric{
 		{Name: "postgres_listener_up", Help: "1 while the LISTEN session for cross-node wake-ups is up, 0 while waiters poll.", Value: up},
 		{Name: "postgres_listener_reconnects_total", Help: "LISTEN sessions opened after the first (each one a reconnect).", Value: float64(listens - min(listens, 1)), Counter: true},
@@ -533,5 +535,7 @@ func (e *engine) Metrics() []driver.Metric {
 		{Name: "postgres_local_waiters", Help: "Keys this node's waiters watch.", Value: float64(e.hub.count())},
 		{Name: "postgres_pool_acquired_conns", Help: "Pool connections in use now.", Value: float64(ps.AcquiredConns())},
 		{Name: "postgres_pool_total_conns", Help: "Pool connections open now.", Value: float64(ps.TotalConns())},
+		{Name: "postgres_batches_total", Help: "Statements or transactions sent for two or more concurrent calls at once (first claims, finishes, replay reads).", Value: float64(batches), Counter: true},
+		{Name: "postgres_batched_calls_total", Help: "Calls those batches carried (divided by postgres_batches_total: the mean batch size).", Value: float64(batched), Counter: true},
 	}
 }

@@ -136,6 +136,18 @@ func testClaimBatch(t *testing.T, tombs, batching bool) {
 	if batching && n == 0 {
 		t.Errorf("%d concurrent claims sent no batch", len(calls))
 	}
+	// the engine's metrics count the batches and the calls they carried
+	metric := map[string]float64{}
+	for _, m := range a.Metrics() {
+		metric[m.Name] = m.Value
+	}
+	batches := a.claims.batches.Load() + a.finishes.batches.Load() + a.lookups.batches.Load()
+	if got := metric["postgres_batches_total"]; got != float64(batches) || (batching && got == 0) {
+		t.Errorf("postgres_batches_total %v, want %d", got, batches)
+	}
+	if got := metric["postgres_batched_calls_total"]; got < 2*float64(batches) || (batches == 0 && got != 0) {
+		t.Errorf("postgres_batched_calls_total %v for %d batches", got, batches)
+	}
 	if !batching && n != 0 {
 		t.Errorf("batching off, but %d batches sent", n)
 	}
