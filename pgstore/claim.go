@@ -120,7 +120,8 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // statement.
 //
 // With oneTrip, the first batch carries its COMMIT ([BEGIN; lock; insert if absent; COMMIT]:
-// a first call's claim, or a retry's answer, in one round trip). A claim it granted is committed before the closing
+// a first call's claim, or a retry's answer, in one round trip; freshOneTrip, which sends it
+// alone or in one transaction with other first claims). A claim it granted is committed before the closing
 // gate is read, so if Close has begun by then the claim is undone (undoFresh: deleted by its
 // token) and the answer is driver.ErrClosed: still no lease handed out after Close began, and
 // nothing decided after Close began stays. If the key had a record, that batch committed
