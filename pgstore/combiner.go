@@ -149,3 +149,16 @@ func (b *combiner[V]) run(self *batchCall[V], batch []*batchCall[V]) {
 		return
 	}
 }
+
+// samePartition is the calls of batch whose partition (part) is the sender's: those one
+// statement aimed at that partition can serve. The others are left to go on alone.
+func samePartition[V any](self *batchCall[V], batch []*batchCall[V], part func(*V) int64) []*batchCall[V] {
+	ep := part(&self.v)
+	in := make([]*batchCall[V], 0, len(batch))
+	for _, c := range batch {
+		if part(&c.v) == ep {
+			in = append(in, c)
+		}
+	}
+	return in
+}

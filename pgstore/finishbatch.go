@@ -41,30 +41,20 @@ type finishCall = batchCall[finishV]
 // newFinishCombiner is the engine's combiner of aimed finishes.
 func (e *engine) newFinishCombiner() *combiner[finishV] {
 	return &combiner[finishV]{send: func(self *finishCall, batch []*finishCall) {
-		if len(batch) == 1 {
-			v := &self.v
-			v.rec, v.done, v.err = e.finishAimed(self.ctx, e.finishInFor(v.ep), self.key, v.args, v.verify)
+		if in := samePartition(self, batch, func(v *finishV) int64 { return v.ep }); len(in) > 1 {
+			e.finishMany(self, in)
 			return
 		}
-		e.finishMany(self, batch)
+		v := &self.v
+		v.rec, v.done, v.err = e.finishAimed(self.ctx, e.finishInFor(v.ep), self.key, v.args, v.verify)
 	}}
 }
 
-// finishMany sends the batch's finishes aimed at the sender's partition in one statement and
-// fills in the answers of those it wrote; the others are left to the parent's statement.
-func (e *engine) finishMany(self *finishCall, batch []*finishCall) {
+// finishMany sends the finishes of in (the sender's among them), all aimed at the sender's
+// partition, in one statement and fills in the answers of those it wrote; the others are
+// left to the parent's statement.
+func (e *engine) finishMany(self *finishCall, in []*finishCall) {
 	ep := self.v.ep
-	var in []*finishCall
-	for _, c := range batch {
-		if c.v.ep == ep {
-			in = append(in, c)
-		}
-	}
-	if len(in) == 1 {
-		v := &self.v
-		v.rec, v.done, v.err = e.finishAimed(self.ctx, e.finishInFor(ep), self.key, v.args, v.verify)
-		return
-	}
 	n := len(in)
 	scopes, ids, results, traces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	tokens, states := make([]int64, n), make([]int16, n)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/receiptstest"
 )
 
 // Claims of many keys at once, some batched (freshbatch.go), answer as claims sent one by one:
@@ -27,14 +28,20 @@ func TestClaimBatch(t *testing.T) {
 	}
 }
 
-func testClaimBatch(t *testing.T, tombs, batching bool) {
+// twoNodes opens two nodes on a fresh schema, on one injected clock, Retention 1h, with
+// tombstones (a 2h window) or without.
+func twoNodes(t *testing.T, tombs bool) (*receiptstest.Clock, *node, *node) {
 	d := newTestDB(t)
 	clk := newClock()
 	o := engineOptions{Now: clk.Now, Retention: time.Hour, TombstoneWindow: -1}
 	if tombs {
 		o.TombstoneWindow = 2 * time.Hour
 	}
-	a, b := d.open(o), d.open(o)
+	return clk, d.open(o), d.open(o)
+}
+
+func testClaimBatch(t *testing.T, tombs, batching bool) {
+	clk, a, b := twoNodes(t, tombs)
 	a.testNoBatch = !batching
 	finish := func(id string) {
 		k := key(id)
@@ -360,13 +367,7 @@ func TestFinishBatch(t *testing.T) {
 	for _, tombs := range []bool{true, false} {
 		t.Run(fmt.Sprintf("tombstones=%v", tombs), func(t *testing.T) {
 			leakCheck(t)
-			d := newTestDB(t)
-			clk := newClock()
-			o := engineOptions{Now: clk.Now, Retention: time.Hour, TombstoneWindow: -1}
-			if tombs {
-				o.TombstoneWindow = 2 * time.Hour
-			}
-			a, b := d.open(o), d.open(o)
+			clk, a, b := twoNodes(t, tombs)
 			const n, lost = 120, 20
 			tokens := make([]uint64, n)
 			for i := range n {

@@ -30,31 +30,20 @@ type lookupCall = batchCall[lookupV]
 // newLookupCombiner is the engine's combiner of fast-path reads.
 func (e *engine) newLookupCombiner() *combiner[lookupV] {
 	return &combiner[lookupV]{send: func(self *lookupCall, batch []*lookupCall) {
-		if len(batch) == 1 {
-			v := &self.v
-			v.rec, v.found, v.now, v.err = e.lookupInAlone(self.ctx, self.key, v.epoch)
-			v.done = true
+		if in := samePartition(self, batch, func(v *lookupV) int64 { return v.epoch }); len(in) > 1 {
+			e.lookupMany(self, in)
 			return
 		}
-		e.lookupMany(self, batch)
+		v := &self.v
+		v.rec, v.found, v.now, v.err = e.lookupInAlone(self.ctx, self.key, v.epoch)
+		v.done = true
 	}}
 }
 
-// lookupMany reads the batch's keys placed in the sender's partition in one statement.
-func (e *engine) lookupMany(self *lookupCall, batch []*lookupCall) {
+// lookupMany reads the keys of in (the sender's among them), all placed in the sender's
+// partition, in one statement.
+func (e *engine) lookupMany(self *lookupCall, in []*lookupCall) {
 	ep := self.v.epoch
-	var in []*lookupCall
-	for _, c := range batch {
-		if c.v.epoch == ep {
-			in = append(in, c)
-		}
-	}
-	if len(in) == 1 {
-		v := &self.v
-		v.rec, v.found, v.now, v.err = e.lookupInAlone(self.ctx, self.key, ep)
-		v.done = true
-		return
-	}
 	n := len(in)
 	scopes, ids := make([][]byte, n), make([][]byte, n)
 	for i, c := range in {
