@@ -204,6 +204,9 @@ type engine struct {
 	// testLoseBatch, if set, is asked after a batch of two or more was answered; true: its
 	// answers are dropped as if the reply had been lost (tests of the lost-reply path).
 	testLoseBatch func() bool
+	// batchFailures counts the batches that failed (a server error, a lost reply), whose
+	// calls then went on alone (EngineMetrics).
+	batchFailures atomic.Uint64
 
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).
@@ -537,5 +540,6 @@ func (e *engine) Metrics() []driver.Metric {
 		{Name: "postgres_pool_total_conns", Help: "Pool connections open now.", Value: float64(ps.TotalConns())},
 		{Name: "postgres_batches_total", Help: "Statements or transactions sent for two or more concurrent calls at once (first claims, finishes, replay reads).", Value: float64(batches), Counter: true},
 		{Name: "postgres_batched_calls_total", Help: "Calls those batches carried (divided by postgres_batches_total: the mean batch size).", Value: float64(batched), Counter: true},
+		{Name: "postgres_batch_failures_total", Help: "Batches that failed (a server error, a lost reply); their calls went on one by one.", Value: float64(e.batchFailures.Load()), Counter: true},
 	}
 }

@@ -65,6 +65,7 @@ func (e *engine) finishMany(self *finishCall, in []*finishCall) {
 	sql := e.finishManyText.get(ep, func() string { return e.q.finishManyInSQL(ep, e.markerEpoch(ep)) })
 	rows, err := e.pool.Query(self.ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
 	if err != nil {
+		e.batchFailures.Add(1)
 		return // nothing answered: the parent's statement decides for each
 	}
 	type wrote struct {
@@ -90,6 +91,7 @@ func (e *engine) finishMany(self *finishCall, in []*finishCall) {
 		err = rows.Err()
 	}
 	if err != nil || (e.testLoseBatch != nil && e.testLoseBatch()) {
+		e.batchFailures.Add(1)
 		return // see above: on a lost reply the parent's statement finds what was written
 	}
 	for i, c := range in {

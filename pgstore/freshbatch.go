@@ -115,6 +115,7 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 	}
 
 	fail := func(err error) {
+		e.batchFailures.Add(1)
 		for _, c := range batch {
 			switch {
 			case pgCode(err) != "": // rolled back: nothing written

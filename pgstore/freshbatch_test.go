@@ -158,6 +158,9 @@ func testClaimBatch(t *testing.T, tombs, batching bool) {
 	if !batching && n != 0 {
 		t.Errorf("batching off, but %d batches sent", n)
 	}
+	if f := a.batchFailures.Load(); f != 0 || metric["postgres_batch_failures_total"] != 0 {
+		t.Errorf("%d batches failed (metric %v)", f, metric["postgres_batch_failures_total"])
+	}
 	t.Logf("%d claims, %d batches of two or more", len(calls), n)
 }
 
@@ -387,7 +390,10 @@ func TestFinishBatch(t *testing.T) {
 			for i := range n {
 				wg.Go(func() {
 					<-start
-					ctx := driver.WithTrace(bg, fmt.Appendf(nil, "trace-%d", i))
+					ctx := bg
+					if i%5 != 0 { // some with a trace context, some without
+						ctx = driver.WithTrace(bg, fmt.Appendf(nil, "trace-%d", i))
+					}
 					state := driver.Succeeded
 					if i%3 == 0 {
 						state = driver.Failed
@@ -421,7 +427,11 @@ func TestFinishBatch(t *testing.T) {
 					}
 					continue
 				}
-				if string(rec.Result) != fmt.Sprintf("r-%d", i) || string(rec.Trace) != fmt.Sprintf("trace-%d", i) {
+				trace := fmt.Sprintf("trace-%d", i)
+				if i%5 == 0 {
+					trace = ""
+				}
+				if string(rec.Result) != fmt.Sprintf("r-%d", i) || string(rec.Trace) != trace {
 					t.Errorf("%v: result %q, trace %q", k, rec.Result, rec.Trace)
 				}
 			}
@@ -434,6 +444,14 @@ func TestFinishBatch(t *testing.T) {
 			}
 			if a.finishes.batches.Load() == 0 {
 				t.Errorf("%d concurrent finishes sent no batch", n)
+			}
+			// every lease still held was finished by a statement aimed at its partition, alone
+			// or in a batch: no batch failed over to the parent's statement
+			if got := a.finishInHits.Load(); got != n-lost {
+				t.Errorf("finishes written by the aimed statements: %d, want %d", got, n-lost)
+			}
+			if f := a.batchFailures.Load(); f != 0 {
+				t.Errorf("%d batches failed", f)
 			}
 			t.Logf("%d finishes, %d batches of two or more", n, a.finishes.batches.Load())
 		})
@@ -480,6 +498,9 @@ func TestBatchLostReply(t *testing.T) {
 	})
 	if a.claims.batches.Load() == 0 || a.finishes.batches.Load() == 0 {
 		t.Fatalf("batches: %d claims, %d finishes", a.claims.batches.Load(), a.finishes.batches.Load())
+	}
+	if a.batchFailures.Load() == 0 { // every batch's reply was dropped: each counts as failed
+		t.Fatal("no batch failure counted")
 	}
 	run(func(i int) error {
 		res, err := b.Claim(bg, req(key(fmt.Sprintf("l-%d", i)), "fp"))
@@ -566,6 +587,9 @@ func TestLookupBatch(t *testing.T) {
 	}
 	if a.lookups.batches.Load() == 0 {
 		t.Errorf("%d concurrent replays sent no batch", 2*n)
+	}
+	if f := a.batchFailures.Load(); f != 0 {
+		t.Errorf("%d batches failed", f)
 	}
 	t.Logf("%d claims, %d read batches", 2*n, a.lookups.batches.Load())
 }

@@ -53,6 +53,7 @@ func (e *engine) lookupMany(self *lookupCall, in []*lookupCall) {
 	arg := e.nowArg()
 	rows, err := e.pool.Query(self.ctx, sql, scopes, ids, arg)
 	if err != nil {
+		e.batchFailures.Add(1)
 		return // each key reads alone
 	}
 	type read struct {
@@ -82,6 +83,7 @@ func (e *engine) lookupMany(self *lookupCall, in []*lookupCall) {
 		err = rows.Err()
 	}
 	if err != nil || (e.testLoseBatch != nil && e.testLoseBatch()) {
+		e.batchFailures.Add(1)
 		return
 	}
 	for i, c := range in {
