@@ -42,7 +42,7 @@ type freshV struct {
 	row  claimRow
 	got  freshGot
 	err  error
-	solo bool // the batch failed on the server: send this claim alone
+	solo bool // not decided by the batch (its lock was held elsewhere, or the batch failed on the server): send it alone
 }
 
 type freshCall = batchCall[freshV]
