@@ -194,9 +194,10 @@ type engine struct {
 	finishInText   epochTexts
 	finishManyText epochTexts
 
-	// claims sends first claims that arrive together in one transaction (freshbatch.go),
-	// finishes finishes (finishbatch.go); testNoBatch sends each alone (tests and
-	// measurements).
+	// Calls of different keys that arrive together are sent as one statement (combiner.go):
+	// claims first claims, in one transaction (freshbatch.go), finishes aimed finishes
+	// (finishbatch.go), lookups the replay fast path's reads (lookupbatch.go); testNoBatch
+	// sends each alone (tests and measurements).
 	claims      *combiner[freshV]
 	finishes    *combiner[finishV]
 	lookups     *combiner[lookupV]

@@ -28,8 +28,6 @@ type finishV struct {
 	state  driver.State
 	result []byte
 	trace  []byte
-	args   []any // the aimed statement's parameters, for a batch of one
-	verify func(driver.Record) bool
 
 	rec  driver.Record
 	done bool // rec and err are Finish's answer; else Finish sends the parent's statement
@@ -46,7 +44,7 @@ func (e *engine) newFinishCombiner() *combiner[finishV] {
 			return
 		}
 		v := &self.v
-		v.rec, v.done, v.err = e.finishAimed(self.ctx, e.finishInFor(v.ep), self.key, v.args, v.verify)
+		v.rec, v.done, v.err = e.finishAimedAt(self.ctx, self.key, v.ep, v.token, v.state, v.result, v.trace)
 	}}
 }
 

@@ -78,6 +78,13 @@ func (e *engine) finishInFor(ep int64) string {
 	return e.finishInText.get(ep, func() string { return e.q.finishInSQL(ep, e.markerEpoch(ep)) })
 }
 
+// finishAimedAt is finishAimed for the finish of token (state, result, trace context)
+// aimed at records epoch ep.
+func (e *engine) finishAimedAt(ctx context.Context, k driver.Key, ep int64, token uint64, state driver.State, result, trace []byte) (driver.Record, bool, error) {
+	args := e.fencedArgs(k, token, int16(state), result, trace)
+	return e.finishAimed(ctx, e.finishInFor(ep), k, args, finished(token, state, result))
+}
+
 // finishAimed runs the aimed statement (finishIn). ok false: it matched no row, or the server
 // refused it (the partition was dropped meanwhile, say), and nothing was written: Finish
 // sends the parent's statement. Other errors (a reply lost beyond write's retries, a

@@ -128,8 +128,15 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 		}
 	}
 	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		fail(err)
+	if err != nil { // nothing sent: the sender has its error, the others claim alone
+		e.batchFailures.Add(1)
+		for _, c := range batch {
+			if c == self {
+				c.v.err = err
+			} else {
+				c.v.solo = true
+			}
+		}
 		return
 	}
 	defer conn.Release()

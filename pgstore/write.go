@@ -104,9 +104,9 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 		var done bool
 		var err error
 		if e.testNoBatch {
-			rec, done, err = e.finishAimed(ctx, e.finishInFor(ep), k, args, verify)
+			rec, done, err = e.finishAimedAt(ctx, k, ep, token, state, result, trace)
 		} else { // alone, or in a batch with other finishes aimed at the same partition
-			c := &finishCall{ctx: ctx, key: k, v: finishV{ep: ep, token: token, state: state, result: result, trace: trace, args: args, verify: verify}}
+			c := &finishCall{ctx: ctx, key: k, v: finishV{ep: ep, token: token, state: state, result: result, trace: trace}}
 			if !e.finishes.do(c) {
 				return driver.Record{}, fmt.Errorf("pgstore: finish: %w", ctx.Err())
 			}
