@@ -2,12 +2,10 @@ package pebbleengine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
@@ -74,6 +72,8 @@ func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *enc
 	hi := e.epochOf(now)
 	lo := e.oldestLiveEpoch(hi)
 	key := keys.AppendRecord(buf[:0], hi, k.Scope, k.ID)
+	p := prober{db: e.pdb}
+	defer p.closeInto(&err, "read the record")
 	for ep := hi; ; ep-- {
 		if (hi-ep)%probeCheck == probeCheck-1 {
 			if err := ctx.Err(); err != nil {
@@ -81,17 +81,15 @@ func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *enc
 			}
 		}
 		keys.SetEpoch(key, ep)
-		v, closer, err := e.pdb.Get(key)
-		if err == nil {
-			derr := encoding.DecodeRecordInto(rec, v)
-			_ = closer.Close()
-			if derr != nil {
+		v, ok, err := p.get(key)
+		if err != nil {
+			return false, nil, fmt.Errorf("receipts: read the record: %w", err)
+		}
+		if ok {
+			if derr := encoding.DecodeRecordInto(rec, v); derr != nil {
 				return false, nil, fmt.Errorf("%w: %s: %w", driver.ErrCorrupt, k, derr)
 			}
 			return machine.Visible(rec, now, e.retention), key, nil
-		}
-		if !errors.Is(err, pebble.ErrNotFound) {
-			return false, nil, fmt.Errorf("receipts: read the record: %w", err)
 		}
 		if ep <= lo {
 			return false, nil, nil

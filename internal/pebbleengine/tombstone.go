@@ -2,7 +2,6 @@ package pebbleengine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -69,6 +68,8 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 	}
 	bottom := e.markerBottom(now)
 	key := keys.AppendMarker(buf[:0], lo, k.Scope, k.ID)
+	p := prober{db: e.pdb}
+	defer p.closeInto(&err, "read the tombstone")
 	for ep := lo - 1; ep >= bottom; ep-- {
 		if (lo-1-ep)%probeCheck == probeCheck-1 {
 			if err := ctx.Err(); err != nil {
@@ -76,18 +77,17 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 			}
 		}
 		keys.SetEpoch(key, ep)
-		v, closer, err := e.pdb.Get(key)
-		if err == nil {
+		v, found, err := p.get(key)
+		if err != nil {
+			return 0, false, fmt.Errorf("receipts: read the tombstone: %w", err)
+		}
+		if found {
 			t, derr := encoding.DecodeUint64(v)
-			_ = closer.Close()
 			if derr != nil {
 				return 0, false, fmt.Errorf("%w: tombstone of %s: %w", driver.ErrCorrupt, k, derr)
 			}
 			usedAt = int64(t)
 			return usedAt, machine.Tombstoned(usedAt, now, e.retention, e.window), nil
-		}
-		if !errors.Is(err, pebble.ErrNotFound) {
-			return 0, false, fmt.Errorf("receipts: read the tombstone: %w", err)
 		}
 		if ep == 0 {
 			break

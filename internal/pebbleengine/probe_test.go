@@ -1,0 +1,91 @@
+package pebbleengine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/receiptstore/receipts/driver"
+	"github.com/stretchr/testify/require"
+)
+
+// TestClaimProbeUsesBottomLevelFilters: once a store's records sit in the
+// bottom level (L6), a claim of a new key is answered by L6's Bloom filter,
+// not by reading an L6 index and data block. Pebble's Get never consults
+// L6 filters, so a probe through Get leaves the filter counters unchanged
+// and this test fails. Present keys are still found, in L6 and in the
+// memtable.
+func TestClaimProbeUsesBottomLevelFilters(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	e, err := Open("db", Config{
+		Config: driver.Config{
+			Retention: time.Hour, LeaseTTL: 30 * time.Second, EpochWidth: 15 * time.Minute,
+			Now: func() time.Time { return now }, Logger: slog.Default(),
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
+	})
+	require.NoError(t, err)
+	defer e.Close()
+
+	// Keys of present records are even, new keys odd: every new key falls
+	// inside the L6 table's key range, where only its filter can rule it out.
+	key := func(i int) driver.Key { return driver.Key{Scope: "t", ID: fmt.Sprintf("op-%06d", i)} }
+	fp := make([]byte, 32)
+	do := func(i int) {
+		res, err := e.Claim(ctx, driver.ClaimRequest{Key: key(i), Fingerprint: fp, LeaseTTL: time.Minute, NoSync: true})
+		require.NoError(t, err)
+		require.Equal(t, driver.Claimed, res.Outcome, "key %d", i)
+		_, err = e.Finish(ctx, key(i), res.Record.Token, driver.Succeeded, []byte("ok"))
+		require.NoError(t, err)
+	}
+	const n = 2000
+	for i := range n {
+		do(2 * i)
+	}
+	pending := func(i int) {
+		res, err := e.Claim(ctx, driver.ClaimRequest{Key: key(i), Fingerprint: fp, LeaseTTL: time.Minute, NoSync: true})
+		require.NoError(t, err)
+		require.Equal(t, driver.Claimed, res.Outcome, "key %d", i)
+	}
+	pending(2 * n) // a record no cache holds, read through the probe
+	require.NoError(t, e.pdb.Flush())
+	require.NoError(t, e.pdb.Compact(ctx, []byte{0}, []byte{0xff}, true))
+	m := e.pdb.Metrics()
+	require.Zero(t, m.Levels[0].TablesCount, "everything compacted below L0")
+	require.NotZero(t, m.Levels[6].TablesCount, "records in L6")
+
+	before := m.Filter
+	for i := range n { // new keys: every live epoch probed, all absent
+		_, found, _, err := e.Lookup(ctx, key(2*i+1))
+		require.NoError(t, err)
+		require.False(t, found)
+	}
+	after := e.pdb.Metrics().Filter
+	require.GreaterOrEqual(t, after.Hits-before.Hits, int64(n*9/10),
+		"absent keys answered by L6's Bloom filters (hits %d -> %d, misses %d -> %d)",
+		before.Hits, after.Hits, before.Misses, after.Misses)
+
+	for _, i := range []int{0, n, 2*n - 2} { // in L6
+		r, found, _, err := e.Lookup(ctx, key(i))
+		require.NoError(t, err)
+		require.True(t, found, "key %d", i)
+		require.Equal(t, "ok", string(r.Result))
+	}
+	pending(2*n + 2) // in the memtable
+	for _, i := range []int{2 * n, 2*n + 2} {
+		r, found, _, err := e.Lookup(ctx, key(i))
+		require.NoError(t, err)
+		require.True(t, found, "key %d", i)
+		require.Equal(t, driver.Pending, r.State)
+	}
+	do(2*n + 1) // finished, in the memtable
+	r, found, _, err := e.Lookup(ctx, key(2*n+1))
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, "ok", string(r.Result))
+}
