@@ -3,12 +3,9 @@ package pebbleengine
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/stretchr/testify/require"
 )
@@ -21,16 +18,7 @@ import (
 // memtable.
 func TestClaimProbeUsesBottomLevelFilters(t *testing.T) {
 	ctx := context.Background()
-	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
-	e, err := Open("db", Config{
-		Config: driver.Config{
-			Retention: time.Hour, LeaseTTL: 30 * time.Second, EpochWidth: 15 * time.Minute,
-			Now: func() time.Time { return now }, Logger: slog.Default(),
-		},
-		Pebble: &pebble.Options{FS: vfs.NewMem()},
-	})
-	require.NoError(t, err)
-	defer e.Close()
+	e := openMem(t, &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}, 1<<20)
 
 	// Keys of present records are even, new keys odd: every new key falls
 	// inside the L6 table's key range, where only its filter can rule it out.
