@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/stretchr/testify/require"
 )
 
@@ -76,4 +79,40 @@ func TestClaimProbeUsesBottomLevelFilters(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Equal(t, "ok", string(r.Result))
+}
+
+// TestCachedReplayProbesNewerEpochs: a retry of a receipt whose bytes the
+// cache does not hold, an epoch after it was written, is answered through
+// the cache once the newer epoch is found empty (probed through the
+// prober); a record of the key in the newer epoch (written behind the
+// engine's back, with another result) makes the cache step aside, and the
+// retry gets the newer record.
+func TestCachedReplayProbesNewerEpochs(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
+	e := openMem(t, clk, 64<<10) // budget/64 = 1 KiB: the 2 KiB result is not held
+	k := driver.Key{Scope: "s", ID: "big"}
+	finishKey(t, e, k, "A", string(make([]byte, 2048)))
+	var lk [keys.MaxLockKeyLen]byte
+	ent := e.cache.Get(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
+	require.NotNil(t, ent)
+	require.Nil(t, ent.Val)
+
+	clk.Add(15 * time.Minute) // the next epoch; the receipt is still visible
+	hi := e.epochOf(e.now())
+	require.Greater(t, hi, ent.Epoch)
+	hits := e.hot.CacheHits.Load()
+	require.Equal(t, driver.Replay, replay(t, e, k, "A").Outcome)
+	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "answered through the cache")
+
+	v, closer, err := e.pdb.Get(ent.Key)
+	require.NoError(t, err)
+	var rec encoding.Record
+	require.NoError(t, encoding.DecodeRecordInto(&rec, v))
+	require.NoError(t, closer.Close())
+	rec.Result = []byte("newer")
+	require.NoError(t, e.pdb.Set(keys.AppendRecord(nil, hi, k.Scope, k.ID), encoding.EncodeRecord(&rec), pebble.Sync))
+	res := replay(t, e, k, "A")
+	require.Equal(t, driver.Replay, res.Outcome)
+	require.Equal(t, "newer", string(res.Record.Result), "the newest record answers")
+	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "not through the stale entry")
 }

@@ -138,29 +138,34 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 		key = keys.AppendRecord((*bp)[:0], hi, k.Scope, k.ID)
 		*bp = key[:0]
 	}
+	p := prober{db: e.pdb} // the newer epochs' probes, of keys that must be absent
+	defer func() { _ = p.close() }()
 	for ep := hi; ; ep-- {
 		if (hi-ep)%probeCheck == probeCheck-1 && ctx.Err() != nil {
 			return res, false
 		}
-		if ep == ent.Epoch {
-			key = ent.Key
-		} else {
+		if ep != ent.Epoch {
 			keys.SetEpoch(key, ep)
-		}
-		v, closer, err := e.pdb.Get(key)
-		if err == nil {
-			if ep == ent.Epoch && ent.Matches(v) {
-				res, ok = e.answer(k, ent, v, fp, now, false)
+			if _, found, err := p.get(key); err != nil || found {
+				return res, false // a newer record of k, or no way to know
 			}
-			_ = closer.Close()
-			if ok {
-				e.hot.CacheHits.Add(1)
+			if ep <= ent.Epoch || ep <= e.oldestLiveEpoch(hi) {
+				return res, false
 			}
-			return res, ok
+			continue
 		}
-		if ep <= ent.Epoch || ep <= e.oldestLiveEpoch(hi) {
+		v, closer, err := e.pdb.Get(ent.Key)
+		if err != nil {
 			return res, false
 		}
+		if ent.Matches(v) {
+			res, ok = e.answer(k, ent, v, fp, now, false)
+		}
+		_ = closer.Close()
+		if ok {
+			e.hot.CacheHits.Add(1)
+		}
+		return res, ok
 	}
 }
 
