@@ -62,6 +62,7 @@ suites=(
 
 harnesses=()      # test names
 declare -A binof # test name -> its package's test binary
+declare -A dirof # test name -> its package's directory (go test runs a test there: testdata)
 declare -A built # package -> binary
 for s in "${suites[@]}"; do
 	pkg="${s%% *}" re="${s#* }"
@@ -77,7 +78,7 @@ for s in "${suites[@]}"; do
 	bin="${built[$pkg]}"
 	n=0
 	while read -r h; do
-		case "$h" in Test*) harnesses+=("$h"); binof[$h]="$bin"; n=$((n + 1)) ;; esac
+		case "$h" in Test*) harnesses+=("$h"); binof[$h]="$bin"; dirof[$h]="$pkg"; n=$((n + 1)) ;; esac
 	done < <("$bin" -test.list "$re" 2>/dev/null)
 	if [ "$n" = 0 ]; then
 		echo "$pkg has no test matching $re" >&2
@@ -103,7 +104,7 @@ fi
 run() {
 	local h="$1" m="$2" log="$work/$1.$2.log" start end
 	start=$(date +%s)
-	env "${envs[@]}" RECEIPTS_MUTATION="$m" "${binof[$h]}" -test.run "^$h\$" -test.count=1 -test.timeout="$timeout" >"$log" 2>&1
+	(cd "${dirof[$h]}" && env "${envs[@]}" RECEIPTS_MUTATION="$m" "${binof[$h]}" -test.run "^$h\$" -test.count=1 -test.timeout="$timeout") >"$log" 2>&1
 	local rc=$?
 	end=$(date +%s)
 	if [ $rc = 0 ]; then
