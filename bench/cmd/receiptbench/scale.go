@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"time"
 	"unsafe"
@@ -150,6 +152,7 @@ func measureScaleRSS(sr *scaleReport, all []stores.Store) []stores.Store {
 		}
 	}
 	freeMem()
+	writeHeapProfile()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	sr.RSSBytes, sr.PeakRSSBytes = procRSS()
@@ -167,4 +170,25 @@ func measureScaleRSS(sr *scaleReport, all []stores.Store) []stores.Store {
 		fmtBytes(sr.RSSBothBytes), fmtBytes(sr.RSSBytes), fmtBytes(uint64(sr.CacheBytes)), fmtBytes(uint64(sr.CacheInUse)),
 		fmtBytes(sr.MemTableBytes), fmtBytes(uint64(sr.ReplayCache)), fmtBytes(sr.GoHeapBytes), fmtBytes(uint64(max(sr.RSSOverCache, 0))), fmtBytes(sr.PeakRSSBytes))
 	return left
+}
+
+// heapProfile is -memprofile: where writeHeapProfile writes.
+var heapProfile string
+
+// writeHeapProfile writes a heap profile to -memprofile's file, if set: what the Go
+// heap holds where the RSS is measured.
+func writeHeapProfile() {
+	if heapProfile == "" {
+		return
+	}
+	f, err := os.Create(heapProfile)
+	if err == nil {
+		err = pprof.Lookup("heap").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		progress("-memprofile: %v", err)
+	}
 }
