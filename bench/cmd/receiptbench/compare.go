@@ -179,7 +179,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 		return err
 	}
 	if rep.Scale != nil {
-		open = measureScaleRSS(rep.Scale, open)
+		open = measureScaleRSS(rep.Scale, open, cfg.memProf)
 	}
 	ratios(rep.Results)
 	if cfg.json {

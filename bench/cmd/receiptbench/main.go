@@ -56,6 +56,7 @@ type config struct {
 	replayN   int
 	memStore  string
 	cpuProf   string
+	memProf   string // -memprofile: a heap profile where -scale measures the RSS
 	cacheMiB  int
 	fromJSON  string
 	purge     memFlag // -purge: reclaim this many expired receipts on PostgreSQL
@@ -134,7 +135,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
 	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
-	fs.StringVar(&heapProfile, "memprofile", "", "scale mode: write a heap profile to this file where the RSS is measured (after a GC)")
+	fs.StringVar(&cfg.memProf, "memprofile", "", "scale mode: write a heap profile to this file where the RSS is measured (after a GC)")
 	fs.Var(&cfg.purge, "purge", "PostgreSQL purge mode: N expired receipts (-purge alone: 1M) reclaimed by pgstore's GC vs a batched DELETE: time and WAL bytes")
 	fs.BoolVar(&cfg.wake, "wake", false, "PostgreSQL wake mode: how soon a waiter on node B returns after node A commits, with LISTEN and poll-only (p50/p99)")
 	fs.IntVar(&cfg.wakeN, "wake-samples", 100, "wake mode: samples per mode")

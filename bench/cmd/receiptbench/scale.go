@@ -131,7 +131,7 @@ func (ks *scaleKeys) key(j int) (workload.Key, []byte) {
 // but receipts, returns the freed memory to the system and records the RSS of the process
 // holding receipts' store alone, with its Pebble cache and memtables. It returns the
 // stores still open.
-func measureScaleRSS(sr *scaleReport, all []stores.Store) []stores.Store {
+func measureScaleRSS(sr *scaleReport, all []stores.Store, heapProfile string) []stores.Store {
 	freeMem := func() {
 		runtime.GC()
 		debug.FreeOSMemory()
@@ -152,7 +152,7 @@ func measureScaleRSS(sr *scaleReport, all []stores.Store) []stores.Store {
 		}
 	}
 	freeMem()
-	writeHeapProfile()
+	writeHeapProfile(heapProfile)
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	sr.RSSBytes, sr.PeakRSSBytes = procRSS()
@@ -172,16 +172,13 @@ func measureScaleRSS(sr *scaleReport, all []stores.Store) []stores.Store {
 	return left
 }
 
-// heapProfile is -memprofile: where writeHeapProfile writes.
-var heapProfile string
-
-// writeHeapProfile writes a heap profile to -memprofile's file, if set: what the Go
+// writeHeapProfile writes a heap profile to file (-memprofile), if set: what the Go
 // heap holds where the RSS is measured.
-func writeHeapProfile() {
-	if heapProfile == "" {
+func writeHeapProfile(file string) {
+	if file == "" {
 		return
 	}
-	f, err := os.Create(heapProfile)
+	f, err := os.Create(file)
 	if err == nil {
 		err = pprof.Lookup("heap").WriteTo(f, 0)
 		if cerr := f.Close(); err == nil {
