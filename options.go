@@ -147,18 +147,21 @@ type Options struct {
 	// ReplayCacheSize is the memory, in bytes, for remembering recently
 	// finished receipts, so that a retry of one is answered without the key
 	// lock or decoding: from memory for a small receipt (its stored bytes,
-	// at most ReplayCacheSize/64 and 1 MiB, are kept, up to half of
-	// ReplayCacheSize for all of them), with a single engine read checked
-	// against the remembered record's checksum otherwise. Only receipts
-	// whose commit has been synced are remembered, and the answer is
-	// always the one an uncached read gives: a finished receipt never
-	// changes while it is visible, every write of a key drops its entry
-	// first, and expiry is judged at the read. Once DB.Pebble has handed
-	// out the engine (whose user could write the store's keys behind its
-	// back) replays are always checked against the engine. Zero means
-	// DefaultReplayCacheSize (32,768 receipts); negative disables it. An
-	// entry takes about 200 bytes plus its key, plus the receipt's stored
-	// bytes if they are kept; at most 64Mi entries.
+	// if at most ReplayCacheSize/64 and 1 MiB, are kept), with a single
+	// engine read checked against the remembered record's checksum
+	// otherwise. Only receipts whose commit has been synced are remembered,
+	// and the answer is always the one an uncached read gives: a finished
+	// receipt never changes while it is visible, every write of a key drops
+	// its entry first, and expiry is judged at the read. Once DB.Pebble has
+	// handed out the engine (whose user could write the store's keys behind
+	// its back) replays are always checked against the engine. Zero means
+	// DefaultReplayCacheSize (about 15,000 receipts with 128-byte results
+	// and 44-byte keys); negative disables it. The size bounds the memory
+	// the cache holds, entries and table together: an entry takes about
+	// 190 bytes, plus its key twice, its trace context and the receipt's
+	// stored bytes if they are kept. Entries are written into chunks of
+	// about 1/16 of the size; when the chunks are full, the oldest chunk's
+	// entries (the least recently written) are dropped together.
 	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC, failed
 	// writes) and one record per transition: at Info a takeover, an

@@ -26,7 +26,9 @@ type Stats struct {
 	Claims, Replays, Takeovers, Commits, Fails, Releases, Abandons, Conflicts, Mismatches uint64
 	// ReplayCacheHits counts the replays, mismatches and lookups answered
 	// from the replay cache (Options.ReplayCacheSize) without reading the
-	// engine. ReplayCacheEntries and ReplayCacheBytes are what it holds now.
+	// engine. ReplayCacheEntries is what it holds now, and ReplayCacheBytes
+	// the memory it takes: its table and the chunks its entries are written
+	// in, at most Options.ReplayCacheSize once full.
 	ReplayCacheHits    uint64
 	ReplayCacheEntries int
 	ReplayCacheBytes   int64

@@ -15,39 +15,56 @@
 //
 // A small record's entry also holds its stored bytes (Val): the engine may
 // then answer a replay from them without reading itself, under the
-// conditions it documents (pebbleengine's fromCache). The bytes held are
-// capped at half the budget (maxValShare), and a record is held only if it
-// is at most budget/64 and at most 1 MiB. Delete drops a key's entry; the
-// engine calls it under the key lock before every write of the key.
+// conditions it documents (pebbleengine's fromCache). A record is held only
+// if it is at most budget/64 and at most 1 MiB. Delete drops a key's entry;
+// the engine calls it under the key lock before every write of the key.
 //
 // The cache is a fixed table of slots, four-way set associative (a set is
 // one cache line), sized from the byte budget at creation: a new entry takes
 // the way of the same key, or an empty way, or else the way whose record was
 // written longest ago. Lookups take no lock (atomic loads only), so readers
 // on different cores never contend.
+//
+// The entries themselves, with their keys, trace contexts and held bytes,
+// are written into chunks: large allocations, filled in order and never
+// written again, at most maxChunks of them. When a new one is needed and
+// the cache holds maxChunks, the oldest chunk is retired: its entries leave
+// the table, and the garbage collector frees it once no reader holds one of
+// them. So the memory is the budget, whatever the allocation pattern of the
+// program around it: entries allocated one by one, among the program's
+// short-lived allocations of the same sizes, would pin a span each, and a
+// cache of 8 MiB held about 40 MiB of Go heap in a store of 1M receipts.
 package rcache
 
 import (
-	"bytes"
 	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
 	"slices"
+	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/receiptstore/receipts/encoding"
 )
 
-// entryBytes approximates what one entry costs beside its key: its slot, the
-// entry and the allocation overhead.
-const entryBytes = 144
+// itemBytes is the size of one entry in its chunk, beside its bytes.
+const itemBytes = int64(unsafe.Sizeof(item{}))
 
-// avgKey is the key length assumed when sizing the table.
-const avgKey = 48
+// entryGuess is the bytes an entry is assumed to hold beside its item (its
+// keys and a small record's stored bytes) until a chunk has been filled.
+const entryGuess = 256
 
-// maxSlots caps the table (the slots are allocated up front): 64Mi entries,
-// about 12 GiB of receipts.
+// maxSlots caps the table (the slots are allocated up front): 64Mi ways.
 const maxSlots = 1 << 26
+
+// maxChunks is the most chunks a cache holds: retiring one drops about
+// 1/maxChunks of the entries. minChunk is the smallest chunk; a budget
+// below maxChunks*minChunk has fewer chunks (at least two).
+const (
+	maxChunks = 16
+	minChunk  = 4 << 10
+)
 
 // Entry is one cached record.
 type Entry struct {
@@ -104,19 +121,34 @@ type Cache struct {
 	seed  maphash.Seed
 	mask  uint64 // len(slots)-1; len(slots) is a power of two, at least ways
 	slots []slot
-	// maxVal is the largest record whose bytes an entry holds; valCap the
-	// bytes all entries hold at most; valBytes what they hold now.
-	maxVal, valCap int64
-	valBytes       atomic.Int64
+	// maxVal is the largest record whose bytes an entry holds.
+	maxVal int64
+	// chunkBytes is the memory of one chunk, nchunks the most chunks held.
+	chunkBytes int64
+	nchunks    int
+	held       atomic.Int64 // bytes of the chunks held
+
+	mu     sync.Mutex // Put's: the chunks, and the contents of the ways
+	chunks []*chunk   // oldest first; entries are added to the last
+	guess  int64      // bytes beside its item an entry holds, on average
 }
 
-// maxValShare is the share of the budget the held bytes may take (1/2), and
-// maxValPart the largest part of it one record may take (1/64, and at most
-// maxValLen).
+// chunk holds entries and their bytes, written in order and never again.
+// Neither slice grows beyond its capacity: entries are handed out by
+// pointer.
+type chunk struct {
+	items []item
+	buf   []byte
+}
+
+// size is the memory ck takes.
+func (ck *chunk) size() int64 { return int64(cap(ck.items))*itemBytes + int64(cap(ck.buf)) }
+
+// maxValPart is the largest part of the budget one record's held bytes may
+// take (1/64, and at most maxValLen, and half a chunk).
 const (
-	maxValShare = 2
-	maxValPart  = 64
-	maxValLen   = 1 << 20
+	maxValPart = 64
+	maxValLen  = 1 << 20
 )
 
 // ways is the number of slots in a set: 4 x 16 bytes, one cache line.
@@ -146,15 +178,21 @@ func (it *item) is(key []byte, h uint64) bool {
 	return it.h == h && string(it.keys[len(it.Key):]) == string(key)
 }
 
-// New returns a cache that holds about size bytes (nil if size <= 0).
+// New returns a cache that holds about size bytes (nil if size <= 0), or
+// at least about 8 KiB.
 func New(size int64) *Cache {
 	if size <= 0 {
 		return nil
 	}
-	n := min(max(uint64(size)/(entryBytes+avgKey), ways), maxSlots)
+	// Two ways per expected entry, so that the chunks, retired oldest
+	// first, are what decides how long an entry stays.
+	n := min(max(2*uint64(size/(itemBytes+entryGuess)), ways), maxSlots)
 	n = 1 << (63 - bits.LeadingZeros64(n)) // round down to a power of two
+	rest := size - int64(n)*int64(unsafe.Sizeof(slot{}))
+	nch := int(min(max(rest/minChunk, 2), maxChunks))
+	chunkBytes := max(rest/int64(nch), minChunk)
 	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]slot, n),
-		maxVal: min(size/maxValPart, maxValLen), valCap: size / maxValShare}
+		maxVal: min(size/maxValPart, maxValLen, chunkBytes/2), chunkBytes: chunkBytes, nchunks: nch, guess: entryGuess}
 }
 
 // set returns key's set and key's hash.
@@ -191,13 +229,24 @@ func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
 	if c == nil || r.State == encoding.StatePending {
 		return
 	}
-	c.PutEncoded(key, recKey, epoch, r, encoding.EncodeRecord(r))
+	bp := encBufs.Get().(*[]byte)
+	enc := encoding.AppendRecord((*bp)[:0], r)
+	c.PutEncoded(key, recKey, epoch, r, enc)
+	if cap(enc) <= maxPooledEnc {
+		*bp = enc[:0]
+		encBufs.Put(bp)
+	}
 }
 
+// encBufs holds Put's encoding buffers (PutEncoded copies what it keeps),
+// up to maxPooledEnc bytes each.
+var encBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledEnc = 64 << 10
+
 // PutEncoded is Put for a record whose encoding the caller already has
-// (enc = encoding.EncodeRecord(r), as written to the engine). If the entry
-// holds the bytes (Entry.Val), it keeps enc itself: the caller must not
-// modify enc after.
+// (enc = encoding.EncodeRecord(r), as written to the engine). The entry
+// holds a copy of enc if it holds the bytes (Entry.Val).
 func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
 	if c == nil || r.State == encoding.StatePending {
 		return
@@ -208,21 +257,46 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	}
 	crc, _ := encoding.Checksum(enc)
 	set, h := c.set(key)
-	rk := make([]byte, len(recKey)+len(key))
-	copy(rk[copy(rk, recKey):], key)
-	it := &item{h: h, keys: rk, Entry: Entry{
+	need := len(recKey) + len(key) + len(r.Trace)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ck *chunk
+	val := int64(len(enc)) <= c.maxVal
+	if val {
+		if ck = c.room(need + len(enc)); ck == nil {
+			val = false
+		}
+	}
+	if !val {
+		ck = c.room(need)
+	}
+	if ck == nil { // keys longer than half a chunk: hold nothing for key
+		c.drop(set, key, h)
+		return
+	}
+	b := ck.buf
+	keysAt := len(b)
+	b = append(append(b, recKey...), key...)
+	var trace, held []byte
+	if r.Trace != nil {
+		at := len(b)
+		b = append(b, r.Trace...)
+		trace = b[at:len(b):len(b)]
+	}
+	if val {
+		at := len(b)
+		b = append(b, enc...)
+		held = b[at:len(b):len(b)]
+	}
+	ck.buf = b
+	rk := b[keysAt : keysAt+len(recKey)+len(key) : keysAt+len(recKey)+len(key)]
+	ck.items = append(ck.items, item{h: h, keys: rk, Entry: Entry{
 		Layout: l, Key: rk[:len(recKey):len(recKey)], Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
 		State: r.State, Attempts: r.Attempts, Token: r.Token,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
-		Trace: bytes.Clone(r.Trace),
-	}}
-	if n := int64(len(enc)); n <= c.maxVal {
-		if c.valBytes.Add(n) <= c.valCap {
-			it.Val = enc[:len(enc):len(enc)]
-		} else {
-			c.valBytes.Add(-n)
-		}
-	}
+		Val: held, Trace: trace,
+	}})
+	it := &ck.items[len(ck.items)-1]
 	// The way of the same key, else an empty way, else the way whose
 	// record was written longest ago.
 	var olds [ways]*item
@@ -241,14 +315,64 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 			}
 		}
 	}
-	c.release(set[victim].p.Swap(it))
+	set[victim].p.Store(it)
 	set[victim].tag.Store(h)
 }
 
-// release accounts for it (nil: nothing), no longer in the table.
-func (c *Cache) release(it *item) {
-	if it != nil && it.Val != nil {
-		c.valBytes.Add(-int64(len(it.Val)))
+// room returns a chunk with room for one more entry holding n bytes: the
+// newest, or a new one, for which it retires the oldest if the cache holds
+// nchunks. It returns nil if n is more than half a chunk.
+//
+// REQUIRES: c.mu is held.
+func (c *Cache) room(n int) *chunk {
+	if k := len(c.chunks); k > 0 {
+		ck := c.chunks[k-1]
+		if len(ck.items) < cap(ck.items) && cap(ck.buf)-len(ck.buf) >= n {
+			return ck
+		}
+		if len(ck.items) > 0 { // size the next chunk's items by this one's
+			c.guess = min(max(int64(len(ck.buf)/len(ck.items)), 16), c.chunkBytes/4)
+		}
+	}
+	if int64(n) > c.chunkBytes/2 {
+		return nil
+	}
+	for len(c.chunks) >= c.nchunks {
+		c.retire()
+	}
+	items := max(c.chunkBytes/(itemBytes+c.guess), 1)
+	ck := &chunk{items: make([]item, 0, items), buf: make([]byte, 0, max(c.chunkBytes-items*itemBytes, int64(n)))}
+	c.chunks = append(c.chunks, ck)
+	c.held.Add(ck.size())
+	return ck
+}
+
+// retire drops the oldest chunk's entries from the table, and the chunk.
+//
+// REQUIRES: c.mu is held.
+func (c *Cache) retire() {
+	ck := c.chunks[0]
+	for i := range ck.items {
+		it := &ck.items[i]
+		i := it.h & c.mask &^ (ways - 1)
+		for w := range ways {
+			c.slots[i+uint64(w)].p.CompareAndSwap(it, nil)
+		}
+	}
+	c.chunks[0] = nil
+	c.chunks = append(c.chunks[:0], c.chunks[1:]...)
+	c.held.Add(-ck.size())
+}
+
+// drop removes key's entry (hash h) from its set, if there.
+func (c *Cache) drop(set []slot, key []byte, h uint64) {
+	// Every way, not only those whose tag is key's: the tag is only a
+	// filter, and racing Puts of other keys may leave a way's tag stale
+	// (the item's own hash never is).
+	for w := range set {
+		if it := set[w].p.Load(); it != nil && it.is(key, h) {
+			set[w].p.CompareAndSwap(it, nil)
+		}
 	}
 }
 
@@ -261,14 +385,7 @@ func (c *Cache) Delete(key []byte) {
 		return
 	}
 	set, h := c.set(key)
-	// Every way, not only those whose tag is key's: the tag is only a
-	// filter, and racing Puts of other keys may leave a way's tag stale
-	// (the item's own hash never is).
-	for w := range set {
-		if it := set[w].p.Load(); it != nil && it.is(key, h) && set[w].p.CompareAndSwap(it, nil) {
-			c.release(it)
-		}
-	}
+	c.drop(set, key, h)
 }
 
 // Sweep drops the entries for which expired(UpdatedAt) is true.
@@ -278,24 +395,22 @@ func (c *Cache) Sweep(expired func(updatedAt int64) bool) (dropped int) {
 	}
 	for i := range c.slots {
 		if it := c.slots[i].p.Load(); it != nil && expired(it.UpdatedAt) && c.slots[i].p.CompareAndSwap(it, nil) {
-			c.release(it)
 			dropped++
 		}
 	}
 	return dropped
 }
 
-// Len returns the number of entries and about the bytes they take.
+// Len returns the number of entries, and the bytes the cache takes: its
+// table and its chunks.
 func (c *Cache) Len() (entries int, bytes int64) {
 	if c == nil {
 		return 0, 0
 	}
-	bytes = int64(len(c.slots)) * 16
 	for i := range c.slots {
-		if it := c.slots[i].p.Load(); it != nil {
+		if c.slots[i].p.Load() != nil {
 			entries++
-			bytes += entryBytes + int64(len(it.keys)) + int64(len(it.Val))
 		}
 	}
-	return entries, bytes
+	return entries, int64(len(c.slots))*int64(unsafe.Sizeof(slot{})) + c.held.Load()
 }

@@ -3,6 +3,7 @@ package rcache
 import (
 	"bytes"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -163,74 +164,103 @@ func TestSizes(t *testing.T) {
 	for _, tc := range []struct {
 		size  int64
 		slots int
-	}{{1, ways}, {2 * (entryBytes + avgKey), ways}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
+	}{{1, ways}, {2 * (itemBytes + entryGuess), 4}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
 		if got := len(New(tc.size).slots); got != tc.slots {
 			t.Errorf("New(%d): %d slots, want %d", tc.size, got, tc.slots)
 		}
 	}
 }
 
-// TestValHeldAndAccounted: an entry holds a small record's bytes (at most
-// budget/64), not a larger one's; the bytes held are counted, and given
-// back when the entry is replaced, deleted or swept.
+// TestValHeldAndAccounted: an entry holds a copy of a small record's bytes
+// (at most budget/64), not a larger one's; a replaced, deleted or swept
+// entry is no longer found.
 func TestValHeldAndAccounted(t *testing.T) {
 	c := New(64 << 10) // records up to 1 KiB are held
 	small, big := finished(1, []byte("r")), finished(2, make([]byte, 2048))
-	c.Put([]byte("s"), []byte("rs"), 1, small)
+	small.Trace = []byte("trace")
+	enc := encoding.EncodeRecord(small)
+	c.PutEncoded([]byte("s"), []byte("rs"), 1, small, enc)
 	c.Put([]byte("b"), []byte("rb"), 1, big)
 	es, eb := c.Get([]byte("s")), c.Get([]byte("b"))
 	if es == nil || eb == nil {
 		t.Fatalf("entries missing")
 	}
-	if !bytes.Equal(es.Val, encoding.EncodeRecord(small)) || !es.Matches(es.Val) {
-		t.Fatalf("small record's bytes not held: %x", es.Val)
+	if !bytes.Equal(es.Val, enc) || !es.Matches(es.Val) || string(es.Trace) != "trace" || string(es.Key) != "rs" {
+		t.Fatalf("small record's entry: bytes %x, trace %q, key %q", es.Val, es.Trace, es.Key)
+	}
+	enc[0] ^= 0xff
+	small.Trace[0] = 'T'
+	if !es.Matches(es.Val) || string(es.Trace) != "trace" {
+		t.Fatalf("the entry shares the caller's bytes")
 	}
 	if eb.Val != nil {
 		t.Fatalf("a record above budget/64 is held")
 	}
-	if got := c.valBytes.Load(); got != int64(len(es.Val)) {
-		t.Fatalf("held bytes %d, want %d", got, len(es.Val))
-	}
 	c.Put([]byte("s"), []byte("rs"), 1, finished(3, []byte("longer result")))
-	if got, want := c.valBytes.Load(), int64(len(c.Get([]byte("s")).Val)); got != want {
-		t.Fatalf("after replacing: held bytes %d, want %d", got, want)
+	if e := c.Get([]byte("s")); e == nil || e.Token != 3 || !e.Matches(e.Val) {
+		t.Fatalf("after replacing: %+v", e)
 	}
 	c.Delete([]byte("s"))
 	c.Delete([]byte("never put"))
-	if c.Get([]byte("s")) != nil || c.valBytes.Load() != 0 {
-		t.Fatalf("after Delete: entry %v, held bytes %d", c.Get([]byte("s")), c.valBytes.Load())
+	if c.Get([]byte("s")) != nil {
+		t.Fatalf("after Delete: entry %v", c.Get([]byte("s")))
 	}
 	if c.Get([]byte("b")) == nil {
 		t.Fatalf("Delete dropped another key's entry")
 	}
 	c.Put([]byte("s"), []byte("rs"), 1, small)
-	c.Sweep(func(int64) bool { return true })
-	if c.valBytes.Load() != 0 {
-		t.Fatalf("after Sweep: held bytes %d", c.valBytes.Load())
+	if c.Sweep(func(int64) bool { return true }) != 2 || c.Get([]byte("s")) != nil || c.Get([]byte("b")) != nil {
+		t.Fatalf("Sweep left entries")
 	}
 	var nilCache *Cache
 	nilCache.Delete([]byte("k")) // a disabled cache
 }
 
-// TestValCap: the bytes held stay within half the budget; entries past it
-// are cached without their bytes.
-func TestValCap(t *testing.T) {
-	c := New(64 << 10)
+// TestMemoryBounded: whatever is put, the cache's memory stays within its
+// budget (Len), the newest entries are found and the oldest are retired
+// with their chunks; and the Go heap the entries keep alive is the budget,
+// not a multiple of it (entries allocated one by one pinned about 40 MiB
+// for an 8 MiB cache in a store of 1M receipts).
+func TestMemoryBounded(t *testing.T) {
+	const budget = 4 << 20
+	c := New(budget)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const n = 100_000
+	for i := range n {
+		r := finished(i, make([]byte, i%300))
+		if i%7 == 0 {
+			r.Trace = []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+		}
+		k := []byte(fmt.Sprintf("scope/key-%d", i))
+		c.Put(k, append([]byte("record/"), k...), 1, r)
+		if i%500 == 0 {
+			if _, b := c.Len(); b > budget {
+				t.Fatalf("after %d puts: %d bytes, budget %d", i+1, b, budget)
+			}
+		}
+		if e := c.Get(k); e == nil || e.Token != uint64(i) {
+			t.Fatalf("put %d: the newest entry is not found", i)
+		}
+	}
+	// The oldest entries are gone with their chunks.
 	for i := range 1000 {
-		c.Put([]byte(fmt.Sprint(i)), []byte(fmt.Sprint("r", i)), 1, finished(i, make([]byte, 900)))
-		if got := c.valBytes.Load(); got > c.valCap {
-			t.Fatalf("held bytes %d above the cap %d", got, c.valCap)
+		if c.Get([]byte(fmt.Sprintf("scope/key-%d", i))) != nil {
+			t.Fatalf("entry %d of %d still cached", i, n)
 		}
 	}
-	var held, total int64
-	for i := range c.slots {
-		if it := c.slots[i].p.Load(); it != nil {
-			held += int64(len(it.Val))
-		}
+	entries, _ := c.Len()
+	if entries < budget/1024 {
+		t.Fatalf("only %d entries in %d bytes", entries, budget)
 	}
-	if total = c.valBytes.Load(); held != total {
-		t.Fatalf("held bytes %d, counted %d", held, total)
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > budget*5/4 {
+		t.Fatalf("live heap grew by %d bytes for a %d-byte cache (%d entries)", grew, budget, entries)
 	}
+	runtime.KeepAlive(c)
 }
 
 // TestDeleteUnderContention: one set of four ways, one writer per key (as
@@ -243,7 +273,6 @@ func TestDeleteUnderContention(t *testing.T) {
 	if len(c.slots) != ways {
 		t.Fatalf("%d slots", len(c.slots))
 	}
-	c.valCap = 1 << 30
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Add(1)
@@ -266,13 +295,7 @@ func TestDeleteUnderContention(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	var held int64
-	for i := range c.slots {
-		if it := c.slots[i].p.Load(); it != nil {
-			held += int64(len(it.Val))
-		}
-	}
-	if held != c.valBytes.Load() {
-		t.Fatalf("held %d bytes, counted %d", held, c.valBytes.Load())
+	if n, _ := c.Len(); n > ways {
+		t.Fatalf("%d entries in one set", n)
 	}
 }
