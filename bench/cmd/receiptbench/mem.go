@@ -190,26 +190,35 @@ func measureMem(dir string, receipts uint64, start time.Time, opsPerSec float64)
 
 // procRSS returns the resident set size and its peak (VmRSS, VmHWM) of this process.
 func procRSS() (rss, peak uint64) {
+	st := procStatus()
+	return st["VmRSS"], st["VmHWM"]
+}
+
+// procRSSParts reads the resident set's anonymous and file-backed parts.
+func procRSSParts() (anon, file uint64) {
+	st := procStatus()
+	return st["RssAnon"], st["RssFile"]
+}
+
+// procStatus reads the sizes in /proc/self/status, in bytes; empty where there is none.
+func procStatus() map[string]uint64 {
+	st := map[string]uint64{}
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
-		return 0, 0
+		return st
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
+		if !ok || !strings.HasSuffix(v, " kB") {
 			continue
 		}
-		kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		switch k {
-		case "VmRSS":
-			rss = kb << 10
-		case "VmHWM":
-			peak = kb << 10
+		if kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(v, " kB")), 10, 64); err == nil {
+			st[k] = kb << 10
 		}
 	}
-	return rss, peak
+	return st
 }
 
 func dirBytes(dir string) uint64 {

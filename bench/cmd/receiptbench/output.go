@@ -120,9 +120,10 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 			}
 		}
 		if sc.RSSBytes > 0 {
-			notes = append(notes, fmt.Sprintf("  RSS after the run: %s with both stores open; receipts' store alone %s = Pebble cache %s + %s (cache in use %s, memtables %s, replay cache %s, Go heap %s; peak RSS of the run %s; RSS with both stores empty, before loading: %s)",
-				fmtBytes(sc.RSSBothBytes), fmtBytes(sc.RSSBytes), fmtBytes(uint64(sc.CacheBytes)), signedBytes(sc.RSSOverCache),
+			notes = append(notes, fmt.Sprintf("  RSS after the run: %s with both stores open; %s's store alone %s = Pebble cache %s + %s (cache in use %s, memtables %s, replay cache %s, Go heap %s; peak RSS of the run %s; RSS with both stores empty, before loading: %s)",
+				fmtBytes(sc.RSSBothBytes), sc.Alone, fmtBytes(sc.RSSBytes), fmtBytes(uint64(sc.CacheBytes)), signedBytes(sc.RSSOverCache),
 				fmtBytes(uint64(sc.CacheInUse)), fmtBytes(sc.MemTableBytes), fmtBytes(uint64(sc.ReplayCache)), fmtBytes(sc.GoHeapBytes), fmtBytes(sc.PeakRSSBytes), fmtBytes(sc.BaselineRSS)))
+			notes = append(notes, "    where it sits: "+sc.Breakdown.String())
 		}
 	}
 	if rep.Postgres != "" {

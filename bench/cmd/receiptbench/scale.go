@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/bench/internal/engine"
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
@@ -44,6 +45,48 @@ type scaleReport struct {
 	MallocTrimmed  bool               `json:"malloc_trimmed"`
 	RSSOverCache   int64              `json:"rss_over_cache_bytes"`
 	ReplayCacheHit uint64             `json:"replay_cache_hits"`
+	Alone          string             `json:"store_measured_alone"`
+	Breakdown      rssBreakdown       `json:"rss_breakdown"`
+}
+
+// rssBreakdown is where the RSS of the process holding receipts' store alone sits: pages
+// backed by files (the executable) against anonymous memory, and of the anonymous memory
+// what the Go runtime and the C heap (Pebble's block cache and memtables, with cgo) hold.
+type rssBreakdown struct {
+	AnonBytes      uint64 `json:"rss_anon_bytes"`
+	FileBytes      uint64 `json:"rss_file_bytes"`
+	GoHeapInuse    uint64 `json:"go_heap_inuse_bytes"`
+	GoHeapLive     uint64 `json:"go_heap_live_bytes"`
+	GoHeapUnreturn uint64 `json:"go_heap_idle_unreleased_bytes"`
+	GoStacks       uint64 `json:"go_stack_bytes"`
+	GoRuntime      uint64 `json:"go_runtime_meta_bytes"`
+	CHeapInUse     uint64 `json:"c_heap_in_use_bytes"`
+	CHeapFree      uint64 `json:"c_heap_free_bytes"`
+	CHeapKnown     bool   `json:"c_heap_known"`
+}
+
+func (b rssBreakdown) String() string {
+	s := fmt.Sprintf("anonymous %s, file-backed %s; Go: heap in use %s (live %s), idle not returned %s, stacks %s, runtime metadata %s",
+		fmtBytes(b.AnonBytes), fmtBytes(b.FileBytes), fmtBytes(b.GoHeapInuse), fmtBytes(b.GoHeapLive), fmtBytes(b.GoHeapUnreturn), fmtBytes(b.GoStacks), fmtBytes(b.GoRuntime))
+	if b.CHeapKnown {
+		s += fmt.Sprintf("; C heap: in use %s, free in malloc's arenas %s", fmtBytes(b.CHeapInUse), fmtBytes(b.CHeapFree))
+	}
+	return s
+}
+
+// measureBreakdown reads the RSS breakdown of this process now; the caller has run a GC.
+func measureBreakdown() rssBreakdown {
+	var b rssBreakdown
+	b.AnonBytes, b.FileBytes = procRSSParts()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.GoHeapInuse = ms.HeapInuse
+	b.GoHeapLive = ms.HeapAlloc
+	b.GoHeapUnreturn = ms.HeapIdle - ms.HeapReleased
+	b.GoStacks = ms.StackInuse
+	b.GoRuntime = ms.MSpanInuse + ms.MCacheInuse + ms.GCSys + ms.OtherSys + ms.BuckHashSys
+	b.CHeapInUse, b.CHeapFree, b.CHeapKnown = cHeap()
+	return b
 }
 
 // populateScale loads cfg.scale receipts into each of the -scale stores, one after the
@@ -129,7 +172,8 @@ func (ks *scaleKeys) key(j int) (workload.Key, []byte) {
 
 // measureScaleRSS records the process RSS with both stores open, then closes every store
 // but receipts, returns the freed memory to the system and records the RSS of the process
-// holding receipts' store alone, with its Pebble cache and memtables. It returns the
+// holding receipts' store alone, with its Pebble cache and memtables. Run with one store
+// only (-stores pebble-floor), it measures that store alone the same way. It returns the
 // stores still open.
 func measureScaleRSS(sr *scaleReport, all []stores.Store, heapProfile string) []stores.Store {
 	freeMem := func() {
@@ -140,10 +184,10 @@ func measureScaleRSS(sr *scaleReport, all []stores.Store, heapProfile string) []
 	freeMem()
 	sr.RSSBothBytes, _ = procRSS()
 	var left []stores.Store
-	var rs *engine.Store
+	var alone stores.Store
 	for _, s := range all {
-		if e, ok := s.(*engine.Store); ok {
-			rs = e
+		if _, ok := s.(*engine.Store); ok || len(all) == 1 {
+			alone = s
 			left = append(left, s)
 			continue
 		}
@@ -157,18 +201,31 @@ func measureScaleRSS(sr *scaleReport, all []stores.Store, heapProfile string) []
 	runtime.ReadMemStats(&ms)
 	sr.RSSBytes, sr.PeakRSSBytes = procRSS()
 	sr.GoHeapBytes = ms.HeapInuse
-	if rs != nil {
-		m := peek.Pebble(rs.DB).Metrics()
-		sr.CacheInUse = m.BlockCache.Size
-		sr.MemTableBytes = m.MemTable.Size
-		st := rs.DB.Stats()
+	sr.Alone = "none"
+	var pdb *pebble.DB
+	switch s := alone.(type) {
+	case *engine.Store:
+		pdb = peek.Pebble(s.DB)
+		st := s.DB.Stats()
 		sr.ReplayCache = st.ReplayCacheBytes
 		sr.ReplayCacheHit = st.ReplayCacheHits
+	case *stores.Floor:
+		pdb = s.DB
+	}
+	if alone != nil {
+		sr.Alone = alone.Name()
+	}
+	if pdb != nil {
+		m := pdb.Metrics()
+		sr.CacheInUse = m.BlockCache.Size
+		sr.MemTableBytes = m.MemTable.Size
 	}
 	sr.RSSOverCache = int64(sr.RSSBytes) - sr.CacheBytes
-	progress("scale: RSS %s with both stores open; receipts alone: RSS %s (cache %s configured, %s in use; memtables %s; replay cache %s; Go heap %s), %s over the cache; peak %s",
-		fmtBytes(sr.RSSBothBytes), fmtBytes(sr.RSSBytes), fmtBytes(uint64(sr.CacheBytes)), fmtBytes(uint64(sr.CacheInUse)),
+	sr.Breakdown = measureBreakdown()
+	progress("scale: RSS %s with both stores open; %s alone: RSS %s (cache %s configured, %s in use; memtables %s; replay cache %s; Go heap %s), %s over the cache; peak %s",
+		fmtBytes(sr.RSSBothBytes), sr.Alone, fmtBytes(sr.RSSBytes), fmtBytes(uint64(sr.CacheBytes)), fmtBytes(uint64(sr.CacheInUse)),
 		fmtBytes(sr.MemTableBytes), fmtBytes(uint64(sr.ReplayCache)), fmtBytes(sr.GoHeapBytes), fmtBytes(uint64(max(sr.RSSOverCache, 0))), fmtBytes(sr.PeakRSSBytes))
+	progress("scale: where it sits: %s", sr.Breakdown)
 	return left
 }
 
