@@ -160,8 +160,9 @@ type Options struct {
 	// the cache holds, entries and table together: an entry takes about
 	// 190 bytes, plus its key twice, its trace context and the receipt's
 	// stored bytes if they are kept. Entries are written into chunks of
-	// about 1/16 of the size; when the chunks are full, the oldest chunk's
-	// entries (the least recently written) are dropped together.
+	// about 1/16 of the size (at most 64 MiB each); when the chunks are
+	// full, the oldest chunk's entries (the least recently written) are
+	// dropped together.
 	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC, failed
 	// writes) and one record per transition: at Info a takeover, an

@@ -27,18 +27,20 @@
 //
 // The entries themselves, with their keys, trace contexts and held bytes,
 // are written into chunks: large allocations, filled in order and never
-// written again, at most maxChunks of them. When a new one is needed and
-// the cache holds maxChunks, the oldest chunk is retired: its entries leave
-// the table, and the garbage collector frees it once no reader holds one of
-// them. So the memory is the budget, whatever the allocation pattern of the
-// program around it: entries allocated one by one, among the program's
-// short-lived allocations of the same sizes, would pin a span each, and a
-// cache of 8 MiB held about 40 MiB of Go heap in a store of 1M receipts.
+// written again, as many as fit the budget (16, for budgets from 64 KiB to
+// 1 GiB). When a new one is needed and the cache holds as many, the oldest
+// chunk is retired: its entries leave the table, and the garbage collector
+// frees it once no reader holds one of them. So the memory is the budget,
+// whatever the allocation pattern of the program around it: entries
+// allocated one by one, among the program's short-lived allocations of the
+// same sizes, would pin a span each, and a cache of 8 MiB held about 40 MiB
+// of Go heap in a store of 1M receipts.
 package rcache
 
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -58,12 +60,14 @@ const entryGuess = 256
 // maxSlots caps the table (the slots are allocated up front): 64Mi ways.
 const maxSlots = 1 << 26
 
-// maxChunks is the most chunks a cache holds: retiring one drops about
-// 1/maxChunks of the entries. minChunk is the smallest chunk; a budget
-// below maxChunks*minChunk has fewer chunks (at least two).
+// chunksPerBudget is how many chunks a cache holds: retiring one drops
+// about 1/chunksPerBudget of the entries. minChunk is the smallest chunk (a
+// budget below chunksPerBudget*minChunk has fewer chunks, at least two),
+// maxChunk the largest (a budget above chunksPerBudget*maxChunk has more).
 const (
-	maxChunks = 16
-	minChunk  = 4 << 10
+	chunksPerBudget = 16
+	minChunk        = 4 << 10
+	maxChunk        = 64 << 20
 )
 
 // Entry is one cached record.
@@ -189,8 +193,8 @@ func New(size int64) *Cache {
 	n := min(max(2*uint64(size/(itemBytes+entryGuess)), ways), maxSlots)
 	n = 1 << (63 - bits.LeadingZeros64(n)) // round down to a power of two
 	rest := size - int64(n)*int64(unsafe.Sizeof(slot{}))
-	nch := int(min(max(rest/minChunk, 2), maxChunks))
-	chunkBytes := max(rest/int64(nch), minChunk)
+	chunkBytes := min(max(rest/chunksPerBudget, minChunk), maxChunk)
+	nch := int(min(max(rest/chunkBytes, 2), math.MaxInt32))
 	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]slot, n),
 		maxVal: min(size/maxValPart, maxValLen, chunkBytes/2), chunkBytes: chunkBytes, nchunks: nch, guess: entryGuess}
 }
