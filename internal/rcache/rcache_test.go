@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/receiptstore/receipts/encoding"
 )
@@ -165,8 +166,16 @@ func TestSizes(t *testing.T) {
 		size  int64
 		slots int
 	}{{1, ways}, {2 * (itemBytes + entryGuess), 4}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
-		if got := len(New(tc.size).slots); got != tc.slots {
+		c := New(tc.size)
+		if got := len(c.slots); got != tc.slots {
 			t.Errorf("New(%d): %d slots, want %d", tc.size, got, tc.slots)
+		}
+		// The chunks fit the budget (beside the table), or are the
+		// smallest two; none is larger than maxChunk.
+		table := int64(len(c.slots)) * int64(unsafe.Sizeof(slot{}))
+		if c.chunkBytes < minChunk || c.chunkBytes > maxChunk || c.maxVal > c.chunkBytes/2 ||
+			(c.nchunks > 2 && int64(c.nchunks)*c.chunkBytes > tc.size-table) {
+			t.Errorf("New(%d): %d chunks of %d bytes, records up to %d held", tc.size, c.nchunks, c.chunkBytes, c.maxVal)
 		}
 	}
 }
