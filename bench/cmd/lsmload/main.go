@@ -33,14 +33,15 @@ func main() {
 	n := flag.Int("n", 300000, "new keys to load")
 	conc := flag.Int("conc", 64, "concurrent callers")
 	dir := flag.String("dir", "", "parent directory of the store (default: the system temp dir)")
+	levels := flag.Bool("levels", false, "also print Pebble's metrics table (per level: tables, bytes in, compacted, write amplification)")
 	flag.Parse()
-	if err := run(*store, *n, *conc, *dir); err != nil {
+	if err := run(*store, *n, *conc, *dir, *levels); err != nil {
 		fmt.Fprintln(os.Stderr, "lsmload:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name string, n, conc int, parent string) error {
+func run(name string, n, conc int, parent string, levels bool) error {
 	dir, err := os.MkdirTemp(parent, "lsmload")
 	if err != nil {
 		return err
@@ -105,6 +106,9 @@ func run(name string, n, conc int, parent string) error {
 	fmt.Printf("  WAL in %.1f MB (%.0f B/op); flushes %d; compactions %d, written %.1f MB\n",
 		float64(m.WAL.BytesIn)/1e6, float64(m.WAL.BytesIn)/float64(n), m.Flush.Count, m.Compact.Count,
 		float64(m.Total().TableBytesCompacted)/1e6)
+	if levels {
+		fmt.Println(m.String())
+	}
 	return nil
 }
 
