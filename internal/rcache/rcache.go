@@ -363,8 +363,9 @@ func (c *Cache) retire() {
 			c.slots[i+uint64(w)].p.CompareAndSwap(it, nil)
 		}
 	}
-	c.chunks[0] = nil
-	c.chunks = append(c.chunks[:0], c.chunks[1:]...)
+	n := copy(c.chunks, c.chunks[1:])
+	c.chunks[n] = nil // the array beyond len must not keep a retired chunk
+	c.chunks = c.chunks[:n]
 	c.held.Add(-ck.size())
 }
 

@@ -308,3 +308,28 @@ func TestDeleteUnderContention(t *testing.T) {
 		t.Fatalf("%d entries in one set", n)
 	}
 }
+
+// TestRetiredChunksUnreferenced: after many retirements, the cache refers
+// to no chunk beyond those it holds (the chunk list's array included), so
+// the collector can free every retired one.
+func TestRetiredChunksUnreferenced(t *testing.T) {
+	c := New(64 << 10)
+	for i := range 20_000 {
+		c.Put([]byte(fmt.Sprint("k", i)), []byte("rk"), 1, finished(i, make([]byte, 100)))
+	}
+	if len(c.chunks) != c.nchunks {
+		t.Fatalf("%d chunks held, want %d", len(c.chunks), c.nchunks)
+	}
+	for i, ck := range c.chunks[len(c.chunks):cap(c.chunks)] {
+		if ck != nil {
+			t.Fatalf("the chunk list's array keeps a retired chunk at %d", len(c.chunks)+i)
+		}
+	}
+	var held int64
+	for _, ck := range c.chunks {
+		held += ck.size()
+	}
+	if held != c.held.Load() {
+		t.Fatalf("chunks take %d bytes, counted %d", held, c.held.Load())
+	}
+}
