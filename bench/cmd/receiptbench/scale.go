@@ -49,9 +49,9 @@ type scaleReport struct {
 	Breakdown      rssBreakdown       `json:"rss_breakdown"`
 }
 
-// rssBreakdown is where the RSS of the process holding receipts' store alone sits: pages
-// backed by files (the executable) against anonymous memory, and of the anonymous memory
-// what the Go runtime and the C heap (Pebble's block cache and memtables, with cgo) hold.
+// rssBreakdown is where the RSS of the process holding one store alone sits: pages backed
+// by files (the executable) against anonymous memory, and of the anonymous memory what the
+// Go runtime and the C heap (Pebble's block cache and memtables, with cgo) hold.
 type rssBreakdown struct {
 	AnonBytes      uint64 `json:"rss_anon_bytes"`
 	FileBytes      uint64 `json:"rss_file_bytes"`
@@ -65,6 +65,7 @@ type rssBreakdown struct {
 	CHeapKnown     bool   `json:"c_heap_known"`
 }
 
+// String is the breakdown as the progress lines and the report's notes print it.
 func (b rssBreakdown) String() string {
 	s := fmt.Sprintf("anonymous %s, file-backed %s; Go: heap in use %s (live %s), idle not returned %s, stacks %s, runtime metadata %s",
 		fmtBytes(b.AnonBytes), fmtBytes(b.FileBytes), fmtBytes(b.GoHeapInuse), fmtBytes(b.GoHeapLive), fmtBytes(b.GoHeapUnreturn), fmtBytes(b.GoStacks), fmtBytes(b.GoRuntime))
