@@ -19,6 +19,11 @@ const (
 	// DefaultCacheSize is Pebble's block cache when Options.Pebble sets
 	// neither Cache nor CacheSize.
 	DefaultCacheSize = pebbleengine.DefaultCacheSize
+	// DefaultLBaseMaxBytes is Pebble's LBaseMaxBytes (the size of the level
+	// L0 is compacted into) when Options.Pebble leaves it zero: 8 MiB
+	// rather than Pebble's 64 MiB, because operation keys are spread over
+	// the key space and each such compaction rewrites most of that level.
+	DefaultLBaseMaxBytes = pebbleengine.DefaultLBaseMaxBytes
 	// DefaultReplayCacheSize is the memory kept for recently finished
 	// receipts when Options.ReplayCacheSize is zero.
 	DefaultReplayCacheSize = 8 << 20
@@ -141,8 +146,9 @@ type Options struct {
 	Now func() time.Time
 	// Pebble tunes the engine (cache, FS, ...). It is cloned, never changed.
 	// Its FS lets tests use vfs.NewMem, vfs.NewCrashableMem or errorfs.
-	// Levels without a filter policy get 10-bit Bloom filters, and the
-	// block cache is DefaultCacheSize unless Cache or CacheSize is set.
+	// Levels without a filter policy get 10-bit Bloom filters, the block
+	// cache is DefaultCacheSize unless Cache or CacheSize is set, and
+	// LBaseMaxBytes is DefaultLBaseMaxBytes unless set.
 	Pebble *pebble.Options
 	// ReplayCacheSize is the memory, in bytes, for remembering recently
 	// finished receipts, so that a retry of one is answered without the key

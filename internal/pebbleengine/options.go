@@ -14,9 +14,20 @@ import (
 // neither Cache nor CacheSize.
 const DefaultCacheSize = 64 << 20
 
+// DefaultLBaseMaxBytes is Pebble's LBaseMaxBytes when the Pebble options
+// leave it zero: 8 MiB, against Pebble's 64 MiB. Operation keys are spread
+// over the key space, so every compaction of L0 into the base level
+// rewrites most of it; while a store is under a few hundred MB, the base
+// level is L6 itself, and a 64 MiB target lets it take every compaction.
+// With 1M new keys written 64-way (bench/cmd/lsmload), 8 MiB cut the
+// compactions' writes from 2.1 GB to 0.63 GB and the CPU per key from 77
+// to 49 µs.
+const DefaultLBaseMaxBytes = 8 << 20
+
 // pebbleOptions returns the engine options: a clone of the caller's, with
-// Bloom filters on every level that has none, and sstables split at epoch
-// boundaries (for GC) unless the caller set a span policy.
+// Bloom filters on every level that has none, sstables split at epoch
+// boundaries (for GC) unless the caller set a span policy, and
+// DefaultLBaseMaxBytes unless the caller set LBaseMaxBytes.
 func pebbleOptions(opts *pebble.Options, logger *slog.Logger) *pebble.Options {
 	var po *pebble.Options
 	if opts != nil {
@@ -44,6 +55,9 @@ func pebbleOptions(opts *pebble.Options, logger *slog.Logger) *pebble.Options {
 		// which leaves retries no block cache at all (bench/: 0% hits, every
 		// replay a pread and a decompression).
 		po.CacheSize = DefaultCacheSize
+	}
+	if po.LBaseMaxBytes == 0 {
+		po.LBaseMaxBytes = DefaultLBaseMaxBytes
 	}
 	if po.FS == nil {
 		// Set explicitly: left nil, EnsureDefaults wraps it in a disk-health

@@ -34,11 +34,25 @@ func main() {
 	conc := flag.Int("conc", 64, "concurrent callers")
 	dir := flag.String("dir", "", "parent directory of the store (default: the system temp dir)")
 	levels := flag.Bool("levels", false, "also print Pebble's metrics table (per level: tables, bytes in, compacted, write amplification)")
+	lbase := flag.Int64("lbase", 0, "Pebble's LBaseMaxBytes for the store (0: the benchmarks' options, receipts.DefaultLBaseMaxBytes; Pebble's own default is 67108864)")
 	flag.Parse()
+	lbaseMax = *lbase
 	if err := run(*store, *n, *conc, *dir, *levels); err != nil {
 		fmt.Fprintln(os.Stderr, "lsmload:", err)
 		os.Exit(1)
 	}
+}
+
+// lbaseMax is -lbase.
+var lbaseMax int64
+
+// tuned is the benchmarks' Pebble options, with -lbase.
+func tuned() *pebble.Options {
+	o := stores.PebbleOptions()
+	if lbaseMax > 0 {
+		o.LBaseMaxBytes = lbaseMax
+	}
+	return o
 }
 
 func run(name string, n, conc int, parent string, levels bool) error {
@@ -51,13 +65,14 @@ func run(name string, n, conc int, parent string, levels bool) error {
 	var db *pebble.DB
 	switch name {
 	case "pebble-floor":
-		f, err := stores.OpenFloor(dir, stores.PebbleOptions())
+		f, err := stores.OpenFloor(dir, tuned())
 		if err != nil {
 			return err
 		}
 		s, db = f, f.DB
 	case "receipts", "receipts-tombstones-off":
 		o := engine.Options(nil)
+		o.Pebble = tuned()
 		if name == "receipts-tombstones-off" {
 			o.TombstoneWindow = -1
 		}
