@@ -36,26 +36,23 @@ func main() {
 	levels := flag.Bool("levels", false, "also print Pebble's metrics table (per level: tables, bytes in, compacted, write amplification)")
 	lbase := flag.Int64("lbase", 0, "Pebble's LBaseMaxBytes for the store (0: the benchmarks' options, receipts.DefaultLBaseMaxBytes; Pebble's own default is 67108864)")
 	flag.Parse()
-	lbaseMax = *lbase
-	if err := run(*store, *n, *conc, *dir, *levels); err != nil {
+	if err := run(*store, *n, *conc, *dir, *levels, *lbase); err != nil {
 		fmt.Fprintln(os.Stderr, "lsmload:", err)
 		os.Exit(1)
 	}
 }
 
-// lbaseMax is -lbase.
-var lbaseMax int64
-
-// tuned is the benchmarks' Pebble options, with -lbase.
-func tuned() *pebble.Options {
+// tuned is the benchmarks' Pebble options, with LBaseMaxBytes set to lbase if positive
+// (-lbase).
+func tuned(lbase int64) *pebble.Options {
 	o := stores.PebbleOptions()
-	if lbaseMax > 0 {
-		o.LBaseMaxBytes = lbaseMax
+	if lbase > 0 {
+		o.LBaseMaxBytes = lbase
 	}
 	return o
 }
 
-func run(name string, n, conc int, parent string, levels bool) error {
+func run(name string, n, conc int, parent string, levels bool, lbase int64) error {
 	dir, err := os.MkdirTemp(parent, "lsmload")
 	if err != nil {
 		return err
@@ -65,14 +62,14 @@ func run(name string, n, conc int, parent string, levels bool) error {
 	var db *pebble.DB
 	switch name {
 	case "pebble-floor":
-		f, err := stores.OpenFloor(dir, tuned())
+		f, err := stores.OpenFloor(dir, tuned(lbase))
 		if err != nil {
 			return err
 		}
 		s, db = f, f.DB
 	case "receipts", "receipts-tombstones-off":
 		o := engine.Options(nil)
-		o.Pebble = tuned()
+		o.Pebble = tuned(lbase)
 		if name == "receipts-tombstones-off" {
 			o.TombstoneWindow = -1
 		}
