@@ -172,7 +172,7 @@ type item struct {
 	// bytes of no item but its own key's.
 	h uint64
 	// keys is the record key (Entry.Key) followed by the key the entry
-	// was put under: one allocation, and one cache miss, for both.
+	// was put under, side by side in the chunk: one cache miss for both.
 	keys []byte
 	Entry
 }
@@ -202,8 +202,13 @@ func New(size int64) *Cache {
 // set returns key's set and key's hash.
 func (c *Cache) set(key []byte) ([]slot, uint64) {
 	h := maphash.Bytes(c.seed, key)
+	return c.setOf(h), h
+}
+
+// setOf returns the set of the keys whose hash is h.
+func (c *Cache) setOf(h uint64) []slot {
 	i := h & c.mask &^ (ways - 1)
-	return c.slots[i : i+ways : i+ways], h
+	return c.slots[i : i+ways : i+ways]
 }
 
 // Get returns key's entry, or nil. Entries are immutable.
@@ -358,9 +363,8 @@ func (c *Cache) retire() {
 	ck := c.chunks[0]
 	for i := range ck.items {
 		it := &ck.items[i]
-		i := it.h & c.mask &^ (ways - 1)
-		for w := range ways {
-			c.slots[i+uint64(w)].p.CompareAndSwap(it, nil)
+		for w, set := 0, c.setOf(it.h); w < ways; w++ {
+			set[w].p.CompareAndSwap(it, nil)
 		}
 	}
 	n := copy(c.chunks, c.chunks[1:])

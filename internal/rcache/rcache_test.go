@@ -180,10 +180,10 @@ func TestSizes(t *testing.T) {
 	}
 }
 
-// TestValHeldAndAccounted: an entry holds a copy of a small record's bytes
-// (at most budget/64), not a larger one's; a replaced, deleted or swept
-// entry is no longer found.
-func TestValHeldAndAccounted(t *testing.T) {
+// TestValHeld: an entry holds a copy of a small record's bytes (at most
+// budget/64), not a larger one's; a replaced, deleted or swept entry is no
+// longer found. (What the entries take is TestMemoryBounded's.)
+func TestValHeld(t *testing.T) {
 	c := New(64 << 10) // records up to 1 KiB are held
 	small, big := finished(1, []byte("r")), finished(2, make([]byte, 2048))
 	small.Trace = []byte("trace")
