@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/receiptstore/receipts/internal/detach"
 )
 
 // Defaults and bounds of ReconcilerOptions.
@@ -417,7 +419,7 @@ func (rc *Reconciler) reconcile(ctx context.Context, r *Receipt) Settlement {
 	}
 	s.Attempt = l.Attempt()
 
-	detached := context.WithoutCancel(ctx)
+	detached := detach.Context(ctx)
 	result, cerr := rc.check(ctx, l, r)
 	kind, _ := outcomeOf(cerr)
 	switch {

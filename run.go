@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/detach"
 )
 
 // Run executes fn under l and records its outcome the way Do does: it is
@@ -76,7 +77,7 @@ func (l *Lease) run(ctx context.Context, b *pebble.Batch,
 	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
 ) (*Receipt, error) {
 	db := l.db
-	detached := context.WithoutCancel(ctx)
+	detached := detach.Context(ctx)
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Renewals bypass the gate: they go on while Close waits for this Run.
