@@ -11,6 +11,7 @@ import (
 	"context"
 	"hash/maphash"
 	"sync"
+	"unsafe"
 
 	"github.com/receiptstore/receipts/internal/mutate"
 )
@@ -31,13 +32,18 @@ type shard struct {
 
 // Entry is one key's lock and its change notification.
 type Entry struct {
-	t    *Table
-	key  string // protected by sh.mu while in use
+	t *Table
+	// key is the entry's key in sh.m: a string over kbuf, which is not
+	// written while the entry is in the map (an entry is reused only once
+	// unref has deleted it). Both protected by sh.mu while in use.
+	key  string
+	kbuf []byte
 	sh   *shard
 	refs int           // protected by sh.mu
 	sem  chan struct{} // one slot: the key lock
-	// changed is closed and replaced on every change that waiters care
-	// about. Protected by sh.mu.
+	// changed, if not nil, is closed at the next change that waiters care
+	// about (Notify), which leaves it nil; Watch makes it. So a change
+	// nobody watches makes no channel. Protected by sh.mu.
 	changed chan struct{}
 }
 
@@ -51,7 +57,8 @@ func New() *Table {
 }
 
 // ref finds or creates key's entry and takes a reference. Looking up an
-// existing entry does not allocate.
+// existing entry does not allocate, and neither does creating one from the
+// free pool for a key no longer than the ones it held before.
 func (t *Table) ref(key []byte) *Entry {
 	sh := &t.shards[maphash.Bytes(t.seed, key)%shards]
 	sh.mu.Lock()
@@ -59,9 +66,10 @@ func (t *Table) ref(key []byte) *Entry {
 	if !ok {
 		e, _ = t.free.Get().(*Entry)
 		if e == nil {
-			e = &Entry{t: t, sem: make(chan struct{}, 1), changed: make(chan struct{})}
+			e = &Entry{t: t, sem: make(chan struct{}, 1)}
 		}
-		e.key, e.sh = string(key), sh
+		e.kbuf = append(e.kbuf[:0], key...)
+		e.key, e.sh = unsafe.String(unsafe.SliceData(e.kbuf), len(e.kbuf)), sh
 		sh.m[e.key] = e
 	}
 	e.refs++
@@ -116,8 +124,10 @@ func (e *Entry) Unlock() {
 // Notify wakes every watcher of the key. REQUIRES: the key lock held.
 func (e *Entry) Notify() {
 	e.sh.mu.Lock()
-	close(e.changed)
-	e.changed = make(chan struct{})
+	if e.changed != nil {
+		close(e.changed)
+		e.changed = nil
+	}
 	e.sh.mu.Unlock()
 }
 
@@ -128,6 +138,9 @@ func (e *Entry) Notify() {
 func (t *Table) Watch(key []byte) Watch {
 	e := t.ref(key)
 	e.sh.mu.Lock()
+	if e.changed == nil {
+		e.changed = make(chan struct{})
+	}
 	w := Watch{C: e.changed, e: e}
 	e.sh.mu.Unlock()
 	return w

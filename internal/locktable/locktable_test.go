@@ -213,3 +213,49 @@ func TestWatchWithoutLock(t *testing.T) {
 	w.Done()
 	require.Zero(t, tab.Len())
 }
+
+// TestRecycledEntryKeys: an entry reused from the free pool for another
+// key (shorter, then longer) is found under that key only, and the key it
+// held before is a different entry.
+func TestRecycledEntryKeys(t *testing.T) {
+	tab := New()
+	ctx := context.Background()
+	keys := [][]byte{[]byte("a-rather-long-key-of-the-first-entry"), []byte("b"), []byte("c-longer-than-b")}
+	for _, k := range keys {
+		e, err := tab.Lock(ctx, k)
+		require.NoError(t, err)
+		w := tab.Watch(k)
+		require.Same(t, e, w.e, "Watch of %q finds the locked entry", k)
+		for _, o := range keys {
+			if string(o) == string(k) {
+				continue
+			}
+			lctx, cancel := context.WithTimeout(ctx, time.Second)
+			oe, err := tab.Lock(lctx, o) // another key: not held, so no wait
+			cancel()
+			require.NoError(t, err, "%q while %q is held", o, k)
+			require.NotSame(t, e, oe)
+			oe.Unlock()
+		}
+		w.Done()
+		e.Unlock()
+		require.Zero(t, tab.Len())
+	}
+}
+
+// TestNoAllocs: locking, notifying and unlocking a key whose entry comes
+// from the free pool allocates nothing when nobody watches.
+func TestNoAllocs(t *testing.T) {
+	tab := New()
+	ctx := context.Background()
+	k := []byte("scope/some-operation-key")
+	n := testing.AllocsPerRun(1000, func() {
+		e, err := tab.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Notify()
+		e.Unlock()
+	})
+	require.Zero(t, n)
+}
