@@ -158,9 +158,19 @@ const (
 // ways is the number of slots in a set: 4 x 16 bytes, one cache line.
 const ways = 4
 
-// slot holds an item and its key's hash. The hash is only a filter, read
-// before the item, so that a lookup dereferences only the item it wants;
-// the item itself is the truth (the two are not updated together).
+// slot holds an item and its key's hash (tag), read before the item so that
+// a scan of a set dereferences only the item it wants. The item itself is
+// the truth: the two are not updated together. But since every change of
+// a way that is not to nil is a Put, and Puts are serialized (c.mu), a way
+// that holds an item holds its key's hash as its tag, except within the
+// Put that stored the item, between its two stores (p, then tag). A Put
+// of another key that takes the way over stores its own item before its
+// tag, so a tag read after the item left shows nothing wrong. So a Get, or
+// a Delete or Put of the same key (which run under the key's lock, so
+// never within that window), may skip a way whose tag is not the key's
+// hash: it does not hold the key's item. (Were a way to hold the key's
+// item under another tag, Get would not find it there either, so dropping
+// only what Get can find is enough for Delete.)
 type slot struct {
 	tag atomic.Uint64
 	p   atomic.Pointer[item]
@@ -309,10 +319,13 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	// The way of the same key, else an empty way, else the way whose
 	// record was written longest ago.
 	var olds [ways]*item
+	victim := -1
 	for w := range set {
 		olds[w] = set[w].p.Load()
+		if victim < 0 && olds[w] != nil && set[w].tag.Load() == h && olds[w].is(key, h) {
+			victim = w // key's own way (a way holding key's item has h as its tag: slot)
+		}
 	}
-	victim := slices.IndexFunc(olds[:], func(old *item) bool { return old != nil && old.is(key, h) })
 	if victim < 0 {
 		victim = slices.Index(olds[:], nil)
 	}
@@ -375,10 +388,10 @@ func (c *Cache) retire() {
 
 // drop removes key's entry (hash h) from its set, if there.
 func (c *Cache) drop(set []slot, key []byte, h uint64) {
-	// Every way, not only those whose tag is key's: the tag is only a
-	// filter, and racing Puts of other keys may leave a way's tag stale
-	// (the item's own hash never is).
 	for w := range set {
+		if set[w].tag.Load() != h {
+			continue // not key's item (slot); nor would Get find it there
+		}
 		if it := set[w].p.Load(); it != nil && it.is(key, h) {
 			set[w].p.CompareAndSwap(it, nil)
 		}
