@@ -120,15 +120,23 @@ func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption, 
 // closed, KeepAlive calls cancel with that error, so the effect's context
 // ends, and stops. Other renewal errors are logged and retried.
 func (l *Lease) KeepAlive(cancel context.CancelCauseFunc) (stop func()) {
-	return l.keepAlive(cancel, l.Renew)
+	return l.keepAlive(cancel, true).stop
 }
 
-func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Context) error) (stop func()) {
-	k := &keeper{l: l, cancel: cancel, renew: renew, every: max(l.ttl/3, time.Millisecond)}
+// keepAlive starts l's renewals, through Renew if gated (under Close's
+// in-flight gate, as KeepAlive does) or through renew (not gated: Run's,
+// which Close waits for). Stop them with the keeper's stop.
+func (l *Lease) keepAlive(cancel context.CancelCauseFunc, gated bool) *keeper {
+	return l.keepAliveWith(cancel, gated, nil)
+}
+
+// keepAliveWith is keepAlive renewing with renew instead, if not nil (tests).
+func (l *Lease) keepAliveWith(cancel context.CancelCauseFunc, gated bool, renew func(context.Context) error) *keeper {
+	k := &keeper{l: l, cancel: cancel, gated: gated, renew: renew, every: max(l.ttl/3, time.Millisecond)}
 	k.mu.Lock()
 	k.t = time.AfterFunc(k.every, k.tick)
 	k.mu.Unlock()
-	return k.stop
+	return k
 }
 
 // keeper renews a lease from a timer, not a goroutine of its own: a Do
@@ -137,7 +145,8 @@ func (l *Lease) keepAlive(cancel context.CancelCauseFunc, renew func(context.Con
 type keeper struct {
 	l      *Lease
 	cancel context.CancelCauseFunc
-	renew  func(context.Context) error
+	gated  bool                        // renew with Renew, not renew
+	renew  func(context.Context) error // if not nil, renews instead (tests)
 	every  time.Duration
 
 	mu      sync.Mutex
@@ -158,7 +167,15 @@ func (k *keeper) tick() {
 	k.running = true
 	k.mu.Unlock()
 
-	err := k.renew(context.Background())
+	var err error
+	switch {
+	case k.renew != nil:
+		err = k.renew(context.Background())
+	case k.gated:
+		err = k.l.Renew(context.Background())
+	default:
+		err = k.l.renew(context.Background())
+	}
 	over := false
 	switch {
 	case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrClosed):

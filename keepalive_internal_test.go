@@ -37,7 +37,7 @@ func TestKeepAliveStopWaitsForRenewal(t *testing.T) {
 	}
 	_, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	stop := l.keepAlive(cancel, renew)
+	stop := l.keepAliveWith(cancel, false, renew).stop
 	<-entered
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
@@ -59,7 +59,7 @@ func TestKeepAliveStopWaitsForRenewal(t *testing.T) {
 	var lost atomic.Int32
 	ctx, cancel2 := context.WithCancelCause(context.Background())
 	defer cancel2(nil)
-	stop = l.keepAlive(cancel2, func(context.Context) error { lost.Add(1); return ErrLeaseLost })
+	stop = l.keepAliveWith(cancel2, false, func(context.Context) error { lost.Add(1); return ErrLeaseLost }).stop
 	defer stop()
 	select {
 	case <-ctx.Done():

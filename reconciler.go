@@ -462,8 +462,7 @@ func (rc *Reconciler) reconcile(ctx context.Context, r *Receipt) Settlement {
 func (rc *Reconciler) check(ctx context.Context, l *Lease, r *Receipt) (result []byte, err error) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := l.keepAlive(cancel, l.renew)
-	defer stop()
+	defer l.keepAlive(cancel, false).stop()
 	defer func() {
 		if p := recover(); p != nil {
 			result, err = nil, fmt.Errorf("receipts: reconciler check of %s panicked: %v", l.db.keyName(r.Key), p)

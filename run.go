@@ -81,18 +81,18 @@ func (l *Lease) run(ctx context.Context, b *pebble.Batch,
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Renewals bypass the gate: they go on while Close waits for this Run.
-	stop := l.keepAlive(cancel, l.renew)
+	keep := l.keepAlive(cancel, false)
 
 	finished := false
 	defer func() {
 		if !finished { // fn panicked (or called runtime.Goexit)
-			stop()
+			keep.stop()
 			_ = l.abandonUnknown(detached)
 		}
 	}()
 	result, ferr := fn(fctx, l, b)
 	finished = true
-	stop()
+	keep.stop()
 
 	kind, _ := outcomeOf(ferr)
 	switch {
