@@ -102,20 +102,30 @@ func TestBoundedAndReplacesOldest(t *testing.T) {
 	// A set holds the most recently written records among those put into
 	// it: a new one evicts the oldest.
 	c = New(1) // one set
-	for i, k := range []string{"b", "a", "c", "d"} {
-		c.Put([]byte(k), []byte("rk"), 1, finished([]int{20, 10, 30, 40}[i], nil))
+	if len(c.slots) != ways {
+		t.Fatalf("New(1): %d slots, want one set of %d", len(c.slots), ways)
 	}
-	c.Put([]byte("e"), []byte("rk"), 1, finished(50, nil)) // evicts a (written at 10)
+	// a is written at 10, the oldest; the others at 20, 30, ...
+	var kept []string
+	for i := range ways {
+		k := "a"
+		if i > 0 {
+			k = fmt.Sprint("k", i)
+			kept = append(kept, k)
+		}
+		c.Put([]byte(k), []byte("rk"), 1, finished(10*(i+1), nil))
+	}
+	c.Put([]byte("e"), []byte("rk"), 1, finished(10*(ways+1), nil)) // evicts a
 	if c.Get([]byte("a")) != nil {
 		t.Fatalf("did not evict the oldest")
 	}
-	for _, k := range []string{"b", "c", "d", "e"} {
+	for _, k := range append(kept, "e") {
 		if c.Get([]byte(k)) == nil {
 			t.Fatalf("evicted %s, not the oldest", k)
 		}
 	}
-	c.Put([]byte("b"), []byte("rk2"), 2, finished(60, nil)) // same key: replaced in place
-	if e := c.Get([]byte("b")); e == nil || e.Epoch != 2 || c.Get([]byte("c")) == nil || c.Get([]byte("e")) == nil {
+	c.Put([]byte("k1"), []byte("rk2"), 2, finished(10*(ways+2), nil)) // same key: replaced in place
+	if e := c.Get([]byte("k1")); e == nil || e.Epoch != 2 || c.Get([]byte("k2")) == nil || c.Get([]byte("e")) == nil {
 		t.Fatalf("same key not replaced in place")
 	}
 	if n, _ := c.Len(); n != ways {
@@ -165,7 +175,7 @@ func TestSizes(t *testing.T) {
 	for _, tc := range []struct {
 		size  int64
 		slots int
-	}{{1, ways}, {2 * (itemBytes + entryGuess), 4}, {8 << 20, 32768}, {1 << 62, maxSlots}} {
+	}{{1, ways}, {2 * (itemBytes + entryGuess), ways}, {4 * (itemBytes + entryGuess), 16}, {8 << 20, 65536}, {1 << 62, maxSlots}} {
 		c := New(tc.size)
 		if got := len(c.slots); got != tc.slots {
 			t.Errorf("New(%d): %d slots, want %d", tc.size, got, tc.slots)
