@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/rcache"
 	"github.com/stretchr/testify/require"
 )
 
@@ -74,7 +75,7 @@ func TestReplayFromMemory(t *testing.T) {
 	k := driver.Key{Scope: "s", ID: "k"}
 	finishKey(t, e, k, "A", "a")
 	var lk [keys.MaxLockKeyLen]byte
-	ent := e.cache.Get(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
+	ent := cached(e, keys.AppendLockKey(lk[:0], k.Scope, k.ID))
 	require.NotNil(t, ent)
 	require.NotNil(t, ent.Val, "a small receipt's bytes are held")
 
@@ -99,7 +100,7 @@ func TestReplayFromMemoryLargeRecordReadsPebble(t *testing.T) {
 	k := driver.Key{Scope: "s", ID: "big"}
 	finishKey(t, e, k, "A", string(make([]byte, 2048)))
 	var lk [keys.MaxLockKeyLen]byte
-	ent := e.cache.Get(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
+	ent := cached(e, keys.AppendLockKey(lk[:0], k.Scope, k.ID))
 	require.NotNil(t, ent)
 	require.Nil(t, ent.Val, "a large receipt's bytes are not held")
 	require.Equal(t, driver.Replay, replay(t, e, k, "A").Outcome)
@@ -123,13 +124,13 @@ func TestWriteDeletesCacheEntry(t *testing.T) {
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
 	finishKey(t, e, k, "A", "a")
 	require.Equal(t, "a", string(replay(t, e, k, "A").Record.Result))
-	require.NotNil(t, e.cache.Get(lockKey))
+	require.NotNil(t, cached(e, lockKey))
 
 	clk.Add(time.Hour + time.Second) // A expires
 	res, err := e.Claim(ctx, driver.ClaimRequest{Key: k, Fingerprint: []byte("B"), LeaseTTL: 30 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, driver.Claimed, res.Outcome)
-	require.Nil(t, e.cache.Get(lockKey), "the claim's write left the key's cache entry in place")
+	require.Nil(t, cached(e, lockKey), "the claim's write left the key's cache entry in place")
 	_, err = e.Finish(ctx, k, res.Record.Token, driver.Succeeded, []byte("b"))
 	require.NoError(t, err)
 	got := replay(t, e, k, "B")
@@ -145,7 +146,7 @@ func TestWriteDeletesCacheEntry(t *testing.T) {
 	res, err = e.Claim(ctx, driver.ClaimRequest{Key: k2, Fingerprint: []byte("B"), LeaseTTL: 30 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, e.Release(ctx, k2, res.Record.Token, false))
-	require.Nil(t, e.cache.Get(lockKey2))
+	require.Nil(t, cached(e, lockKey2))
 	_, found, _, err := e.Lookup(ctx, k2)
 	require.NoError(t, err)
 	require.False(t, found)
@@ -163,4 +164,13 @@ func TestReplayFromMemoryExpiresExactly(t *testing.T) {
 	require.Equal(t, driver.Replay, replay(t, e, k, "A").Outcome)
 	clk.Add(time.Nanosecond)
 	require.Equal(t, driver.Claimed, replay(t, e, k, "A").Outcome)
+}
+
+// cached is e's replay cache entry for lockKey, or nil.
+func cached(e *Engine, lockKey []byte) *rcache.Entry {
+	ent, ok := e.cache.Get(lockKey)
+	if !ok {
+		return nil
+	}
+	return &ent
 }

@@ -86,7 +86,7 @@ func TestCachedReplayProbesNewerEpochs(t *testing.T) {
 	k := driver.Key{Scope: "s", ID: "big"}
 	finishKey(t, e, k, "A", string(make([]byte, 2048)))
 	var lk [keys.MaxLockKeyLen]byte
-	ent := e.cache.Get(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
+	ent := cached(e, keys.AppendLockKey(lk[:0], k.Scope, k.ID))
 	require.NotNil(t, ent)
 	require.Nil(t, ent.Val)
 

@@ -120,8 +120,9 @@ func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *enc
 //
 // Both ways build the answer with answer, from the entry and the bytes.
 func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte, now int64) (res driver.ClaimResult, ok bool) {
-	ent := e.cache.Get(lockKey)
-	if ent == nil || (machine.Expired(ent.UpdatedAt, now, e.retention) && mutate.Name != mutate.StaleCache) {
+	entry, found := e.cache.Get(lockKey)
+	ent := &entry
+	if !found || (machine.Expired(ent.UpdatedAt, now, e.retention) && mutate.Name != mutate.StaleCache) {
 		return res, false
 	}
 	hi := e.epochOf(now)

@@ -25,9 +25,10 @@
 // written longest ago. Lookups take no lock (atomic loads only), so readers
 // on different cores never contend.
 //
-// The entries themselves, with their keys, trace contexts and held bytes,
-// are written into chunks: large allocations, filled in order and never
-// written again, as many as fit the budget (16, for budgets from 64 KiB to
+// The entries themselves, each followed by its keys, trace context and
+// held bytes, are written into chunks: large allocations of plain bytes
+// (the collector does not scan them), filled in order and never written
+// again, as many as fit the budget (16, for budgets from 64 KiB to
 // 1 GiB). When a new one is needed and the cache holds as many, the oldest
 // chunk is retired: its entries leave the table, and the garbage collector
 // frees it once no reader holds one of them. So the memory is the budget,
@@ -50,7 +51,8 @@ import (
 	"github.com/receiptstore/receipts/encoding"
 )
 
-// itemBytes is the size of one entry in its chunk, beside its bytes.
+// itemBytes is the size of one entry's header in its chunk, beside its
+// bytes.
 const itemBytes = int64(unsafe.Sizeof(item{}))
 
 // entryGuess is the bytes an entry is assumed to hold beside its item (its
@@ -134,19 +136,17 @@ type Cache struct {
 
 	mu     sync.Mutex // Put's: the chunks, and the contents of the ways
 	chunks []*chunk   // oldest first; entries are added to the last
-	guess  int64      // bytes beside its item an entry holds, on average
 }
 
-// chunk holds entries and their bytes, written in order and never again.
-// Neither slice grows beyond its capacity: entries are handed out by
-// pointer.
+// chunk holds entries, each an item followed by its bytes, written in
+// order at 8-byte aligned offsets and never again. buf never grows beyond
+// its capacity: entries are handed out by pointer.
 type chunk struct {
-	items []item
-	buf   []byte
+	buf []byte
 }
 
 // size is the memory ck takes.
-func (ck *chunk) size() int64 { return int64(cap(ck.items))*itemBytes + int64(cap(ck.buf)) }
+func (ck *chunk) size() int64 { return int64(cap(ck.buf)) }
 
 // maxValPart is the largest part of the budget one record's held bytes may
 // take (1/64, and at most maxValLen, and half a chunk).
@@ -181,20 +181,69 @@ type slot struct {
 	p   atomic.Pointer[item]
 }
 
+// item is an entry as it lies in its chunk. Its bytes follow it: the key
+// it was put under, the record key, the trace context, and the record's
+// stored bytes if held. So the key compared by a lookup sits beside the
+// item's fields, in the cache lines the lookup reads anyway (apart, they
+// were one more cache miss per replay answered from memory: a third of its
+// time). It holds no pointers, so a chunk is plain bytes that the
+// collector does not scan.
 type item struct {
 	// h is the hash of the key the entry was put under: compared before
 	// the key itself, so that a scan of a set (Delete, Put) reads the key
 	// bytes of no item but its own key's.
 	h uint64
-	// keys is the record key (Entry.Key) followed by the key the entry
-	// was put under, side by side in the chunk: one cache miss for both.
-	keys []byte
-	Entry
+	encoding.Layout
+	keyLen, recKeyLen, traceLen, valLen  uint32 // the bytes that follow
+	epoch                                uint64
+	len, crc                             uint32
+	attempts                             uint32
+	state                                encoding.State
+	token                                uint64
+	createdAt, updatedAt, leaseExpiresAt int64
+}
+
+// itemAlign is the alignment of items in a chunk.
+const itemAlign = 8
+
+// entrySize is the bytes an entry holding n bytes takes in its chunk.
+func entrySize(n int) int {
+	return (int(itemBytes) + n + itemAlign - 1) &^ (itemAlign - 1)
+}
+
+// bytes returns the n bytes that follow it in its chunk.
+func (it *item) bytes(n uint32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(it), itemBytes)), n)
+}
+
+// size is the bytes it takes in its chunk, with its bytes.
+func (it *item) size() int {
+	return entrySize(int(it.keyLen + it.recKeyLen + it.traceLen + it.valLen))
 }
 
 // is reports whether it was put under key, whose hash is h.
 func (it *item) is(key []byte, h uint64) bool {
-	return it.h == h && string(it.keys[len(it.Key):]) == string(key)
+	return it.h == h && int(it.keyLen) == len(key) && string(it.bytes(it.keyLen)) == string(key)
+}
+
+// entry returns it as an Entry, whose slices alias its chunk.
+func (it *item) entry() Entry {
+	b := it.bytes(it.keyLen + it.recKeyLen + it.traceLen + it.valLen)
+	o := it.keyLen
+	e := Entry{
+		Layout: it.Layout, Key: b[o : o+it.recKeyLen : o+it.recKeyLen], Epoch: it.epoch, Len: it.len, CRC: it.crc,
+		State: it.state, Attempts: it.attempts, Token: it.token,
+		CreatedAt: it.createdAt, UpdatedAt: it.updatedAt, LeaseExpiresAt: it.leaseExpiresAt,
+	}
+	o += it.recKeyLen
+	if it.traceLen > 0 {
+		e.Trace = b[o : o+it.traceLen : o+it.traceLen]
+	}
+	o += it.traceLen
+	if it.valLen > 0 {
+		e.Val = b[o : o+it.valLen : o+it.valLen]
+	}
+	return e
 }
 
 // New returns a cache that holds about size bytes (nil if size <= 0), or
@@ -213,7 +262,7 @@ func New(size int64) *Cache {
 	chunkBytes := min(max(rest/chunksPerBudget, minChunk), maxChunk)
 	nch := int(min(max(rest/chunkBytes, 2), math.MaxInt32))
 	return &Cache{seed: maphash.MakeSeed(), mask: n - 1, slots: make([]slot, n),
-		maxVal: min(size/maxValPart, maxValLen, chunkBytes/2), chunkBytes: chunkBytes, nchunks: nch, guess: entryGuess}
+		maxVal: min(size/maxValPart, maxValLen, chunkBytes/2), chunkBytes: chunkBytes, nchunks: nch}
 }
 
 // set returns key's set and key's hash.
@@ -228,10 +277,11 @@ func (c *Cache) setOf(h uint64) []slot {
 	return c.slots[i : i+ways : i+ways]
 }
 
-// Get returns key's entry, or nil. Entries are immutable.
-func (c *Cache) Get(key []byte) *Entry {
+// Get returns key's entry, and whether there is one. Entries are
+// immutable: the slices of the one returned alias the cache's memory.
+func (c *Cache) Get(key []byte) (Entry, bool) {
 	if c == nil {
-		return nil
+		return Entry{}, false
 	}
 	set, h := c.set(key)
 	for w := range set {
@@ -239,10 +289,10 @@ func (c *Cache) Get(key []byte) *Entry {
 			continue
 		}
 		if it := set[w].p.Load(); it != nil && it.is(key, h) {
-			return &it.Entry
+			return it.entry(), true
 		}
 	}
-	return nil
+	return Entry{}, false
 }
 
 // Put caches the finished record r, stored under recKey (in epoch), for
@@ -283,7 +333,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	}
 	crc, _ := encoding.Checksum(enc)
 	set, h := c.set(key)
-	need := len(recKey) + len(key) + len(r.Trace)
+	need := len(key) + len(recKey) + len(r.Trace)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var ck *chunk
@@ -300,29 +350,26 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 		c.drop(set, key, h)
 		return
 	}
-	b := ck.buf
-	keysAt := len(b)
-	b = append(append(b, recKey...), key...)
-	var trace, held []byte
-	if r.Trace != nil {
-		at := len(b)
-		b = append(b, r.Trace...)
-		trace = b[at:len(b):len(b)]
-	}
+	at := len(ck.buf)
+	n := need
 	if val {
-		at := len(b)
-		b = append(b, enc...)
-		held = b[at:len(b):len(b)]
+		n += len(enc)
 	}
-	ck.buf = b
-	rk := b[keysAt : keysAt+len(recKey)+len(key) : keysAt+len(recKey)+len(key)]
-	ck.items = append(ck.items, item{h: h, keys: rk, Entry: Entry{
-		Layout: l, Key: rk[:len(recKey):len(recKey)], Epoch: epoch, Len: uint32(len(enc)), CRC: crc,
-		State: r.State, Attempts: r.Attempts, Token: r.Token,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, LeaseExpiresAt: r.LeaseExpiresAt,
-		Val: held, Trace: trace,
-	}})
-	it := &ck.items[len(ck.items)-1]
+	ck.buf = ck.buf[:at+entrySize(n)]
+	it := (*item)(unsafe.Pointer(&ck.buf[at]))
+	*it = item{h: h, Layout: l, keyLen: uint32(len(key)), recKeyLen: uint32(len(recKey)), traceLen: uint32(len(r.Trace)),
+		epoch: epoch, len: uint32(len(enc)), crc: crc, state: r.State, attempts: r.Attempts, token: r.Token,
+		createdAt: r.CreatedAt, updatedAt: r.UpdatedAt, leaseExpiresAt: r.LeaseExpiresAt}
+	if val {
+		it.valLen = uint32(len(enc))
+	}
+	b := it.bytes(uint32(n))
+	o := copy(b, key)
+	o += copy(b[o:], recKey)
+	o += copy(b[o:], r.Trace)
+	if val {
+		copy(b[o:], enc)
+	}
 	// The way of the same key, else an empty way, else the way whose
 	// record was written longest ago.
 	var olds [ways]*item
@@ -339,7 +386,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	if victim < 0 {
 		victim = 0
 		for w, old := range olds {
-			if old.UpdatedAt < olds[victim].UpdatedAt {
+			if old.updatedAt < olds[victim].updatedAt {
 				victim = w
 			}
 		}
@@ -350,27 +397,23 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 
 // room returns a chunk with room for one more entry holding n bytes: the
 // newest, or a new one, for which it retires the oldest if the cache holds
-// nchunks. It returns nil if n is more than half a chunk.
+// nchunks. It returns nil if the entry would take more than half a chunk.
 //
 // REQUIRES: c.mu is held.
 func (c *Cache) room(n int) *chunk {
+	need := entrySize(n)
 	if k := len(c.chunks); k > 0 {
-		ck := c.chunks[k-1]
-		if len(ck.items) < cap(ck.items) && cap(ck.buf)-len(ck.buf) >= n {
+		if ck := c.chunks[k-1]; cap(ck.buf)-len(ck.buf) >= need {
 			return ck
 		}
-		if len(ck.items) > 0 { // size the next chunk's items by this one's
-			c.guess = min(max(int64(len(ck.buf)/len(ck.items)), 16), c.chunkBytes/4)
-		}
 	}
-	if int64(n) > c.chunkBytes/2 {
+	if int64(need) > c.chunkBytes/2 {
 		return nil
 	}
 	for len(c.chunks) >= c.nchunks {
 		c.retire()
 	}
-	items := max(c.chunkBytes/(itemBytes+c.guess), 1)
-	ck := &chunk{items: make([]item, 0, items), buf: make([]byte, 0, max(c.chunkBytes-items*itemBytes, int64(n)))}
+	ck := &chunk{buf: make([]byte, 0, c.chunkBytes)}
 	c.chunks = append(c.chunks, ck)
 	c.held.Add(ck.size())
 	return ck
@@ -381,11 +424,12 @@ func (c *Cache) room(n int) *chunk {
 // REQUIRES: c.mu is held.
 func (c *Cache) retire() {
 	ck := c.chunks[0]
-	for i := range ck.items {
-		it := &ck.items[i]
+	for at := 0; at < len(ck.buf); {
+		it := (*item)(unsafe.Pointer(&ck.buf[at]))
 		for w, set := 0, c.setOf(it.h); w < ways; w++ {
 			set[w].p.CompareAndSwap(it, nil)
 		}
+		at += it.size()
 	}
 	n := copy(c.chunks, c.chunks[1:])
 	c.chunks[n] = nil // the array beyond len must not keep a retired chunk
@@ -423,7 +467,7 @@ func (c *Cache) Sweep(expired func(updatedAt int64) bool) (dropped int) {
 		return 0
 	}
 	for i := range c.slots {
-		if it := c.slots[i].p.Load(); it != nil && expired(it.UpdatedAt) && c.slots[i].p.CompareAndSwap(it, nil) {
+		if it := c.slots[i].p.Load(); it != nil && expired(it.updatedAt) && c.slots[i].p.CompareAndSwap(it, nil) {
 			dropped++
 		}
 	}

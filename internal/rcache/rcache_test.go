@@ -28,7 +28,7 @@ func TestPutGetView(t *testing.T) {
 	for _, res := range [][]byte{nil, {}, []byte("result")} {
 		r := finished(7, res)
 		c.Put([]byte("k"), []byte("record-key"), 3, r)
-		e := c.Get([]byte("k"))
+		e := get(c, []byte("k"))
 		if e == nil {
 			t.Fatalf("no entry after Put")
 		}
@@ -60,7 +60,7 @@ func TestPutGetView(t *testing.T) {
 			t.Fatalf("matches other bytes")
 		}
 	}
-	if c.Get([]byte("other")) != nil {
+	if get(c, []byte("other")) != nil {
 		t.Fatalf("entry for a key never put")
 	}
 }
@@ -70,7 +70,7 @@ func TestPendingNotCached(t *testing.T) {
 	r := finished(1, nil)
 	r.State = encoding.StatePending
 	c.Put([]byte("k"), []byte("rk"), 1, r)
-	if c.Get([]byte("k")) != nil {
+	if get(c, []byte("k")) != nil {
 		t.Fatalf("a pending record was cached")
 	}
 }
@@ -81,7 +81,7 @@ func TestDisabled(t *testing.T) {
 		t.Fatalf("New(0) is not disabled")
 	}
 	c.Put([]byte("k"), []byte("rk"), 1, finished(1, nil))
-	if c.Get([]byte("k")) != nil || c.Sweep(func(int64) bool { return true }) != 0 {
+	if get(c, []byte("k")) != nil || c.Sweep(func(int64) bool { return true }) != 0 {
 		t.Fatalf("a disabled cache holds something")
 	}
 	if n, b := c.Len(); n != 0 || b != 0 {
@@ -116,16 +116,16 @@ func TestBoundedAndReplacesOldest(t *testing.T) {
 		c.Put([]byte(k), []byte("rk"), 1, finished(10*(i+1), nil))
 	}
 	c.Put([]byte("e"), []byte("rk"), 1, finished(10*(ways+1), nil)) // evicts a
-	if c.Get([]byte("a")) != nil {
+	if get(c, []byte("a")) != nil {
 		t.Fatalf("did not evict the oldest")
 	}
 	for _, k := range append(kept, "e") {
-		if c.Get([]byte(k)) == nil {
+		if get(c, []byte(k)) == nil {
 			t.Fatalf("evicted %s, not the oldest", k)
 		}
 	}
 	c.Put([]byte("k1"), []byte("rk2"), 2, finished(10*(ways+2), nil)) // same key: replaced in place
-	if e := c.Get([]byte("k1")); e == nil || e.Epoch != 2 || c.Get([]byte("k2")) == nil || c.Get([]byte("e")) == nil {
+	if e := get(c, []byte("k1")); e == nil || e.Epoch != 2 || get(c, []byte("k2")) == nil || get(c, []byte("e")) == nil {
 		t.Fatalf("same key not replaced in place")
 	}
 	if n, _ := c.Len(); n != ways {
@@ -142,7 +142,7 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("swept %d, want 50", got)
 	}
 	for i := range 100 {
-		if got := c.Get([]byte(fmt.Sprintf("k%d", i))) != nil; got != (i >= 50) {
+		if got := get(c, []byte(fmt.Sprintf("k%d", i))) != nil; got != (i >= 50) {
 			t.Fatalf("key %d cached %v after sweep", i, got)
 		}
 	}
@@ -161,7 +161,7 @@ func TestConcurrent(t *testing.T) {
 				k := []byte(fmt.Sprintf("k%d", (i*7+w)%300))
 				if w%2 == 0 {
 					c.Put(k, k, uint64(i), finished(i, k))
-				} else if e := c.Get(k); e != nil && !bytes.Equal(e.Key, k) {
+				} else if e := get(c, k); e != nil && !bytes.Equal(e.Key, k) {
 					t.Errorf("entry of %q under %q", e.Key, k)
 					return
 				}
@@ -200,7 +200,7 @@ func TestValHeld(t *testing.T) {
 	enc := encoding.EncodeRecord(small)
 	c.PutEncoded([]byte("s"), []byte("rs"), 1, small, enc)
 	c.Put([]byte("b"), []byte("rb"), 1, big)
-	es, eb := c.Get([]byte("s")), c.Get([]byte("b"))
+	es, eb := get(c, []byte("s")), get(c, []byte("b"))
 	if es == nil || eb == nil {
 		t.Fatalf("entries missing")
 	}
@@ -216,19 +216,19 @@ func TestValHeld(t *testing.T) {
 		t.Fatalf("a record above budget/64 is held")
 	}
 	c.Put([]byte("s"), []byte("rs"), 1, finished(3, []byte("longer result")))
-	if e := c.Get([]byte("s")); e == nil || e.Token != 3 || !e.Matches(e.Val) {
+	if e := get(c, []byte("s")); e == nil || e.Token != 3 || !e.Matches(e.Val) {
 		t.Fatalf("after replacing: %+v", e)
 	}
 	c.Delete([]byte("s"))
 	c.Delete([]byte("never put"))
-	if c.Get([]byte("s")) != nil {
-		t.Fatalf("after Delete: entry %v", c.Get([]byte("s")))
+	if get(c, []byte("s")) != nil {
+		t.Fatalf("after Delete: entry %v", get(c, []byte("s")))
 	}
-	if c.Get([]byte("b")) == nil {
+	if get(c, []byte("b")) == nil {
 		t.Fatalf("Delete dropped another key's entry")
 	}
 	c.Put([]byte("s"), []byte("rs"), 1, small)
-	if c.Sweep(func(int64) bool { return true }) != 2 || c.Get([]byte("s")) != nil || c.Get([]byte("b")) != nil {
+	if c.Sweep(func(int64) bool { return true }) != 2 || get(c, []byte("s")) != nil || get(c, []byte("b")) != nil {
 		t.Fatalf("Sweep left entries")
 	}
 	var nilCache *Cache
@@ -259,13 +259,13 @@ func TestMemoryBounded(t *testing.T) {
 				t.Fatalf("after %d puts: %d bytes, budget %d", i+1, b, budget)
 			}
 		}
-		if e := c.Get(k); e == nil || e.Token != uint64(i) {
+		if e := get(c, k); e == nil || e.Token != uint64(i) {
 			t.Fatalf("put %d: the newest entry is not found", i)
 		}
 	}
 	// The oldest entries are gone with their chunks.
 	for i := range 1000 {
-		if c.Get([]byte(fmt.Sprintf("scope/key-%d", i))) != nil {
+		if get(c, []byte(fmt.Sprintf("scope/key-%d", i))) != nil {
 			t.Fatalf("entry %d of %d still cached", i, n)
 		}
 	}
@@ -301,12 +301,12 @@ func TestDeleteUnderContention(t *testing.T) {
 			for i := range 2000 {
 				r := finished(i, []byte("r"))
 				c.Put(k, []byte("rk"), 1, r)
-				if e := c.Get(k); e != nil && e.Token != uint64(i) {
+				if e := get(c, k); e != nil && e.Token != uint64(i) {
 					t.Errorf("key %d: found token %d, want %d or nothing", w, e.Token, i)
 					return
 				}
 				c.Delete(k)
-				if e := c.Get(k); e != nil {
+				if e := get(c, k); e != nil {
 					t.Errorf("key %d: found token %d after Delete", w, e.Token)
 					return
 				}
@@ -367,7 +367,7 @@ func TestHoldsWhatFits(t *testing.T) {
 			}
 			missing := 0
 			for _, k := range keys {
-				if c.Get(k) == nil {
+				if get(c, k) == nil {
 					missing++
 				}
 			}
@@ -376,4 +376,13 @@ func TestHoldsWhatFits(t *testing.T) {
 			}
 		}
 	}
+}
+
+// get is Get with nil for no entry.
+func get(c *Cache, key []byte) *Entry {
+	e, ok := c.Get(key)
+	if !ok {
+		return nil
+	}
+	return &e
 }
