@@ -386,3 +386,37 @@ func get(c *Cache, key []byte) *Entry {
 	}
 	return &e
 }
+
+// TestEntryOutlivesRetirement: an Entry got before its chunk is retired
+// keeps its bytes (key, trace, held record) intact through collections and
+// new allocations: its slices keep the retired chunk alive. The entries
+// lie in plain bytes the collector does not scan, so this is what holds a
+// reader's entry.
+func TestEntryOutlivesRetirement(t *testing.T) {
+	c := New(64 << 10)
+	r := finished(1, bytes.Repeat([]byte("result"), 10))
+	r.Trace = []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	enc := encoding.EncodeRecord(r)
+	c.PutEncoded([]byte("k"), []byte("record-key"), 1, r, enc)
+	e, ok := c.Get([]byte("k"))
+	if !ok || e.Val == nil || e.Trace == nil {
+		t.Fatalf("entry %v, %v: want one holding its bytes and trace", e, ok)
+	}
+	for i := 0; get(c, []byte("k")) != nil; i++ { // until its chunk retires
+		c.Put([]byte(fmt.Sprint("other-", i)), []byte("rk"), 1, finished(i, bytes.Repeat([]byte("x"), 100)))
+	}
+	var junk [][]byte
+	for range 4 {
+		runtime.GC()
+		for range 1000 {
+			junk = append(junk, bytes.Repeat([]byte{0xff}, 64<<10/16))
+		}
+		junk = junk[:0]
+	}
+	if string(e.Key) != "record-key" || !bytes.Equal(e.Val, enc) || !bytes.Equal(e.Trace, r.Trace) || !e.Matches(e.Val) {
+		t.Fatalf("retired entry changed: key %q, trace %q, val %x", e.Key, e.Trace, e.Val)
+	}
+	if v := e.View(e.Val); !bytes.Equal(v.Result, r.Result) || !bytes.Equal(v.Fingerprint, r.Fingerprint) {
+		t.Fatalf("retired entry's view: %q %q", v.Fingerprint, v.Result)
+	}
+}
