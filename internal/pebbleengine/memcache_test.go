@@ -1,7 +1,10 @@
 package pebbleengine
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"hash/crc32"
 	"log/slog"
 	"sync"
 	"testing"
@@ -10,9 +13,11 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/rcache"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Replays answered from the replay cache's bytes (rcache.Entry.Val), on the
@@ -173,4 +178,56 @@ func cached(e *Engine, lockKey []byte) *rcache.Entry {
 		return nil
 	}
 	return &ent
+}
+
+// TestUncachedReadCachesStoredBytes: a record read from Pebble (its cache
+// entry gone) is cached from the bytes read, not from an encoding of the
+// decoded record: the entry's held bytes, length and checksum are the
+// stored ones even when the stored encoding is not the one the engine
+// writes today (here, times as msgpack int64 rather than compact ints),
+// so the next replay is answered from memory and the one after a
+// DB handover still matches what Pebble holds.
+func TestUncachedReadCachesStoredBytes(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
+	e := openMem(t, clk, 1<<20)
+	k := driver.Key{Scope: "s", ID: "k"}
+	finishKey(t, e, k, "fp", "result")
+	var lk [keys.MaxLockKeyLen]byte
+	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
+	ent := cached(e, lockKey)
+	require.NotNil(t, ent)
+	v, closer, err := e.pdb.Get(ent.Key)
+	require.NoError(t, err)
+	rec, err := encoding.DecodeRecord(v)
+	require.NoError(t, err)
+	_ = closer.Close()
+
+	// The same record, its ints not compact: decodes to the same record.
+	var body bytes.Buffer
+	enc := msgpack.NewEncoder(&body)
+	require.NoError(t, enc.EncodeArrayLen(7))
+	require.NoError(t, enc.EncodeBytes(rec.Fingerprint))
+	require.NoError(t, enc.EncodeBytes(rec.Result))
+	for _, n := range []int64{int64(rec.Attempts), int64(rec.Token), rec.CreatedAt, rec.UpdatedAt, rec.LeaseExpiresAt} {
+		require.NoError(t, enc.EncodeInt64(n))
+	}
+	odd := append([]byte{encoding.RecordVersion, byte(rec.State)}, body.Bytes()...)
+	odd = binary.BigEndian.AppendUint32(odd, crc32.Checksum(odd, crc32.MakeTable(crc32.Castagnoli)))
+	again, err := encoding.DecodeRecord(odd)
+	require.NoError(t, err)
+	require.Equal(t, rec, again)
+	require.NotEqual(t, encoding.EncodeRecord(rec), odd)
+	require.NoError(t, e.pdb.Set(ent.Key, odd, pebble.Sync)) // not through DB(): memory answers stay on
+	e.cache.Delete(lockKey)
+
+	require.Equal(t, driver.Replay, replay(t, e, k, "fp").Outcome) // uncached: read, then cached
+	ent = cached(e, lockKey)
+	require.NotNil(t, ent)
+	require.Equal(t, odd, ent.Val, "the entry holds the stored bytes")
+	require.True(t, ent.Matches(odd))
+	hits := e.hot.CacheHits.Load()
+	res := replay(t, e, k, "fp")
+	require.Equal(t, driver.Replay, res.Outcome)
+	require.Equal(t, "result", string(res.Record.Result))
+	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "answered by the cache")
 }

@@ -61,14 +61,16 @@ var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 128); return &b }
 const probeCheck = 64
 
 // readInto reads the visible record of k at now into rec, building keys in
-// buf (stored aliases it), and returns the key it is stored under. found is
-// false if there is no visible record; stored may still name an expired one
-// (to delete with the next write). Read errors are returned as errors, never
-// as "absent"; undecodable bytes as ErrCorrupt. It checks ctx every
-// probeCheck epochs.
+// buf (stored aliases it), and returns the key it is stored under and the
+// bytes stored (raw, right after stored in the same buffer: for the replay
+// cache, which then describes exactly what Pebble holds). found is false if
+// there is no visible record; stored may still name an expired one (to
+// delete with the next write). Read errors are returned as errors, never as
+// "absent"; undecodable bytes as ErrCorrupt. It checks ctx every probeCheck
+// epochs.
 //
 // REQUIRES: k's lock held, for anything that writes based on the result.
-func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored []byte, err error) {
+func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *encoding.Record, buf []byte) (found bool, stored, raw []byte, err error) {
 	hi := e.epochOf(now)
 	lo := e.oldestLiveEpoch(hi)
 	key := keys.AppendRecord(buf[:0], hi, k.Scope, k.ID)
@@ -77,22 +79,23 @@ func (e *Engine) readInto(ctx context.Context, k driver.Key, now int64, rec *enc
 	for ep := hi; ; ep-- {
 		if (hi-ep)%probeCheck == probeCheck-1 {
 			if err := ctx.Err(); err != nil {
-				return false, nil, err
+				return false, nil, nil, err
 			}
 		}
 		keys.SetEpoch(key, ep)
 		v, ok, err := p.get(key)
 		if err != nil {
-			return false, nil, fmt.Errorf("receipts: read the record: %w", err)
+			return false, nil, nil, fmt.Errorf("receipts: read the record: %w", err)
 		}
 		if ok {
 			if derr := encoding.DecodeRecordInto(rec, v); derr != nil {
-				return false, nil, fmt.Errorf("%w: %s: %w", driver.ErrCorrupt, k, derr)
+				return false, nil, nil, fmt.Errorf("%w: %s: %w", driver.ErrCorrupt, k, derr)
 			}
-			return machine.Visible(rec, now, e.retention), key, nil
+			b := append(key, v...)
+			return machine.Visible(rec, now, e.retention), b[:len(key)], b[len(key):len(b):len(b)], nil
 		}
 		if ep <= lo {
-			return false, nil, nil
+			return false, nil, nil, nil
 		}
 	}
 }

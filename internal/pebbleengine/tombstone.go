@@ -240,7 +240,7 @@ func (e *Engine) tombstoneNow(ctx context.Context, k driver.Key, now int64) (int
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
-	visible, stored, err := e.readInto(ctx, k, now, &rec, *bp)
+	visible, stored, _, err := e.readInto(ctx, k, now, &rec, *bp)
 	if err != nil || visible {
 		return 0, false, err
 	}

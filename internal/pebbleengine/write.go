@@ -75,10 +75,10 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
-	found, stored, err := true, []byte(nil), error(nil)
+	found, stored, raw, err := true, []byte(nil), []byte(nil), error(nil)
 	var memoed bool
 	if stored, memoed = e.readMemo(lockKey, now, &rec, *bp); !memoed {
-		found, stored, err = e.readInto(ctx, k, now, &rec, *bp)
+		found, stored, raw, err = e.readInto(ctx, k, now, &rec, *bp)
 	}
 	if stored != nil { // readInto may have grown the buffer
 		*bp = stored[:0]
@@ -107,9 +107,11 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		return nil, 0, err
 	}
 	if next == nil && !del {
-		if cur != nil {
+		if cur != nil { // cached from the bytes read (raw), else encoded again
 			epoch, _ := keys.Epoch(stored)
-			e.cache.Put(lockKey, stored, epoch, cur)
+			if raw == nil || !e.cache.PutEncoded(lockKey, stored, epoch, cur, raw) {
+				e.cache.Put(lockKey, stored, epoch, cur)
+			}
 		}
 		return nil, now, nil
 	}

@@ -307,7 +307,7 @@ func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
 	}
 	bp := encBufs.Get().(*[]byte)
 	enc := encoding.AppendRecord((*bp)[:0], r)
-	c.PutEncoded(key, recKey, epoch, r, enc)
+	_ = c.PutEncoded(key, recKey, epoch, r, enc) // an encoding of ours: laid out as expected
 	if cap(enc) <= maxPooledEnc {
 		*bp = enc[:0]
 		encBufs.Put(bp)
@@ -320,16 +320,19 @@ var encBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }
 
 const maxPooledEnc = 64 << 10
 
-// PutEncoded is Put for a record whose encoding the caller already has
-// (enc = encoding.EncodeRecord(r), as written to the engine). The entry
-// holds a copy of enc if it holds the bytes (Entry.Val).
-func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
+// PutEncoded is Put for a record whose stored bytes the caller has: enc,
+// as written to the engine (encoding.EncodeRecord(r)) or as read from it (r
+// decoded from it). The entry holds a copy of enc if it holds the bytes
+// (Entry.Val). It returns false, caching nothing, only if enc is not laid
+// out as encoding.EncodeRecord lays records out (RecordLayout fails): the
+// caller may then Put r, encoded again.
+func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) bool {
 	if c == nil || r.State == encoding.StatePending {
-		return
+		return true
 	}
 	l, err := encoding.RecordLayout(enc)
 	if err != nil {
-		return // cannot happen for an encoding of ours; cache nothing
+		return false
 	}
 	crc, _ := encoding.Checksum(enc)
 	set, h := c.set(key)
@@ -348,7 +351,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	}
 	if ck == nil { // keys longer than half a chunk: hold nothing for key
 		c.drop(set, key, h)
-		return
+		return true
 	}
 	at := len(ck.buf)
 	n := need
@@ -393,6 +396,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	}
 	set[victim].p.Store(it)
 	set[victim].tag.Store(h)
+	return true
 }
 
 // room returns a chunk with room for one more entry holding n bytes: the
