@@ -75,13 +75,7 @@ func replay(t *testing.T, e *Engine, k driver.Key, fp string) driver.ClaimResult
 // handle is handed out (DB): the replay then reads Pebble and finds the
 // record gone. Fails under the cacheraw mutation.
 func TestReplayFromMemory(t *testing.T) {
-	clk := &fakeClock{t: time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC)}
-	e := openMem(t, clk, 1<<20)
-	k := driver.Key{Scope: "s", ID: "k"}
-	finishKey(t, e, k, "A", "a")
-	var lk [keys.MaxLockKeyLen]byte
-	ent := cached(e, keys.AppendLockKey(lk[:0], k.Scope, k.ID))
-	require.NotNil(t, ent)
+	e, k, _, ent := openFinished(t, "A", "a")
 	require.NotNil(t, ent.Val, "a small receipt's bytes are held")
 
 	require.NoError(t, e.pdb.Delete(ent.Key, pebble.Sync)) // not through DB(): the flag stays off
@@ -188,14 +182,7 @@ func cached(e *Engine, lockKey []byte) *rcache.Entry {
 // so the next replay is answered from memory and the one after a
 // DB handover still matches what Pebble holds.
 func TestUncachedReadCachesStoredBytes(t *testing.T) {
-	clk := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
-	e := openMem(t, clk, 1<<20)
-	k := driver.Key{Scope: "s", ID: "k"}
-	finishKey(t, e, k, "fp", "result")
-	var lk [keys.MaxLockKeyLen]byte
-	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
-	ent := cached(e, lockKey)
-	require.NotNil(t, ent)
+	e, k, lockKey, ent := openFinished(t, "fp", "result")
 	v, closer, err := e.pdb.Get(ent.Key)
 	require.NoError(t, err)
 	rec, err := encoding.DecodeRecord(v)
@@ -230,4 +217,18 @@ func TestUncachedReadCachesStoredBytes(t *testing.T) {
 	require.Equal(t, driver.Replay, res.Outcome)
 	require.Equal(t, "result", string(res.Record.Result))
 	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "answered by the cache")
+}
+
+// openFinished opens an engine with a 1 MiB replay cache and finishes the
+// key s/k with fp and result: the engine, the key, its lock key and its
+// cache entry.
+func openFinished(t *testing.T, fp, result string) (*Engine, driver.Key, []byte, *rcache.Entry) {
+	t.Helper()
+	e := openMem(t, &fakeClock{t: time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC)}, 1<<20)
+	k := driver.Key{Scope: "s", ID: "k"}
+	finishKey(t, e, k, fp, result)
+	lockKey := keys.AppendLockKey(nil, k.Scope, k.ID)
+	ent := cached(e, lockKey)
+	require.NotNil(t, ent)
+	return e, k, lockKey, ent
 }
