@@ -56,7 +56,7 @@ import (
 const itemBytes = int64(unsafe.Sizeof(item{}))
 
 // entryGuess is the bytes an entry is assumed to hold beside its item (its
-// keys and a small record's stored bytes) until a chunk has been filled.
+// keys and a small record's stored bytes), to size the table (New).
 const entryGuess = 256
 
 // maxSlots caps the table (the slots are allocated up front): 64Mi ways.
