@@ -107,11 +107,9 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		return nil, 0, err
 	}
 	if next == nil && !del {
-		if cur != nil { // cached from the bytes read (raw), else encoded again
+		if cur != nil { // cached from the bytes read (raw; nil from the memo: pending, not cached)
 			epoch, _ := keys.Epoch(stored)
-			if raw == nil || !e.cache.PutEncoded(lockKey, stored, epoch, cur, raw) {
-				e.cache.Put(lockKey, stored, epoch, cur)
-			}
+			e.cache.PutEncoded(lockKey, stored, epoch, cur, raw)
 		}
 		return nil, now, nil
 	}

@@ -302,19 +302,10 @@ func (c *Cache) Get(key []byte) (Entry, bool) {
 // recKey, encoded as encoding.EncodeRecord(r); key's lock is held or r was
 // read under it.
 func (c *Cache) Put(key, recKey []byte, epoch uint64, r *encoding.Record) {
-	if c == nil || r.State == encoding.StatePending {
-		return
-	}
-	bp := encBufs.Get().(*[]byte)
-	enc := encoding.AppendRecord((*bp)[:0], r)
-	_ = c.PutEncoded(key, recKey, epoch, r, enc) // an encoding of ours: laid out as expected
-	if cap(enc) <= maxPooledEnc {
-		*bp = enc[:0]
-		encBufs.Put(bp)
-	}
+	c.PutEncoded(key, recKey, epoch, r, nil)
 }
 
-// encBufs holds Put's encoding buffers (PutEncoded copies what it keeps),
+// encBufs holds PutEncoded's encoding buffers (it copies what it keeps),
 // up to maxPooledEnc bytes each.
 var encBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
@@ -323,16 +314,26 @@ const maxPooledEnc = 64 << 10
 // PutEncoded is Put for a record whose stored bytes the caller has: enc,
 // as written to the engine (encoding.EncodeRecord(r)) or as read from it (r
 // decoded from it). The entry holds a copy of enc if it holds the bytes
-// (Entry.Val). It returns false, caching nothing, only if enc is not laid
-// out as encoding.EncodeRecord lays records out (RecordLayout fails): the
-// caller may then Put r, encoded again.
-func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) bool {
+// (Entry.Val), so that it describes exactly what the engine holds. If enc
+// is nil, or not laid out as encoding.EncodeRecord lays records out
+// (RecordLayout fails), r is encoded here instead, as Put does.
+func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
 	if c == nil || r.State == encoding.StatePending {
-		return true
+		return
 	}
 	l, err := encoding.RecordLayout(enc)
 	if err != nil {
-		return false
+		bp := encBufs.Get().(*[]byte)
+		enc = encoding.AppendRecord((*bp)[:0], r)
+		defer func() {
+			if cap(enc) <= maxPooledEnc {
+				*bp = enc[:0]
+				encBufs.Put(bp)
+			}
+		}()
+		if l, err = encoding.RecordLayout(enc); err != nil {
+			return // cannot happen for an encoding of ours; cache nothing
+		}
 	}
 	crc, _ := encoding.Checksum(enc)
 	set, h := c.set(key)
@@ -351,7 +352,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	}
 	if ck == nil { // keys longer than half a chunk: hold nothing for key
 		c.drop(set, key, h)
-		return true
+		return
 	}
 	at := len(ck.buf)
 	n := need
@@ -396,7 +397,6 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	}
 	set[victim].p.Store(it)
 	set[victim].tag.Store(h)
-	return true
 }
 
 // room returns a chunk with room for one more entry holding n bytes: the
