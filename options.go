@@ -164,8 +164,9 @@ type Options struct {
 	// DefaultReplayCacheSize (about 15,000 receipts with 128-byte results
 	// and 44-byte keys); negative disables it. The size bounds the memory
 	// the cache holds, entries and table together: an entry takes about
-	// 190 bytes, plus its key twice, its trace context and the receipt's
-	// stored bytes if they are kept. Entries are written into chunks of
+	// 170 bytes (its fixed fields and its share of the table), plus its key
+	// twice, its trace context and the receipt's stored bytes if they are
+	// kept. Entries are written into chunks of
 	// about 1/16 of the size (at most 64 MiB each); when the chunks are
 	// full, the oldest chunk's entries (the least recently written) are
 	// dropped together.
