@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,23 +151,58 @@ func TestDoTxOutcomes(t *testing.T) {
 	if !errors.Is(err, receipts.ErrFailed) || r == nil || string(r.Result) != "declined" {
 		t.Fatalf("replay of the Failed receipt: %+v %v", r, err)
 	}
-	// Permanent after a failed statement in tx: the savepoint recovers the aborted transaction
-	r, err = DoTx(bg, db, receipts.Key{Scope: "s", ID: "aborted"}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
-		_, serr := tx.Exec(ctx, "SELECT 1/0")
-		return nil, receipts.Permanent(serr)
-	})
-	if !errors.Is(err, receipts.ErrFailed) || r == nil || r.State != receipts.Failed {
-		t.Fatalf("Permanent after an aborted statement: %+v %v", r, err)
+	// Permanent after a failed statement in tx: the savepoint recovers the aborted transaction,
+	// whether or not the receipt's statements are prepared on the connection already (a
+	// statement cannot be prepared in an aborted transaction: DeallocateAll makes sure they
+	// are not, as on a new connection)
+	for _, dealloc := range []bool{false, true} {
+		id := fmt.Sprintf("aborted-%v", dealloc)
+		r, err = DoTx(bg, db, receipts.Key{Scope: "s", ID: id}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+			if dealloc {
+				if err := tx.Conn().DeallocateAll(ctx); err != nil {
+					return nil, err
+				}
+			}
+			if err := insert(ctx, tx, id); err != nil {
+				return nil, err
+			}
+			_, serr := tx.Exec(ctx, "SELECT 1/0")
+			return nil, receipts.Permanent(serr)
+		})
+		if !errors.Is(err, receipts.ErrFailed) || r == nil || r.State != receipts.Failed {
+			t.Fatalf("Permanent after an aborted statement (deallocated %v): %+v %v", dealloc, r, err)
+		}
+		if n := count(); n != 0 {
+			t.Fatalf("Permanent after an aborted statement kept fn's writes: %d effects", n)
+		}
+		// success claimed over an aborted transaction: it cannot commit, so nothing happened
+		id = fmt.Sprintf("aborted-ok-%v", dealloc)
+		r, err = DoTx(bg, db, receipts.Key{Scope: "s", ID: id}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+			if dealloc {
+				if err := tx.Conn().DeallocateAll(ctx); err != nil {
+					return nil, err
+				}
+			}
+			if err := insert(ctx, tx, id); err != nil {
+				return nil, err
+			}
+			_, _ = tx.Exec(ctx, "SELECT 1/0")
+			return []byte("ok"), nil
+		})
+		if err == nil || r != nil || count() != 0 {
+			t.Fatalf("success over an aborted transaction (deallocated %v): %+v %v, %d effects", dealloc, r, err, count())
+		}
+		fresh(id)
 	}
 
 	r, err = do("ok", []byte("done"), nil)
 	if err != nil || string(r.Result) != "done" || count() != 1 {
 		t.Fatalf("success: %+v %v (%d effects)", r, err, count())
 	}
-	if s := db.Stats(); s.Commits != 1 || s.Fails != 2 {
+	if s := db.Stats(); s.Commits != 1 || s.Fails != 3 {
 		t.Fatalf("stats: %+v", s)
 	}
-	if c := countOf(t, db); c.Succeeded != 1 || c.Failed != 2 {
+	if c := countOf(t, db); c.Succeeded != 1 || c.Failed != 3 {
 		t.Fatalf("counts: %+v", c)
 	}
 }

@@ -310,21 +310,36 @@ func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce
 // finish statement fails if its fence does not hold (finishMust: no row would otherwise let
 // the COMMIT after it commit the effect with the claim still Pending), and a statement that
 // fails makes the server skip the rest of the batch: then nothing is committed.
+//
+// Two round trips if fn left the transaction aborted (one of its statements failed) and
+// returned Permanent: the server prepares no statement in an aborted transaction but the
+// savepoint's rollback, and pgx prepares a batch's statements that its connection has not
+// prepared yet before it sends the batch. So the rollback goes alone, first.
 func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo, state driver.State, result []byte) (driver.Record, error) {
 	defer tx.end(ctx) // rolls back unless committed; hands the connection back
 	if result == nil {
 		result = []byte{}
 	}
-	b := &pgx.Batch{}
-	if state == driver.Failed {
-		b.Queue("ROLLBACK TO SAVEPOINT " + effectSavepoint)
-	}
 	e.leases.drop(li.Token)
+	var ferr error // the effect's rollback or the receipt's write failed
+	b := &pgx.Batch{}
+	batched := false // the rollback is the batch's first statement
+	if state == driver.Failed {
+		const rollback = "ROLLBACK TO SAVEPOINT " + effectSavepoint
+		if tx.c.Conn().PgConn().TxStatus() == 'E' {
+			_, ferr = tx.tx.Exec(ctx, rollback, pgx.QueryExecModeSimpleProtocol)
+		} else {
+			b.Queue(rollback)
+			batched = true
+		}
+	}
+	if ferr != nil {
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: roll back the effect: %w", ferr)
+	}
 	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result, driver.TraceOf(ctx))...)
 	b.Queue("COMMIT")
 	br := tx.tx.SendBatch(ctx, b)
-	var ferr error // the effect's rollback or the receipt's write failed
-	if state == driver.Failed {
+	if batched {
 		if _, ferr = br.Exec(); ferr != nil {
 			ferr = fmt.Errorf("roll back the effect: %w", ferr)
 		}
