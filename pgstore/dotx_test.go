@@ -38,8 +38,9 @@ func effects(t *testing.T, pool *pgxpool.Pool, schema string) (insert func(ctx c
 
 // DoTx on two nodes, many callers of one key: the effect happens once, every caller gets the
 // one receipt, and replays never call fn.
-func TestDoTxOnceAcrossNodes(t *testing.T) {
-	d := newTestDB(t)
+func TestDoTxOnceAcrossNodes(t *testing.T) { testDoTxOnceAcrossNodes(t, newTestDB(t)) }
+
+func testDoTxOnceAcrossNodes(t *testing.T, d *testDB) {
 	a, pool := d.openDB(Options{})
 	b, _ := d.openDB(Options{})
 	insert, count := effects(t, pool, d.schema)
@@ -88,8 +89,9 @@ func TestDoTxOnceAcrossNodes(t *testing.T) {
 // key is free: the next attempt is Attempt 1, not Recovered); Permanent keeps the claim,
 // rolls fn's writes back and records a Failed receipt, replayed with ErrFailed; a panic rolls
 // back too; a result over MaxResultSize is refused and rolled back.
-func TestDoTxOutcomes(t *testing.T) {
-	d := newTestDB(t)
+func TestDoTxOutcomes(t *testing.T) { testDoTxOutcomes(t, newTestDB(t)) }
+
+func testDoTxOutcomes(t *testing.T, d *testDB) {
 	db, pool := d.openDB(Options{})
 	insert, count := effects(t, pool, d.schema)
 	boom := errors.New("boom")

@@ -45,6 +45,20 @@ type testDB struct {
 	t      testing.TB
 	dsn    string
 	schema string
+	tune   func(*pgx.ConnConfig) // if not nil, applied to the config of every pool opened on d
+}
+
+// poolConfig is the config of a pool on d: the DSN's, tuned by d.tune.
+func (d *testDB) poolConfig() *pgxpool.Config {
+	d.t.Helper()
+	cfg, err := pgxpool.ParseConfig(d.dsn)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if d.tune != nil {
+		d.tune(cfg.ConnConfig)
+	}
+	return cfg
 }
 
 func newTestDB(t *testing.T) *testDB { return newBenchDB(t) }
@@ -59,10 +73,7 @@ func newBenchDB(t testing.TB) *testDB {
 func (d *testDB) open(o engineOptions) *node {
 	d.t.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(d.dsn)
-	if err != nil {
-		d.t.Fatal(err)
-	}
+	cfg := d.poolConfig()
 	cfg.MaxConns = 40
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -26,7 +26,7 @@ func (d *testDB) openDB(o Options) (*receipts.DB, *pgxpool.Pool) {
 
 func (d *testDB) tryOpenDB(o Options) (*receipts.DB, *pgxpool.Pool, error) {
 	d.t.Helper()
-	pool, err := pgxpool.New(bg, d.dsn)
+	pool, err := pgxpool.NewWithConfig(bg, d.poolConfig())
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -48,7 +48,10 @@ func (d *testDB) tryOpenDB(o Options) (*receipts.DB, *pgxpool.Pool, error) {
 // node on the same schema sees the receipt.
 func TestOpenServesTheContract(t *testing.T) {
 	leakCheck(t)
-	d := newTestDB(t)
+	testOpenServesTheContract(t, newTestDB(t))
+}
+
+func testOpenServesTheContract(t *testing.T, d *testDB) {
 	clk := newClock()
 	a, _ := d.openDB(Options{Options: receipts.Options{Now: clk.Now, Retention: 8 * time.Hour, EpochWidth: time.Hour}})
 	b, _ := d.openDB(Options{Options: receipts.Options{Now: clk.Now, Retention: 8 * time.Hour, EpochWidth: 2 * time.Hour}})
