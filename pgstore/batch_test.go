@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/receiptstest"
 )
@@ -592,4 +594,89 @@ func TestLookupBatch(t *testing.T) {
 		t.Errorf("%d batches failed", f)
 	}
 	t.Logf("%d claims, %d read batches", 2*n, a.lookups.batches.Load())
+}
+
+// The statements over arrays of keys run on a generic plan once PostgreSQL has seen them a
+// few times, even for batches of a few keys (queries.go, param): each is prepared on a
+// connection of its own and executed eight times with three keys (in a transaction rolled
+// back) against a partition of 2,000 analyzed rows, and the server then reports generic
+// plans for it. With the arrays' lengths visible to the planner, the batched lookup, and
+// the batched finish without tombstones, were planned anew on every execution.
+func TestBatchStatementsPlanOnce(t *testing.T) {
+	for _, tombs := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tombstones=%v", tombs), func(t *testing.T) {
+			clk, a, _ := twoNodes(t, tombs)
+			e := a.engine
+			c := mustClaim(t, e, req(key("done"), "fp"), driver.Claimed)
+			rec, err := e.Finish(bg, key("done"), c.Record.Token, driver.Succeeded, []byte("r"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(time.Second)
+			ep := e.epochOf(rec.UpdatedAt)
+			// a partition of some size, its statistics known: probing it for a few keys is
+			// then costed well below probing it for the generic plan's guess of 10
+			if _, err := a.pool.Exec(bg, `INSERT INTO `+e.q.schema+`.records (scope, id, epoch, state, fp, token, attempts, nonce, created_at, updated_at)
+SELECT 's', ('k' || i)::bytea, $1, 2, 'fp', 1000000 + i, 1, 'n', $2, $2 FROM generate_series(1, 2000) i`, ep, rec.UpdatedAt); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.pool.Exec(bg, `ANALYZE `+e.q.schema+`.records`); err != nil {
+				t.Fatal(err)
+			}
+			scopes, ids := [][]byte{[]byte("s"), []byte("s"), []byte("s")}, [][]byte{[]byte("done"), []byte("x"), []byte("y")}
+			fresh := []any{scopes, ids, [][]byte{[]byte("fp"), []byte("fp"), []byte("fp")}, [][]byte{[]byte("n1"), []byte("n2"), []byte("n3")},
+				[]int64{1e6, 1e6, 1e6}, e.retentionUS(), e.width, e.oldest(), e.nowArg()}
+			if e.q.tombs {
+				fresh = append(fresh, e.markerBottom(), e.tombUS())
+			}
+			stmts := []struct {
+				name, sql string
+				args      []any
+			}{
+				{"lookup_many", e.q.lookupManyIn(partName(famRecords, ep)), []any{scopes, ids, e.nowArg()}},
+				{"lock_many", e.q.lockMany, []any{lockClass, []int32{1, 2, 3}}},
+				{"fresh_many", e.q.freshMany, fresh},
+				{"finish_many", e.q.finishManyInSQL(ep, e.markerEpoch(ep)), []any{scopes, ids, []int64{1, 2, 3}, e.oldest(), e.retentionUS(), e.width, e.nowArg(),
+					[]int16{2, 2, 2}, [][]byte{{}, {}, {}}, [][]byte{nil, nil, nil}}},
+			}
+			conn, err := pgx.Connect(bg, a.dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(bg)
+			for _, s := range stmts {
+				if _, err := conn.Prepare(bg, s.name, s.sql); err != nil {
+					t.Fatalf("%s: %v", s.name, err)
+				}
+			}
+			for range 8 {
+				tx, err := conn.Begin(bg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range stmts {
+					rows, err := tx.Query(bg, s.name, s.args...)
+					if err == nil {
+						rows.Close()
+						err = rows.Err()
+					}
+					if err != nil {
+						t.Fatalf("%s: %v", s.name, err)
+					}
+				}
+				if err := tx.Rollback(bg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, s := range stmts {
+				var generic, custom int64
+				if err := conn.QueryRow(bg, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1`, s.name).Scan(&generic, &custom); err != nil {
+					t.Fatalf("%s: %v", s.name, err)
+				}
+				if generic == 0 {
+					t.Errorf("%s: %d custom plans and no generic one in 8 executions", s.name, custom)
+				}
+			}
+		})
+	}
 }
