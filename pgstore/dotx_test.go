@@ -158,19 +158,23 @@ func testDoTxOutcomes(t *testing.T, d *testDB) {
 	// statement cannot be prepared in an aborted transaction: DeallocateAll makes sure they
 	// are not, as on a new connection)
 	for _, dealloc := range []bool{false, true} {
-		id := fmt.Sprintf("aborted-%v", dealloc)
-		r, err = DoTx(bg, db, receipts.Key{Scope: "s", ID: id}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
-			if dealloc {
-				if err := tx.Conn().DeallocateAll(ctx); err != nil {
+		// aborted runs fn for key id: it writes the effect, then a statement fails; fn
+		// returns what ret says
+		aborted := func(id string, ret func(serr error) ([]byte, error)) (*receipts.Receipt, error) {
+			return DoTx(bg, db, receipts.Key{Scope: "s", ID: id}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+				if dealloc {
+					if err := tx.Conn().DeallocateAll(ctx); err != nil {
+						return nil, err
+					}
+				}
+				if err := insert(ctx, tx, id); err != nil {
 					return nil, err
 				}
-			}
-			if err := insert(ctx, tx, id); err != nil {
-				return nil, err
-			}
-			_, serr := tx.Exec(ctx, "SELECT 1/0")
-			return nil, receipts.Permanent(serr)
-		})
+				_, serr := tx.Exec(ctx, "SELECT 1/0")
+				return ret(serr)
+			})
+		}
+		r, err = aborted(fmt.Sprintf("aborted-%v", dealloc), func(serr error) ([]byte, error) { return nil, receipts.Permanent(serr) })
 		if !errors.Is(err, receipts.ErrFailed) || r == nil || r.State != receipts.Failed {
 			t.Fatalf("Permanent after an aborted statement (deallocated %v): %+v %v", dealloc, r, err)
 		}
@@ -178,19 +182,8 @@ func testDoTxOutcomes(t *testing.T, d *testDB) {
 			t.Fatalf("Permanent after an aborted statement kept fn's writes: %d effects", n)
 		}
 		// success claimed over an aborted transaction: it cannot commit, so nothing happened
-		id = fmt.Sprintf("aborted-ok-%v", dealloc)
-		r, err = DoTx(bg, db, receipts.Key{Scope: "s", ID: id}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
-			if dealloc {
-				if err := tx.Conn().DeallocateAll(ctx); err != nil {
-					return nil, err
-				}
-			}
-			if err := insert(ctx, tx, id); err != nil {
-				return nil, err
-			}
-			_, _ = tx.Exec(ctx, "SELECT 1/0")
-			return []byte("ok"), nil
-		})
+		id := fmt.Sprintf("aborted-ok-%v", dealloc)
+		r, err = aborted(id, func(error) ([]byte, error) { return []byte("ok"), nil })
 		if err == nil || r != nil || count() != 0 {
 			t.Fatalf("success over an aborted transaction (deallocated %v): %+v %v, %d effects", dealloc, r, err, count())
 		}
