@@ -47,8 +47,8 @@ func (q queries) clock(p string) string {
 // on every execution (plan_cache_mode auto keeps a generic plan only if it is no dearer
 // than the custom ones were on average); the plan is the same nested loop of index probes
 // either way. Hidden, both cost the same, and after its first five executions the
-// statement runs on its generic plan, without planning. Measured at 8 callers (replays and
-// first calls of keys batched 2 to 4 at a time): bench/README.md, "Batches planned once".
+// statement runs on its generic plan, without planning. Measured on replays at 8 callers,
+// batched 2 to 4 keys at a time: bench/README.md, "PostgreSQL batches planned once".
 func param(p, typ string) string { return "(SELECT " + p + "::" + typ + ")" }
 
 // The clock of a statement: one value for the whole statement (clock_timestamp() advances

@@ -98,7 +98,8 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 //     took over (Recovered). DoTx returns an error wrapping fn's error (a panic is re-raised).
 //
 // A first call costs two round trips besides fn's own statements: the claim batch begins
-// the transaction, and the receipt's write is sent with the COMMIT.
+// the transaction, and the receipt's write is sent with the COMMIT (three if fn returns
+// Permanent after one of its statements failed: the rollback to the savepoint goes first).
 //
 // The receipt is recorded and tx committed on a context detached from ctx once fn has
 // returned, so a caller that goes away right after the effect does not lose its receipt. If
