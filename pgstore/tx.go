@@ -85,7 +85,9 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 // not rolled back with it; use Claim, FenceTx and CommitTx for those. While the transaction
 // is open nobody can take k over, so DoTx does not renew the lease; fn may take longer than
 // LeaseTTL. fn's error decides what happens, as for Do:
-//   - nil: the result is recorded as a Succeeded receipt and tx commits.
+//   - nil: the result is recorded as a Succeeded receipt and tx commits. If a statement fn
+//     ran in tx failed, tx is aborted and cannot commit: it is rolled back, as for an
+//     unknown error below, and DoTx returns an error that says so.
 //   - NotPerformed(err): tx is rolled back, the claim with it: the key is free (the next
 //     attempt is Attempt 1, or, if this one took over an abandoned claim, takes that
 //     claim over again, Recovered). DoTx returns an error wrapping err.
@@ -315,7 +317,8 @@ func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce
 // Two round trips if fn left the transaction aborted (one of its statements failed) and
 // returned Permanent: the server prepares no statement in an aborted transaction but the
 // savepoint's rollback, and pgx prepares a batch's statements that its connection has not
-// prepared yet before it sends the batch. So the rollback goes alone, first.
+// prepared yet before it sends the batch. So the rollback goes alone, first. If fn left it
+// aborted and returned no error, nothing is sent: the transaction cannot commit.
 func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo, state driver.State, result []byte) (driver.Record, error) {
 	defer tx.end(ctx) // rolls back unless committed; hands the connection back
 	if result == nil {
@@ -324,15 +327,16 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	e.leases.drop(li.Token)
 	var ferr error // the effect's rollback or the receipt's write failed
 	b := &pgx.Batch{}
-	batched := false // the rollback is the batch's first statement
-	if state == driver.Failed {
-		const rollback = "ROLLBACK TO SAVEPOINT " + effectSavepoint
-		if tx.c.Conn().PgConn().TxStatus() == 'E' {
-			_, ferr = tx.tx.Exec(ctx, rollback, pgx.QueryExecModeSimpleProtocol)
-		} else {
-			b.Queue(rollback)
-			batched = true
-		}
+	batched := false                                  // the rollback is the batch's first statement
+	aborted := tx.c.Conn().PgConn().TxStatus() == 'E' // a statement of fn's failed
+	switch {
+	case state == driver.Failed && aborted:
+		_, ferr = tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+effectSavepoint, pgx.QueryExecModeSimpleProtocol)
+	case state == driver.Failed:
+		b.Queue("ROLLBACK TO SAVEPOINT " + effectSavepoint)
+		batched = true
+	case aborted: // the server would refuse the receipt's write and roll back the COMMIT
+		return driver.Record{}, errors.New("pgstore: dotx: rolled back, nothing happened: fn returned no error, but a statement it ran in tx failed and aborted the transaction")
 	}
 	if ferr != nil {
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: roll back the effect: %w", ferr)
