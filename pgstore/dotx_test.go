@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -524,5 +525,96 @@ func TestClaimBlockedByDoTxHonoursContext(t *testing.T) {
 	l, r, err := b.Claim(bg, k, fp)
 	if err != nil || l != nil || r == nil || r.State != receipts.Succeeded || string(r.Result) != "r" {
 		t.Fatalf("claim after the DoTx: lease %+v receipt %+v %v", l, r, err)
+	}
+}
+
+// cutConn is a connection to the server that, once armed, closes itself right after its
+// next write: the statements written reach the server, and their reply is lost.
+type cutConn struct {
+	net.Conn
+	armed *atomic.Bool
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if c.armed.CompareAndSwap(true, false) {
+		_ = c.Conn.Close()
+	}
+	return n, err
+}
+
+// A DoTx whose commit reply is lost reads the record back to tell whether the commit landed,
+// on a connection other than the lost one, which it hands back to the pool first. On a pool
+// of one connection (or one whose every connection was lost at once, as when the server
+// restarts under DoTx load) it used to wait for a connection forever, its context detached.
+func TestDoTxLostCommitReply(t *testing.T) {
+	d := newTestDB(t)
+	var armed atomic.Bool
+	d.tune = func(c *pgx.ConnConfig) {
+		c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &cutConn{Conn: conn, armed: &armed}, nil
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(bg, func() *pgxpool.Config {
+		cfg := d.poolConfig()
+		cfg.MaxConns = 1
+		return cfg
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db, err := Open(bg, pool, &Options{Schema: d.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	insert, count := effects(t, pool, d.schema)
+	for i, arm := range []bool{false, true} { // the first prepares the commit's statements
+		k := receipts.Key{Scope: "s", ID: fmt.Sprint("lost-", i)}
+		type answer struct {
+			r   *receipts.Receipt
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			r, err := DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+				err := insert(ctx, tx, k.ID)
+				armed.Store(arm)
+				return []byte("done"), err
+			})
+			done <- answer{r, err}
+		}()
+		var a answer
+		select {
+		case a = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("DoTx (reply lost: %v) did not return", arm)
+		}
+		l, r, err := db.Claim(bg, k, []byte("fp"))
+		switch {
+		case err != nil:
+			t.Fatalf("claim after DoTx (reply lost: %v): %v", arm, err)
+		case a.err == nil && (a.r == nil || string(a.r.Result) != "done" || r == nil || string(r.Result) != "done"):
+			t.Fatalf("DoTx (reply lost: %v) answered %+v, the store holds %+v", arm, a.r, r)
+		case a.err != nil && (r != nil || l == nil):
+			t.Fatalf("DoTx (reply lost: %v) failed (%v), but the store holds %+v", arm, a.err, r)
+		case a.err != nil:
+			_ = l.Release(bg)
+		}
+		if armed.Load() {
+			t.Fatal("the commit was not sent: the connection was never cut")
+		}
+		t.Logf("reply lost: %v: %+v %v", arm, a.r, a.err)
+	}
+	if n := pool.Stat().NewConnsCount(); n < 2 {
+		t.Fatalf("%d connections made: the lost one was not replaced", n)
+	}
+	if n := count(); n != 2 && n != 1 {
+		t.Fatalf("%d effects", n)
 	}
 }

@@ -379,6 +379,10 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	default:
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit: rolled back, nothing happened: %w", err)
 	}
+	// The record is read on another connection: hand this one back first. ctx has no
+	// deadline, and on a pool whose every connection is held like this one (a pool of one,
+	// or a server restart under DoTx load) the read would otherwise wait for ever.
+	tx.end(ctx)
 	cur, found, _, lerr := e.Lookup(ctx, li.Key)
 	switch {
 	case found && finished(li.Token, state, result)(cur):
