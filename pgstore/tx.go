@@ -81,10 +81,13 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 // fn writes its effect in tx and returns the result to record. DoTx ends tx: its Commit and
 // Rollback fail with an error wrapping receipts.ErrInvalidArgument, and once DoTx has
 // returned its statements fail with pgx.ErrTxClosed (fn must not keep tx, nor its Conn or
-// LargeObjects, beyond its return). fn should keep its effects in tx: one outside the database (an HTTP call) is
-// not rolled back with it; use Claim, FenceTx and CommitTx for those. While the transaction
-// is open nobody can take k over, so DoTx does not renew the lease; fn may take longer than
-// LeaseTTL. fn's error decides what happens, as for Do:
+// LargeObjects, beyond its return). fn should keep its effects in tx: one outside the
+// database (an HTTP call) is not rolled back with it; use Claim, FenceTx and CommitTx for
+// those. fn runs while DoTx holds one of the pool's connections: what fn sends outside tx
+// (through the pool, or a Do on the same DB) needs another, so with as many DoTx callers as
+// the pool has connections it waits until ctx ends. While the transaction is open nobody can
+// take k over, so DoTx does not renew the lease; fn may take longer than LeaseTTL. fn's error
+// decides what happens, as for Do:
 //   - nil: the result is recorded as a Succeeded receipt and tx commits. If a statement fn
 //     ran in tx failed, tx is aborted and cannot commit: it is rolled back, as for an
 //     unknown error below, and DoTx returns an error that says so.
