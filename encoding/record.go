@@ -264,12 +264,18 @@ func readBin(dec *msgpack.Decoder, rd *bytes.Reader, slab []byte) (v, rest []byt
 // Checksum returns the checksum stored in the encoded record b and whether
 // it matches b's content. It does not decode b.
 func Checksum(b []byte) (crc uint32, ok bool) {
+	crc, ok = StoredChecksum(b)
+	return crc, ok && crc32.Checksum(b[:len(b)-trailerLen], castagnoli) == crc
+}
+
+// StoredChecksum returns the checksum stored in the encoded record b,
+// without checking it against b's content (ok is false if b is too short
+// to be a record). For bytes known intact: just encoded, or decoded.
+func StoredChecksum(b []byte) (crc uint32, ok bool) {
 	if len(b) < minEncoding {
 		return 0, false
 	}
-	n := len(b) - trailerLen
-	crc = binary.BigEndian.Uint32(b[n:])
-	return crc, crc32.Checksum(b[:n], castagnoli) == crc
+	return binary.BigEndian.Uint32(b[len(b)-trailerLen:]), true
 }
 
 // Layout is where the fingerprint and the result lie in an encoded record:

@@ -39,7 +39,6 @@
 package rcache
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"math"
 	"math/bits"
@@ -95,7 +94,7 @@ type Entry struct {
 // Matches reports whether v, read under the entry's key at its epoch, is the
 // cached record: intact, of the same length and checksum.
 func (e *Entry) Matches(v []byte) bool {
-	if len(v) != int(e.Len) || binary.BigEndian.Uint32(v[len(v)-4:]) != e.CRC {
+	if crc, ok := encoding.StoredChecksum(v); !ok || len(v) != int(e.Len) || crc != e.CRC {
 		return false
 	}
 	_, ok := encoding.Checksum(v)
@@ -316,7 +315,9 @@ const maxPooledEnc = 64 << 10
 // decoded from it). The entry holds a copy of enc if it holds the bytes
 // (Entry.Val), so that it describes exactly what the engine holds. If enc
 // is nil, or not laid out as encoding.EncodeRecord lays records out
-// (RecordLayout fails), r is encoded here instead, as Put does.
+// (RecordLayout fails), r is encoded here instead, as Put does. enc's
+// checksum is taken as stored, not checked again: enc must be intact
+// (encoded, or accepted by encoding.DecodeRecord).
 func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
 	if c == nil || r.State == encoding.StatePending {
 		return
@@ -335,7 +336,7 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 			return // cannot happen for an encoding of ours; cache nothing
 		}
 	}
-	crc, _ := encoding.Checksum(enc)
+	crc, _ := encoding.StoredChecksum(enc) // enc was just encoded, or decoded: intact
 	set, h := c.set(key)
 	need := len(key) + len(recKey) + len(r.Trace)
 	c.mu.Lock()
