@@ -35,24 +35,15 @@ import (
 // connection of a pool lost at once. The soak run (RECEIPTS_SOAK=1) runs longer.
 func TestDoTxUnderChaos(t *testing.T) {
 	d := newTestDB(t)
-	d.tune = func(c *pgx.ConnConfig) { c.RuntimeParams["application_name"] = "dotx-chaos" }
-	open := func(conns int32) (*receipts.DB, *pgxpool.Pool) {
-		cfg := d.poolConfig()
-		cfg.MaxConns = conns
-		pool, err := pgxpool.NewWithConfig(bg, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		db, err := Open(bg, pool, &Options{Schema: d.schema})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = db.Close() })
-		return db, pool
+	var conns int32 // of the next pool opened
+	d.tune = func(c *pgxpool.Config) {
+		c.MaxConns = conns
+		c.ConnConfig.RuntimeParams["application_name"] = "dotx-chaos"
 	}
-	a, pool := open(1)
-	b, _ := open(2)
+	conns = 1
+	a, pool := d.openDB(Options{})
+	conns = 2
+	b, _ := d.openDB(Options{})
 	tbl := d.schema + ".chaos_effects"
 	if _, err := pool.Exec(bg, `CREATE TABLE `+tbl+` (n bigserial PRIMARY KEY, k text NOT NULL, token bigint NOT NULL)`); err != nil {
 		t.Fatal(err)

@@ -546,12 +546,15 @@ func (c *cutConn) Write(b []byte) (int, error) {
 // A DoTx whose commit reply is lost reads the record back to tell whether the commit landed,
 // on a connection other than the lost one, which it hands back to the pool first. On a pool
 // of one connection (or one whose every connection was lost at once, as when the server
-// restarts under DoTx load) it used to wait for a connection forever, its context detached.
+// restarts under DoTx load) it used to wait for a connection forever, its context detached:
+// then this test reports the call that did not return, and its cleanup (Close waits for that
+// call) hangs until go test's -timeout.
 func TestDoTxLostCommitReply(t *testing.T) {
 	d := newTestDB(t)
 	var armed atomic.Bool
-	d.tune = func(c *pgx.ConnConfig) {
-		c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.tune = func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
@@ -559,20 +562,7 @@ func TestDoTxLostCommitReply(t *testing.T) {
 			return &cutConn{Conn: conn, armed: &armed}, nil
 		}
 	}
-	pool, err := pgxpool.NewWithConfig(bg, func() *pgxpool.Config {
-		cfg := d.poolConfig()
-		cfg.MaxConns = 1
-		return cfg
-	}())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db, err := Open(bg, pool, &Options{Schema: d.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db, pool := d.openDB(Options{})
 	insert, count := effects(t, pool, d.schema)
 	for i, arm := range []bool{false, true} { // the first prepares the commit's statements
 		k := receipts.Key{Scope: "s", ID: fmt.Sprint("lost-", i)}

@@ -45,18 +45,22 @@ type testDB struct {
 	t      testing.TB
 	dsn    string
 	schema string
-	tune   func(*pgx.ConnConfig) // if not nil, applied to the config of every pool opened on d
+	tune   func(*pgxpool.Config) // if not nil, applied to the config of every pool opened on d
 }
 
-// poolConfig is the config of a pool on d: the DSN's, tuned by d.tune.
-func (d *testDB) poolConfig() *pgxpool.Config {
+// poolConfig is the config of a pool on d: the DSN's, with maxConns
+// connections at most (if > 0), then tuned by d.tune.
+func (d *testDB) poolConfig(maxConns int32) *pgxpool.Config {
 	d.t.Helper()
 	cfg, err := pgxpool.ParseConfig(d.dsn)
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
 	if d.tune != nil {
-		d.tune(cfg.ConnConfig)
+		d.tune(cfg)
 	}
 	return cfg
 }
@@ -73,9 +77,7 @@ func newBenchDB(t testing.TB) *testDB {
 func (d *testDB) open(o engineOptions) *node {
 	d.t.Helper()
 	ctx := context.Background()
-	cfg := d.poolConfig()
-	cfg.MaxConns = 40
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, d.poolConfig(40))
 	if err != nil {
 		d.t.Fatal(err)
 	}

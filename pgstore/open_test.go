@@ -26,7 +26,7 @@ func (d *testDB) openDB(o Options) (*receipts.DB, *pgxpool.Pool) {
 
 func (d *testDB) tryOpenDB(o Options) (*receipts.DB, *pgxpool.Pool, error) {
 	d.t.Helper()
-	pool, err := pgxpool.NewWithConfig(bg, d.poolConfig())
+	pool, err := pgxpool.NewWithConfig(bg, d.poolConfig(0))
 	if err != nil {
 		d.t.Fatal(err)
 	}

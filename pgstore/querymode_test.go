@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
 )
@@ -27,7 +28,7 @@ func TestQueryExecModes(t *testing.T) {
 		t.Run(m.String(), func(t *testing.T) {
 			tuned := func() *testDB {
 				d := newTestDB(t)
-				d.tune = func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = m }
+				d.tune = func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = m }
 				return d
 			}
 			t.Run("Open", func(t *testing.T) { testOpenServesTheContract(t, tuned()) })
