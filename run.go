@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/detach"
 )
 
