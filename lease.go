@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +32,9 @@ type Lease struct {
 	claimedAt time.Time     // DB.clock at the claim, for the attempt-duration estimate
 	class     string        // the claim's operation class, for the observer
 	lostOnce  atomic.Bool
+
+	mu     sync.Mutex // protects staged
+	staged []Effect   // Stage's effects, committed with a Succeeded receipt
 }
 
 // Key returns the operation's key.
@@ -119,17 +123,18 @@ func (l *Lease) Fail(ctx context.Context, result []byte) (*Receipt, error) {
 // commits with the receipt in one synced batch. If the lease is lost, effect
 // is not called and nothing is written (ErrLeaseLost); if effect returns an
 // error, nothing is written, the lease is still held, and that error is
-// returned (wrapped). On another engine than Pebble it returns
-// ErrUnsupported.
+// returned (wrapped). Effects staged with Stage are written first. On
+// another engine than Pebble it returns ErrUnsupported: Stage an Effect,
+// then Commit, on every engine.
 func (l *Lease) CommitWith(ctx context.Context, result []byte, effect func(b *pebble.Batch) error) (*Receipt, error) {
-	if l.db.peb == nil {
-		return nil, fmt.Errorf("%w: CommitWith on the %s engine", ErrUnsupported, l.db.eng.Name())
+	if effect == nil {
+		return l.Commit(ctx, result)
 	}
-	return l.finish(ctx, Succeeded, result, effect)
+	return l.finish(ctx, Succeeded, result, EffectOn(func(_ context.Context, b *pebble.Batch) error { return effect(b) }))
 }
 
 // finish is Commit, Fail and CommitWith: one gated call.
-func (l *Lease) finish(ctx context.Context, state State, result []byte, effect func(*pebble.Batch) error) (*Receipt, error) {
+func (l *Lease) finish(ctx context.Context, state State, result []byte, effect Effect) (*Receipt, error) {
 	if err := l.db.enter(); err != nil {
 		return nil, err
 	}
@@ -137,10 +142,11 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte, effect f
 	return l.settle(ctx, state, result, nil, effect)
 }
 
-// settle records state and result; b, if not nil, already holds the
-// effect (DoBatch) and is written with the receipt; effect, if not nil,
-// writes it (CommitWith). b and effect need the Pebble engine.
-func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebble.Batch, effect func(*pebble.Batch) error) (*Receipt, error) {
+// settle records state and result. A Succeeded receipt commits with the
+// staged effects (Stage), then effect, if not nil (CommitWith), in the
+// engine's unit of atomic work (driver.Effects), and with b, if not nil,
+// which already holds an effect (DoBatch: the Pebble engine's batch).
+func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebble.Batch, effect Effect) (*Receipt, error) {
 	if err := validateResult(result); err != nil {
 		return nil, err
 	}
@@ -151,14 +157,29 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	if result == nil {
 		result = []byte{} // a committed result is never nil, first time or replayed
 	}
+	if state != Succeeded {
+		b, effect = nil, nil // a Failed receipt is written without the effect
+	} else {
+		effect = l.stagedEffect().then(effect)
+	}
 	var rec driver.Record
 	var err error
 	start := l.db.traceStart(ctx)
 	ctx = l.db.withTrace(ctx)
-	if b != nil || effect != nil {
-		rec, err = l.db.peb.FinishBatch(ctx, driver.Key(l.key), l.token, driver.State(state), result, b, effect)
-	} else {
-		rec, err = l.db.eng.Finish(ctx, driver.Key(l.key), l.token, driver.State(state), result)
+	k := driver.Key(l.key)
+	switch fx, ok := l.db.eng.(driver.Effects); {
+	case b != nil:
+		var write func(*pebble.Batch) error
+		if effect != nil {
+			write = func(b *pebble.Batch) error { return effect(ctx, b) }
+		}
+		rec, err = l.db.peb.FinishBatch(ctx, k, l.token, driver.State(state), result, b, write)
+	case effect == nil:
+		rec, err = l.db.eng.Finish(ctx, k, l.token, driver.State(state), result)
+	case ok:
+		rec, err = fx.FinishWith(ctx, k, l.token, driver.State(state), result, effect)
+	default:
+		err = fmt.Errorf("%w: effects that commit with the receipt on the %s engine", ErrUnsupported, l.db.eng.Name())
 	}
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
@@ -166,6 +187,7 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 		}
 		return nil, err
 	}
+	l.clearStaged()
 	r := l.db.finished(l, &rec)
 	out := OutcomeSucceeded
 	if rec.State == driver.Failed {
@@ -256,6 +278,10 @@ func (l *Lease) Forget(ctx context.Context) error {
 		return err
 	}
 	defer l.db.exit()
+	return l.forget(ctx)
+}
+
+func (l *Lease) forget(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

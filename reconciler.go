@@ -421,39 +421,33 @@ func (rc *Reconciler) reconcile(ctx context.Context, r *Receipt) Settlement {
 
 	detached := detach.Context(ctx)
 	result, cerr := rc.check(ctx, l, r)
-	kind, _ := outcomeOf(cerr)
-	switch {
-	case cerr == nil || kind == kindPermanent:
-		state, out := Succeeded, ReconcileCommitted
-		if cerr != nil {
-			state, out = Failed, ReconcileFailed
-			if result == nil {
-				result = []byte(cerr.Error())
-			}
-		}
-		rec, err := l.settle(detached, state, result, nil, nil)
-		if err != nil {
-			s.Outcome, s.Err = ReconcileError, db.afterFinishError(detached, l, err)
-			return s
-		}
-		rc.clear(r.Key)
-		s.Outcome, s.Receipt, s.Err = out, rec, cerr
-	case kind == kindNotPerformed:
-		if err := db.eng.Forget(detached, l.info().Key, l.token); err != nil {
-			s.Outcome, s.Err = ReconcileError, err
-			return s
-		}
-		db.settled(l)
-		db.n.releases.Add(1)
-		rc.clear(r.Key)
-		s.Outcome, s.Err = ReconcileForgotten, cerr
+	// Check's NotPerformed means no attempt's effect happened: the key is
+	// forgotten, not released (a release would keep it Recovered).
+	o := l.conclude(detached, result, cerr, nil, l.forget)
+	s.Receipt, s.Err = o.receipt, cerr
+	switch o.verdict {
+	case verdictCommit:
+		s.Outcome = ReconcileCommitted
+	case verdictFail:
+		s.Outcome = ReconcileFailed
+	case verdictRelease:
+		s.Outcome = ReconcileForgotten
 	default:
 		rc.backOff(r.Key)
-		s.Outcome, s.Err = ReconcileUnknown, cerr
-		if err := l.abandonUnknown(detached); err != nil {
-			s.Outcome, s.Err = ReconcileError, fmt.Errorf("%w (after the check: %w)", err, cerr)
+		s.Outcome = ReconcileUnknown
+		if o.why != "" { // a result it cannot record
+			s.Err = l.outcomeUnknown(o.why, cerr)
 		}
+		if o.err != nil {
+			s.Outcome, s.Err = ReconcileError, fmt.Errorf("%w (after the check: %w)", o.err, cerr)
+		}
+		return s
 	}
+	if o.err != nil {
+		s.Outcome, s.Receipt, s.Err = ReconcileError, nil, o.err
+		return s
+	}
+	rc.clear(r.Key)
 	return s
 }
 

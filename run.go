@@ -91,37 +91,105 @@ func (l *Lease) run(ctx context.Context, b *pebble.Batch,
 	finished = true
 	keep.stop()
 
-	kind, _ := outcomeOf(ferr)
-	switch {
-	case ferr == nil || kind == kindPermanent:
+	o := l.conclude(detached, result, ferr, b, l.release)
+	switch o.verdict {
+	case verdictCommit:
+		if o.err != nil {
+			return nil, l.outcomeUnknown("recording it failed", ferr, o.err)
+		}
+		return o.receipt, nil
+	case verdictFail:
+		if o.err != nil {
+			return nil, l.outcomeUnknown("recording it failed", ferr, o.err)
+		}
+		return o.receipt, fmt.Errorf("receipts: %s: %w: %w", db.keyName(l.key), ErrFailed, ferr)
+	case verdictRelease:
+		if o.err != nil {
+			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", db.keyName(l.key), ferr, o.err)
+		}
+		return nil, fmt.Errorf("receipts: %s not performed: %w", db.keyName(l.key), ferr)
+	}
+	return nil, l.outcomeUnknown(o.why, ferr, o.err)
+}
+
+// verdict is what the contract makes of fn's result and error.
+type verdict uint8
+
+const (
+	verdictCommit  verdict = iota + 1 // nil: a Succeeded receipt
+	verdictFail                       // Permanent: a Failed receipt
+	verdictRelease                    // NotPerformed: nothing happened, the key is free
+	verdictUnknown                    // any other error, a panic, or an outcome that cannot be recorded: abandoned
+)
+
+// verdictOf reads fn's error by the contract's rules.
+func verdictOf(ferr error) verdict {
+	if ferr == nil {
+		return verdictCommit
+	}
+	switch kind, _ := outcomeOf(ferr); kind {
+	case kindPermanent:
+		return verdictFail
+	case kindNotPerformed:
+		return verdictRelease
+	}
+	return verdictUnknown
+}
+
+// outcome is what conclude recorded.
+type outcome struct {
+	verdict verdict
+	receipt *Receipt // verdictCommit and verdictFail, once recorded
+	// why says, for verdictUnknown, why a result was not recorded ("" when
+	// fn's error made the outcome unknown).
+	why string
+	// err is the failure to record the verdict (for a commit or failure
+	// that did not happen, together with abandoning the claim after it).
+	err error
+}
+
+// conclude records what fn's result and error say about l's attempt, on
+// ctx (detached from the caller's): the contract's outcome protocol,
+// written once for Do, DoBatch, Run, RunBatch, the front ends, pgstore.DoTx
+// (whose engine records it in the claim's transaction) and the Reconciler.
+//   - nil: result is committed as a Succeeded receipt, with b (DoBatch) and
+//     the staged effects;
+//   - Permanent: a Failed receipt (result, or the error's text);
+//   - NotPerformed: free (Release; the Reconciler's Forget);
+//   - anything else: the claim is abandoned, and the next attempt is
+//     Recovered.
+//
+// A result that cannot be recorded (larger than MaxResultSize, or a commit
+// that fails) also abandons the claim: the effect may have happened.
+func (l *Lease) conclude(ctx context.Context, result []byte, ferr error, b *pebble.Batch, free func(context.Context) error) outcome {
+	o := outcome{verdict: verdictOf(ferr)}
+	switch o.verdict {
+	case verdictCommit, verdictFail:
 		state := Succeeded
-		if ferr != nil {
-			state, b = Failed, nil // a Failed receipt is written without the effect
+		if o.verdict == verdictFail {
+			state = Failed
 			if result == nil {
 				result = []byte(ferr.Error())
 			}
 		}
 		if len(result) > MaxResultSize {
-			return nil, l.outcomeUnknown(fmt.Sprintf("a result of %d bytes exceeds MaxResultSize (%d) and cannot be recorded; the claim is abandoned",
-				len(result), MaxResultSize), ferr, l.abandonUnknown(detached))
+			o.verdict, o.err = verdictUnknown, l.abandonUnknown(ctx)
+			o.why = fmt.Sprintf("a result of %d bytes exceeds MaxResultSize (%d) and cannot be recorded; the claim is abandoned",
+				len(result), MaxResultSize)
+			return o
 		}
-		r, err := l.settle(detached, state, result, b, nil)
-		if err != nil {
-			return nil, l.outcomeUnknown("recording it failed", ferr, db.afterFinishError(detached, l, err))
+		var err error
+		if o.receipt, err = l.settle(ctx, state, result, b, nil); err != nil {
+			o.err = l.db.afterFinishError(ctx, l, err)
 		}
-		if ferr != nil {
-			return r, fmt.Errorf("receipts: %s: %w: %w", l.db.keyName(l.key), ErrFailed, ferr)
+	case verdictRelease:
+		if o.err = free(ctx); o.err != nil {
+			l.settleFailed("release", o.err)
 		}
-		return r, nil
-
-	case kind == kindNotPerformed:
-		if err := l.release(detached); err != nil {
-			l.settleFailed("release", err)
-			return nil, fmt.Errorf("receipts: %s not performed (%w), and release failed: %w", l.db.keyName(l.key), ferr, err)
-		}
-		return nil, fmt.Errorf("receipts: %s not performed: %w", l.db.keyName(l.key), ferr)
+	default:
+		o.err = l.abandonUnknown(ctx)
 	}
-	return nil, l.outcomeUnknown("", ferr, l.abandonUnknown(detached))
+	return o
 }
 
 // outcomeUnknown is the error Run returns when the effect may have happened

@@ -362,6 +362,26 @@ type AttemptTaker interface {
 	TakeOver(ctx context.Context, req ClaimRequest, token uint64) (ClaimResult, error)
 }
 
+// Effects is implemented by an engine that commits an application's own
+// writes together with a receipt, in the engine's unit of atomic work: on
+// Pebble the *pebble.Batch that carries the receipt, on PostgreSQL a pgx.Tx
+// that holds the lease's row. It is how receipts.Lease.Stage (and with it
+// the HTTP and MCP front ends) commits an effect with the receipt on every
+// engine, as River's Driver[TTx] carries the caller's transaction type. An
+// engine without it makes a commit with staged effects return
+// receipts.ErrUnsupported.
+type Effects interface {
+	// FinishWith is Finish, with effect called first to write into tx, the
+	// engine's unit of atomic work, fenced by token: the effect's writes
+	// and the finished record commit together, or neither does. If the
+	// lease is lost, effect is not called and nothing is written
+	// (ErrLeaseLost); if effect returns an error, nothing is written, the
+	// lease is still held, and that error is returned (wrapped). tx is
+	// valid only while effect runs.
+	FinishWith(ctx context.Context, k Key, token uint64, state State, result []byte,
+		effect func(ctx context.Context, tx any) error) (Record, error)
+}
+
 // LeaseInfo is what identifies a lease to its engine: what receipts.Lease.Raw hands an engine
 // package's own ways of finishing a lease (pgstore.CommitTx).
 type LeaseInfo struct {

@@ -115,19 +115,32 @@ func testDoTxOutcomes(t *testing.T, d *testDB) {
 			t.Fatal(err)
 		}
 	}
+	// recovered: the outcome of id's DoTx is unknown, so its claim was left abandoned (as
+	// Do leaves it): the next attempt takes it over, Recovered; it is forgotten after
+	recovered := func(id string) {
+		t.Helper()
+		l, r, err := db.Claim(bg, receipts.Key{Scope: "s", ID: id}, []byte("fp"))
+		if err != nil || r != nil || l.Attempt() != 2 || !l.Recovered() {
+			t.Fatalf("%s after DoTx: lease %+v receipt %+v err %v", id, l, r, err)
+		}
+		if err := l.Forget(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	if _, err := do("np", nil, receipts.NotPerformed(boom)); !errors.Is(err, boom) {
 		t.Fatalf("NotPerformed: %v", err)
 	}
 	fresh("np")
-	if _, err := do("unknown", nil, boom); !errors.Is(err, boom) {
+	if _, err := do("unknown", nil, boom); !errors.Is(err, boom) || !errors.Is(err, receipts.ErrOutcomeUnknown) {
 		t.Fatalf("unknown: %v", err)
 	}
-	fresh("unknown")
-	if _, err := do("big", make([]byte, receipts.MaxResultSize+1), nil); !errors.Is(err, receipts.ErrResultTooLarge) {
+	recovered("unknown")
+	if _, err := do("big", make([]byte, receipts.MaxResultSize+1), nil); !errors.Is(err, receipts.ErrOutcomeUnknown) ||
+		!strings.Contains(err.Error(), "exceeds MaxResultSize") {
 		t.Fatalf("too large: %v", err)
 	}
-	fresh("big")
+	recovered("big")
 	func() {
 		defer func() {
 			if recover() == nil {
@@ -139,7 +152,7 @@ func testDoTxOutcomes(t *testing.T, d *testDB) {
 			panic("effect panicked")
 		})
 	}()
-	fresh("panic")
+	recovered("panic")
 	if n := count(); n != 0 {
 		t.Fatalf("%d effects survived rolled-back attempts", n)
 	}
@@ -183,13 +196,14 @@ func testDoTxOutcomes(t *testing.T, d *testDB) {
 		if n := count(); n != 0 {
 			t.Fatalf("Permanent after an aborted statement kept fn's writes: %d effects", n)
 		}
-		// success claimed over an aborted transaction: it cannot commit, so nothing happened
+		// success claimed over an aborted transaction: it cannot commit, so it is not
+		// recorded, and the outcome is unknown (fn ignored an error): abandoned
 		id := fmt.Sprintf("aborted-ok-%v", dealloc)
 		r, err = aborted(id, func(error) ([]byte, error) { return []byte("ok"), nil })
-		if err == nil || !strings.Contains(err.Error(), "aborted the transaction") || r != nil || count() != 0 {
+		if !errors.Is(err, receipts.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "aborted the transaction") || r != nil || count() != 0 {
 			t.Fatalf("success over an aborted transaction (deallocated %v): %+v %v, %d effects", dealloc, r, err, count())
 		}
-		fresh(id)
+		recovered(id)
 	}
 
 	r, err = do("ok", []byte("done"), nil)
@@ -204,8 +218,9 @@ func testDoTxOutcomes(t *testing.T, d *testDB) {
 	}
 }
 
-// A DoTx that takes over an abandoned claim is Recovered; rolled back, the abandoned claim is
-// as it was, so the next attempt is Recovered too.
+// A DoTx that takes over an abandoned claim is Recovered; released (NotPerformed), the
+// abandoned claim is as it was, so the next attempt is Recovered too; with its outcome
+// unknown, it is abandoned again, one attempt later.
 func TestDoTxTakeover(t *testing.T) {
 	d := newTestDB(t)
 	db, _ := d.openDB(Options{})
@@ -217,18 +232,29 @@ func TestDoTxTakeover(t *testing.T) {
 	if err := l.Abandon(bg); err != nil {
 		t.Fatal(err)
 	}
-	var rec bool
-	var att uint32
-	_, err = DoTx(bg, db, k, []byte("fp"), func(_ context.Context, _ pgx.Tx, l *receipts.Lease) ([]byte, error) {
-		rec, att = l.Recovered(), l.Attempt()
-		return nil, errors.New("unknown")
-	})
-	if err == nil || !rec || att != 2 {
-		t.Fatalf("takeover in DoTx: recovered %v attempt %d err %v", rec, att, err)
-	}
-	l, _, err = db.Claim(bg, k, []byte("fp"))
-	if err != nil || !l.Recovered() || l.Attempt() != 2 {
-		t.Fatalf("after the rolled-back takeover: %+v %v", l, err)
+	for _, c := range []struct {
+		fnErr     error
+		att, next uint32 // DoTx's attempt, and the one after it
+	}{
+		{receipts.NotPerformed(errors.New("declined")), 2, 2},
+		{errors.New("unknown"), 3, 4},
+	} {
+		var rec bool
+		var att uint32
+		_, err = DoTx(bg, db, k, []byte("fp"), func(_ context.Context, _ pgx.Tx, l *receipts.Lease) ([]byte, error) {
+			rec, att = l.Recovered(), l.Attempt()
+			return nil, c.fnErr
+		})
+		if err == nil || !rec || att != c.att {
+			t.Fatalf("takeover in DoTx (%v): recovered %v attempt %d err %v", c.fnErr, rec, att, err)
+		}
+		l, _, err = db.Claim(bg, k, []byte("fp"))
+		if err != nil || !l.Recovered() || l.Attempt() != c.next {
+			t.Fatalf("after the takeover that ended %v: %+v %v", c.fnErr, l, err)
+		}
+		if err := l.Abandon(bg); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -441,7 +467,8 @@ func TestDoTx(t *testing.T) {
 		t.Fatalf("second DoTx: %+v %v (replays %d, were %d)", r, err, b.Stats().Replays, replays)
 	}
 
-	// fn fails: nothing recorded, claim included
+	// fn fails with an unknown outcome: its writes are rolled back, and the claim is left
+	// abandoned (fn may have reached beyond the transaction)
 	k2 := receipts.Key{Scope: "s", ID: "dotx-fail"}
 	boom := errors.New("boom")
 	_, err = DoTx(bg, a, k2, fp, func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
@@ -450,21 +477,21 @@ func TestDoTx(t *testing.T) {
 		}
 		return nil, boom
 	})
-	if !errors.Is(err, boom) {
+	if !errors.Is(err, boom) || !errors.Is(err, receipts.ErrOutcomeUnknown) {
 		t.Fatalf("failing fn: %v", err)
 	}
-	if got, err := a.Lookup(bg, k2); !errors.Is(err, receipts.ErrNotFound) {
-		t.Fatalf("claim of a failed DoTx survived: %+v %v", got, err)
+	if got, err := a.Lookup(bg, k2); err != nil || got.State != receipts.Pending || !got.Abandoned(got.UpdatedAt) {
+		t.Fatalf("claim of a failed DoTx: %+v %v", got, err)
 	}
 	var rows int
-	if err := pool.QueryRow(bg, `SELECT count(*) FROM `+buildQueries(d.schema, false, false, 1).schema+`.records WHERE id = 'dotx-fail'`).Scan(&rows); err != nil || rows != 0 {
+	if err := pool.QueryRow(bg, `SELECT count(*) FROM `+buildQueries(d.schema, false, false, 1).schema+`.records WHERE id = 'dotx-fail'`).Scan(&rows); err != nil || rows != 1 {
 		t.Fatalf("records of a failed DoTx: %d (%v)", rows, err)
 	}
 	if n := count(); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	l, r, err := b.Claim(bg, k2, fp)
-	if err != nil || r != nil || l == nil || l.Attempt() != 1 || l.Recovered() {
+	if err != nil || r != nil || l == nil || l.Attempt() != 2 || !l.Recovered() {
 		t.Fatalf("claim after a failed DoTx: lease %+v receipt %+v %v", l, r, err)
 	}
 	if err := l.Release(bg); err != nil {

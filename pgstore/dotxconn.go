@@ -36,6 +36,9 @@ func (t *txConn) end(ctx context.Context) {
 	t.c.Release()
 }
 
+// aborted reports that a statement failed in t's transaction: it can only roll back.
+func (t *txConn) aborted() bool { return t.c.Conn().PgConn().TxStatus() == 'E' }
+
 // fnTx returns the handle DoTx gives fn: t's transaction, which fn cannot end (Commit and
 // Rollback fail: DoTx ends it, committing the receipt with fn's writes), and which refuses
 // every statement once DoTx has ended it (its connection is back in the pool by then).

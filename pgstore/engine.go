@@ -209,6 +209,9 @@ type engine struct {
 	// calls then went on alone (EngineMetrics).
 	batchFailures atomic.Uint64
 
+	// bound holds DoTx's transactions by their leases' tokens (effects.go).
+	bound boundTxs
+
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).
 	hint finishedHint

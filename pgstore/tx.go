@@ -86,21 +86,24 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 // those. fn runs while DoTx holds one of the pool's connections: what fn sends outside tx
 // (through the pool, or a Do on the same DB) needs another, so with as many DoTx callers as
 // the pool has connections it waits until ctx ends. While the transaction is open nobody can
-// take k over, so DoTx does not renew the lease; fn may take longer than LeaseTTL. fn's error
-// decides what happens, as for Do:
-//   - nil: the result is recorded as a Succeeded receipt and tx commits. If a statement fn
-//     ran in tx failed, tx is aborted and cannot commit: it is rolled back, as for an
-//     unknown error below, and DoTx returns an error that says so.
+// take k over, so DoTx does not renew the lease; fn may take longer than LeaseTTL. fn's
+// outcome is recorded by the contract's rules, as for Do (receipts.Lease.Run settles it, and
+// this engine carries it out in tx):
+//   - nil: the result is recorded as a Succeeded receipt, with the effects fn staged on the
+//     lease (receipts.Lease.Stage), and tx commits.
 //   - NotPerformed(err): tx is rolled back, the claim with it: the key is free (the next
 //     attempt is Attempt 1, or, if this one took over an abandoned claim, takes that
 //     claim over again, Recovered). DoTx returns an error wrapping err.
 //   - Permanent(err): fn's writes are rolled back (to a savepoint taken after the claim)
 //     and a Failed receipt is recorded (its result is what fn returned, or err's text); it
 //     is returned with an error wrapping ErrFailed and err.
-//   - any other error, or a panic: tx is rolled back. The effect was in tx, so nothing
-//     happened: unlike Do, no claim is left abandoned. The next attempt sees the key as it
-//     was before DoTx: free (Attempt 1, not Recovered), or the abandoned claim this attempt
-//     took over (Recovered). DoTx returns an error wrapping fn's error (a panic is re-raised).
+//   - any other error, or a panic: the outcome is unknown. fn's writes are rolled back to
+//     the savepoint, and the claim is committed abandoned: fn held a lease with a
+//     ProviderKey and may have reached beyond the transaction, so the next attempt takes
+//     it over with Recovered() == true, as after Do. DoTx returns an error wrapping
+//     receipts.ErrOutcomeUnknown and fn's error (a panic is re-raised). So does a result
+//     larger than MaxResultSize, and a nil error over a transaction that one of fn's
+//     statements aborted (it cannot commit).
 //
 // A first call costs two round trips besides fn's own statements: the claim batch begins
 // the transaction, and the receipt's write is sent with the COMMIT (three if fn returns
@@ -109,11 +112,12 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 // The receipt is recorded and tx committed on a context detached from ctx once fn has
 // returned, so a caller that goes away right after the effect does not lose its receipt. If
 // the commit's reply is lost, DoTx reads the record back: it returns the receipt if the
-// commit landed, or an error if it did not (nothing happened) or cannot tell (the outcome is
-// unknown until the database answers again; a retry replays or runs afresh, never twice).
+// commit landed. If the commit did not land, the claim rolled back with it (the key is as
+// it was before DoTx), and DoTx returns an error wrapping receipts.ErrOutcomeUnknown: what
+// fn did outside the transaction is not known.
 // A Failed receipt, the first time or replayed, comes with an error wrapping ErrFailed.
-// Other errors: those of Claim, ErrResultTooLarge (rolled back), ErrUnsupported if db is not
-// served by pgstore. opts are Claim's, as for Do (receipts.LeaseFor, receipts.WaitAtMost).
+// Other errors: those of Claim, ErrUnsupported if db is not served by pgstore. opts are
+// Claim's, as for Do (receipts.LeaseFor, receipts.WaitAtMost).
 func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []byte,
 	fn func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error), opts ...receipts.ClaimOption,
 ) (*receipts.Receipt, error) {
@@ -148,74 +152,14 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 		}
 		return r, nil
 	}
-	var ferr error
-	var kind outcomeKind
-	rec, err := l.Raw(ctx, func(ctx context.Context, _ driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
-		var result []byte
-		result, ferr = fn(ctx, tx.fnTx(), l)
-		kind = outcomeOf(ferr)
-		state := driver.Succeeded
-		switch kind {
-		case notPerformed, unknown:
-			return nil, nil // rolled back by the deferred rollback: nothing happened
-		case permanent:
-			state = driver.Failed
-			if result == nil {
-				result = []byte(ferr.Error())
-			}
-		}
-		if len(result) > receipts.MaxResultSize {
-			return nil, fmt.Errorf("pgstore: dotx %s: %w: %d bytes (max %d); rolled back, nothing happened",
-				li.Key, receipts.ErrResultTooLarge, len(result), receipts.MaxResultSize)
-		}
-		fin, err := pe.commitDoTx(context.WithoutCancel(ctx), tx, li, state, result)
-		tx = nil // committed, or rolled back by a failed commit
-		if err != nil {
-			return nil, err
-		}
-		return &fin, nil
+	// The root's outcome protocol settles the lease (Lease.Run, as for Do); this engine
+	// finishes, abandons or releases it in tx (effects.go).
+	pe.bound.bind(l.Token(), tx)
+	defer pe.bound.unbind(l.Token())
+	fnTx := tx.fnTx()
+	return l.Run(ctx, func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
+		return fn(ctx, fnTx, l)
 	})
-	switch {
-	case err != nil:
-		return nil, err
-	case kind == notPerformed:
-		return nil, fmt.Errorf("receipts: %s not performed: %w", db.KeyName(k), ferr)
-	case kind == unknown:
-		return nil, fmt.Errorf("receipts: %s: rolled back, nothing recorded: %w", db.KeyName(k), ferr)
-	case kind == permanent:
-		return rec, fmt.Errorf("receipts: %s: %w: %w", db.KeyName(k), receipts.ErrFailed, ferr)
-	}
-	return rec, nil
-}
-
-// outcomeKind is how Do's policy reads fn's error.
-type outcomeKind uint8
-
-const (
-	succeeded outcomeKind = iota
-	notPerformed
-	permanent
-	unknown
-)
-
-// outcomeOf reads the NotPerformed or Permanent mark of err (the outermost one).
-func outcomeOf(err error) outcomeKind {
-	if err == nil {
-		return succeeded
-	}
-	var m interface {
-		IsNotPerformed() bool
-		IsPermanent() bool
-	}
-	switch {
-	case !errors.As(err, &m):
-		return unknown
-	case m.IsNotPerformed():
-		return notPerformed
-	case m.IsPermanent():
-		return permanent
-	}
-	return unknown
 }
 
 // pgEngine is the DB's engine, if it is this package's.

@@ -78,6 +78,9 @@ func finished(token uint64, state driver.State, result []byte) func(driver.Recor
 
 // Renew implements driver.Engine.
 func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
+	if e.bound.get(token) != nil { // DoTx's transaction holds the row: nobody can take it over
+		return driver.Record{}, nil
+	}
 	rec, _, err := e.write(ctx, e.pool, "renew", e.q.renew, k, e.fencedArgs(k, token, ttl.Microseconds()), nil)
 	if err == nil {
 		e.leases.put(token, e.epochOf(rec.UpdatedAt)) // the row moved to the renewal's epoch
@@ -91,6 +94,9 @@ func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time
 func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (driver.Record, error) {
 	if state != driver.Succeeded && state != driver.Failed {
 		return driver.Record{}, errBadState
+	}
+	if t := e.bound.get(token); t != nil {
+		return e.finishBound(ctx, t, k, token, state, result, nil)
 	}
 	if result == nil {
 		result = []byte{}
@@ -136,6 +142,9 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 
 // Abandon implements driver.Engine.
 func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
+	if t := e.bound.get(token); t != nil {
+		return e.abandonBound(ctx, t, k, token)
+	}
 	e.leases.drop(token)
 	_, _, err := e.write(ctx, e.pool, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil)
 	if err == nil {
@@ -148,6 +157,10 @@ func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error 
 // recovered one keeps it as an abandoned claim (the earlier attempt's outcome is still
 // unknown, so the next claim must be Recovered too).
 func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
+	if t := e.bound.get(token); t != nil {
+		e.releaseBound(ctx, t, k, token)
+		return nil
+	}
 	e.leases.drop(token)
 	if recovered {
 		_, _, err := e.write(ctx, e.pool, "release", e.q.abandon, k, e.fencedArgs(k, token), nil)
@@ -161,6 +174,9 @@ func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recove
 
 // Forget implements driver.Engine.
 func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
+	if e.bound.get(token) != nil {
+		return errBoundForget
+	}
 	e.leases.drop(token)
 	return e.delete(ctx, "forget", k, token)
 }

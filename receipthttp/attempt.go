@@ -2,8 +2,6 @@ package receipthttp
 
 import (
 	"context"
-	"fmt"
-	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
@@ -33,13 +31,7 @@ type Attempt struct {
 	// providers (Lease.ProviderKey).
 	ProviderKey string
 
-	fx *effects // shared by copies of the Attempt
-}
-
-// effects are the writes staged by AddEffect.
-type effects struct {
-	mu   sync.Mutex // protects list
-	list []func(b *pebble.Batch) error
+	lease *receipts.Lease // the claim's lease, shared by copies of the Attempt
 }
 
 type attemptKey struct{}
@@ -52,37 +44,30 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 	return a, ok
 }
 
-// AddEffect stages a write to the engine's Pebble database (receipts.DB.Pebble)
-// that commits in the same synced batch as the receipt, through
-// Lease.RunBatch: either both the effect and the stored response become
-// durable, or neither does. Effects run in the order they were added, and
+// Stage stages an effect that commits with the stored response, in the
+// engine's unit of atomic work (receipts.Lease.Stage): a *pebble.Batch on
+// the embedded engine, a pgx.Tx on PostgreSQL; write it with
+// receipts.EffectOn. Either both the effect and the stored response become
+// durable, or neither does. Effects run in the order they were staged, and
 // only when Config.Policy answers Succeed for the response; otherwise they
-// are dropped. An effect that returns an error makes the commit fail: nothing
-// is recorded, the claim is abandoned (the retry is Recovered), and the
-// client gets 503 ProblemNotRecorded.
+// are dropped. An effect that returns an error makes the commit fail:
+// nothing is recorded, the claim is abandoned (the retry is Recovered), and
+// the client gets 503 ProblemNotRecorded.
 //
 // Reads the handler made before staging are not isolated from concurrent
 // requests with other keys; guard shared state as any handler would.
-func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
-	if a.fx == nil {
-		panic("receipthttp: AddEffect on an Attempt not made by the middleware")
+func (a *Attempt) Stage(effect receipts.Effect) {
+	if a.lease == nil {
+		panic("receipthttp: Stage on an Attempt not made by the middleware")
 	}
-	a.fx.mu.Lock()
-	a.fx.list = append(a.fx.list, effect)
-	a.fx.mu.Unlock()
+	a.lease.Stage(effect)
 }
 
-// applyEffects writes the staged effects into b, in the order they were
-// added.
-func (a *Attempt) applyEffects(b *pebble.Batch) error {
-	a.fx.mu.Lock()
-	list := a.fx.list
-	a.fx.list = nil
-	a.fx.mu.Unlock()
-	for _, f := range list {
-		if err := f(b); err != nil {
-			return fmt.Errorf("receipthttp: staged effect: %w", err)
-		}
-	}
-	return nil
+// AddEffect stages a write to the Pebble engine's database
+// (receipts.DB.Pebble) that commits in the same synced batch as the
+// receipt: Stage with an effect on a *pebble.Batch. On another engine the
+// commit fails (the client gets 503 ProblemNotRecorded): use Stage with an
+// effect for that engine's unit of work.
+func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
+	a.Stage(receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error { return effect(b) }))
 }

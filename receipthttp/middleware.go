@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 )
 
@@ -231,11 +230,11 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 	}
 }
 
-// execute runs the handler under lease (receipts.Lease.RunBatch, which
+// execute runs the handler under lease (receipts.Lease.Run, which
 // renews the lease, keeps Close waiting and records the outcome) and settles
 // the claim according to Config.Policy before the client sees the response.
 func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipts.Lease) {
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), fx: new(effects)}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease}
 	// From here on the effect may start: the client leaving must not cut the
 	// handler short or keep the outcome from being recorded.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), attemptKey{}, a)
@@ -245,7 +244,7 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 		outcome  Outcome // what Config.Policy said, for a stored response
 		tooLarge int     // the stored response's size, if over MaxResultSize
 	)
-	_, err := lease.RunBatch(ctx, func(ctx context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+	_, err := lease.Run(ctx, func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
 		h.next.ServeHTTP(rw, r.WithContext(ctx))
 		ran = true
 		if rw.mode != buffering {
@@ -268,15 +267,12 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 		}
 		result := encodeResponse(nil, status, hdr, h.cfg.StoredHeaders, rw.body.Bytes())
 		if len(result) > receipts.MaxResultSize {
-			tooLarge = len(result) // RunBatch abandons the claim
+			tooLarge = len(result) // Run abandons the claim
 		}
-		if outcome == Fail {
+		if outcome == Fail { // stored without the staged effects
 			return result, receipts.Permanent(fmt.Errorf("receipthttp: status %d stored as failed by Config.Policy", status))
 		}
-		if err := a.applyEffects(b); err != nil {
-			return nil, err // not recorded: abandoned
-		}
-		return result, nil
+		return result, nil // committed with the staged effects
 	})
 	switch {
 	case !ran: // Close began before the handler could start

@@ -2,8 +2,7 @@ package receiptmcp
 
 import (
 	"context"
-	"fmt"
-	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
@@ -35,8 +34,8 @@ type Attempt struct {
 	// downstream providers (Lease.ProviderKey).
 	ProviderKey string
 
-	mu      sync.Mutex
-	effects []func(b *pebble.Batch) error
+	lease  *receipts.Lease // the claim's lease
+	staged atomic.Bool     // Stage was called
 }
 
 type attemptKey struct{}
@@ -49,37 +48,28 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 	return a, ok
 }
 
-// AddEffect stages a write to the engine's own Pebble database
-// (receipts.DB.Pebble) that commits in the same synced batch as the
-// receipt (Lease.RunBatch): the effect and the stored result become
-// durable together, or neither does. Effects run in the order they were
-// added, and only when the tool returns a finished result without isError;
-// otherwise they are dropped. If an effect returns an error, nothing is
-// recorded and the client gets CodeNotRecorded.
-func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
-	a.mu.Lock()
-	a.effects = append(a.effects, effect)
-	a.mu.Unlock()
-}
-
-// hasEffects reports whether effects are staged.
-func (a *Attempt) hasEffects() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.effects) > 0
-}
-
-// applyEffects writes the staged effects into b, in the order they were
-// added.
-func (a *Attempt) applyEffects(b *pebble.Batch) error {
-	a.mu.Lock()
-	effects := a.effects
-	a.effects = nil
-	a.mu.Unlock()
-	for _, f := range effects {
-		if err := f(b); err != nil {
-			return fmt.Errorf("receiptmcp: staged effect: %w", err)
-		}
+// Stage stages an effect that commits with the stored result, in the
+// engine's unit of atomic work (receipts.Lease.Stage): a *pebble.Batch on
+// the embedded engine, a pgx.Tx on PostgreSQL; write it with
+// receipts.EffectOn. The effect and the stored result become durable
+// together, or neither does. Effects run in the order they were staged, and
+// only when the tool returns a finished result without isError; otherwise
+// they are dropped. If an effect returns an error, nothing is recorded, the
+// claim is abandoned (the retry is Recovered), and the client gets
+// CodeNotRecorded.
+func (a *Attempt) Stage(effect receipts.Effect) {
+	if a.lease == nil {
+		panic("receiptmcp: Stage on an Attempt not made by the middleware")
 	}
-	return nil
+	a.staged.Store(true)
+	a.lease.Stage(effect)
+}
+
+// AddEffect stages a write to the Pebble engine's database
+// (receipts.DB.Pebble) that commits in the same synced batch as the
+// receipt: Stage with an effect on a *pebble.Batch. On another engine the
+// commit fails (the client gets CodeNotRecorded): use Stage with an effect
+// for that engine's unit of work.
+func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
+	a.Stage(receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error { return effect(b) }))
 }

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
@@ -203,7 +202,7 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 	return &res, nil
 }
 
-// execute runs the handler under lease (receipts.Lease.RunBatch, which
+// execute runs the handler under lease (receipts.Lease.Run, which
 // renews the lease, keeps Close waiting and records the outcome) and
 // settles the claim before the client sees the result:
 //   - a finished result is committed (isError results as Failed receipts);
@@ -211,7 +210,7 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 //   - any other error, or a panic, abandons it: the outcome is unknown.
 func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest, lease *receipts.Lease) (mcp.Result, error) {
 	tool := req.Params.Name
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey()}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease}
 	// From here on the effect may start: the client going away must neither
 	// cut the handler short nor keep its outcome from being recorded.
 	hctx := context.WithValue(context.WithoutCancel(ctx), attemptKey{}, a)
@@ -222,7 +221,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 		tr      *mcp.CallToolResult // a finished result to store
 		effects bool                // tr is a success with staged effects
 	)
-	_, err := lease.RunBatch(hctx, func(ctx context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+	_, err := lease.Run(hctx, func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
 		res, herr = next(ctx, methodCallTool, req)
 		ran = true
 		if herr != nil {
@@ -254,11 +253,8 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 		if r.IsError {
 			return result, receipts.Permanent(errToolError)
 		}
-		effects = a.hasEffects()
-		if err := a.applyEffects(b); err != nil {
-			return nil, err // not recorded: abandoned
-		}
-		return result, nil
+		effects = a.staged.Load()
+		return result, nil // committed with the staged effects
 	})
 	switch {
 	case !ran: // Close began before the handler could start

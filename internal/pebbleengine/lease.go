@@ -83,6 +83,14 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 	return e.record(k, next), nil
 }
 
+// FinishWith implements driver.Effects: the effect writes into the batch
+// that carries the finished record (FinishBatch).
+func (e *Engine) FinishWith(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte,
+	effect func(ctx context.Context, tx any) error,
+) (driver.Record, error) {
+	return e.FinishBatch(ctx, k, token, state, result, nil, func(b *pebble.Batch) error { return effect(ctx, b) })
+}
+
 // Release gives the key up, this attempt's effect not having happened
 // (machine.Release): a first attempt's record is deleted; after a takeover
 // (recovered: the record's Attempts > 1, which machine.Release reads from
