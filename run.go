@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/internal/detach"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // Run executes fn under l and records its outcome the way Do does: it is
@@ -131,6 +132,9 @@ func verdictOf(ferr error) verdict {
 	case kindPermanent:
 		return verdictFail
 	case kindNotPerformed:
+		return verdictRelease
+	}
+	if mutate.Name == mutate.UnknownFree {
 		return verdictRelease
 	}
 	return verdictUnknown

@@ -15,6 +15,8 @@
 #   memokeep   writes of a key keep the memo of its last Pending record
 #   memoraw    writes decide from that memo after DB.Pebble
 #   histshard  receiptsprom's histograms sum only their first stripe at scrape
+#   unknownfree the outcome protocol releases the claim of an unknown outcome
+#              (the conformance kit, on Pebble and on PostgreSQL, catches it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -58,6 +60,8 @@ suites=(
 	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"
 	". ^TestReplayFromMemoryAllocatesOnce$"
 	"./receiptsprom ^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"
+	". ^TestConformance$"
+	"./pgstore ^TestConformance$"
 )
 
 harnesses=()      # test names
@@ -93,7 +97,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

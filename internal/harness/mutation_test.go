@@ -32,6 +32,10 @@ var suites = []struct{ pkg, list string }{
 	{".", "^TestReplayFromMemoryAllocatesOnce$"},
 	// receiptsprom's striped histograms and counters, against client_golang's own.
 	{"./receiptsprom", "^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"},
+	// The outcome protocol, written once (Lease.conclude): the conformance kit on both
+	// engines.
+	{".", "^TestConformance$"},
+	{"./pgstore", "^TestConformance$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -39,7 +43,7 @@ var suites = []struct{ pkg, list string }{
 // it builds each harness package's tests with -tags receipts_mutate, checks
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
-// cacheraw, nocopy, memokeep, memoraw, histshard), logs the table,
+// cacheraw, nocopy, memokeep, memoraw, histshard, unknownfree), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -115,7 +119,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

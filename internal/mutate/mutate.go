@@ -23,6 +23,9 @@
 //	pgnoatomic PostgreSQL: claims skip the per-key advisory lock, the row lock of a
 //	           takeover and the unique-key arbitration of a fresh claim, so that
 //	           concurrent claims of one key can all win
+//	unknownfree the outcome protocol (receipts' Lease.conclude) reads an unknown outcome
+//	           (an unmarked error from fn) as NotPerformed: the claim is released,
+//	           and the next attempt is not Recovered
 //	histshard  receiptsprom: a duration histogram's scrape reads only its first
 //	           stripe (the counts other goroutines added elsewhere are lost)
 package mutate
@@ -53,6 +56,8 @@ const (
 	PgNoFence = "pgnofence"
 	// PgNoAtomic: pgstore's claim is a plain read-then-write (no lock, no arbitration).
 	PgNoAtomic = "pgnoatomic"
+	// UnknownFree: the outcome protocol releases the claim of an unknown outcome.
+	UnknownFree = "unknownfree"
 	// HistShard: receiptsprom's striped histograms sum only their first stripe at scrape.
 	HistShard = "histshard"
 )
