@@ -71,7 +71,9 @@
 // The store runs on Pebble. All its keys start with the reserved prefix
 // "\x00rcpt"; the application may keep its own data in the same engine
 // (DB.Pebble) under any other keys, and commit them atomically with a
-// receipt (Lease.CommitWith, Lease.RunBatch, DB.DoBatch). Records are partitioned by the
+// receipt: Lease.Stage with an Effect, on every engine (on Pebble its unit
+// of work is the *pebble.Batch that carries the receipt), or the Pebble
+// engine's own forms, Lease.CommitWith, Lease.RunBatch and DB.DoBatch. Records are partitioned by the
 // epoch of their last write (Retention/4 wide by default), so dropping a
 // whole expired epoch is one range deletion.
 //

@@ -2,11 +2,19 @@
 // services that run on many nodes sharing one database.
 //
 // Open returns the same *receipts.DB the Pebble engine does (receipts.Open), served by
-// PostgreSQL: Claim, Do, Lookup, Scan, Stats, GC and the handlers built on them work
-// unchanged, on every node that opens the same database and schema. CommitTx (with FenceTx)
-// and DoTx are the PostgreSQL counterparts of the Pebble engine's CommitWith and DoBatch:
-// the receipt commits in the application's own transaction. The contract kit (package
-// receiptstest) runs on this engine in its tests.
+// PostgreSQL: Claim, Do, Lookup, Scan, Stats, GC, the Reconciler and the front ends built on
+// them (receipthttp, receiptmcp, receiptadmin) work unchanged, on every node that opens the
+// same database and schema. The contract kit (package receiptstest) runs on this engine in
+// its tests, with two nodes.
+//
+// Effects that commit with the receipt go through the engine seam (driver.Effects): an
+// Effect staged on a lease (receipts.Lease.Stage, receipthttp's and receiptmcp's
+// Attempt.Stage), written with receipts.EffectOn for a pgx.Tx, runs in a transaction that
+// holds the lease's row (BEGIN; SELECT … FOR UPDATE by token; the effect; the finish and
+// COMMIT in one batch), so the effect and the receipt commit together or not at all.
+// DoTx and CommitTx (with FenceTx) are this engine's own forms, for a transaction the
+// application runs itself; DoTx's fn runs under receipts.Lease.Run, so its outcome follows
+// the contract's rules exactly as Do's, carried out in its transaction.
 //
 // Schema (format 2, in Options.Schema, default "receipts"):
 //

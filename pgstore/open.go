@@ -54,7 +54,8 @@ type Options struct {
 // version (left as it is), ErrCorrupt for damaged meta data, or the database's error.
 //
 // On the DB it returns, Pebble returns nil, and CommitWith, DoBatch, RunBatch and
-// Checkpoint return ErrUnsupported: CommitTx and DoTx are their PostgreSQL counterparts.
+// Checkpoint return ErrUnsupported: stage a receipts.Effect on a pgx.Tx
+// (receipts.Lease.Stage), or use DoTx and CommitTx, this engine's own forms.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*receipts.DB, error) {
 	var o Options
 	if opts != nil {

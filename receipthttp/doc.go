@@ -81,10 +81,12 @@
 // effect up under Attempt.ProviderKey, the key to forward to downstream
 // providers.
 //
-// A handler whose effect lives in the same engine (receipts.DB.Pebble) can
-// stage it with Attempt.AddEffect: it commits in one synced batch with the
-// receipt (Lease.RunBatch), so the effect and its receipt are durable
-// together or not at all.
+// A handler whose effect lives in the same database as the receipts can
+// stage it with Attempt.Stage (receipts.EffectOn: a *pebble.Batch on the
+// embedded engine, a pgx.Tx on PostgreSQL): it commits with the stored
+// response in the engine's unit of atomic work (receipts.Lease.Stage), so
+// the effect and its receipt are durable together or not at all, on every
+// engine.
 //
 // # Fencing downstream writes
 //

@@ -28,8 +28,9 @@
 //
 // Inside a tool handler, AttemptFrom(ctx) tells whether an earlier attempt's
 // outcome is unknown (Recovered: reconcile first), gives a ProviderKey to
-// forward to downstream providers and a fencing Token for downstream writes; Attempt.AddEffect stages writes to
-// db.Pebble() that commit atomically with the receipt.
+// forward to downstream providers and a fencing Token for downstream writes; Attempt.Stage stages an effect
+// (receipts.EffectOn: a *pebble.Batch on the embedded engine, a pgx.Tx on PostgreSQL) that
+// commits atomically with the receipt, on every engine.
 //
 // # Host (client)
 //
@@ -111,7 +112,7 @@
 // (For a row that may not exist yet: INSERT ... ON CONFLICT (id) DO UPDATE
 // SET ... WHERE work_items.fence < EXCLUDED.fence.) A stale attempt's
 // writes then change nothing, whenever they land; see the example of
-// Attempt. Effects staged with Attempt.AddEffect need no fence: they commit
+// Attempt. Effects staged with Attempt.Stage need no fence: they commit
 // with the receipt, which is fenced.
 //
 // Errors carry ErrorData in the JSON-RPC error's data; ParseError reads it
