@@ -8,8 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/encoding"
-	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/pebbleengine"
 )
 
 // retentionFlags are the settings flags of the offline commands.
@@ -59,16 +58,11 @@ func (f retentionFlags) check() error {
 // recordedSettings returns the Retention and LeaseTTL that db's meta
 // records; zero for a store of the previous format, which records none.
 func recordedSettings(db *receipts.DB) (retention, leaseTTL time.Duration, err error) {
-	v, closer, err := db.Pebble().Get(keys.Meta)
+	retention, leaseTTL, err = pebbleengine.RecordedSettings(db.Pebble())
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the store's meta: %w", err)
 	}
-	defer closer.Close()
-	m, err := encoding.DecodeMeta(v)
-	if err != nil {
-		return 0, 0, fmt.Errorf("read the store's meta: %w", err)
-	}
-	return time.Duration(m.Retention), time.Duration(m.LeaseTTL), nil
+	return retention, leaseTTL, nil
 }
 
 // resolve decides the retention (and lease TTL) to open the store with,

@@ -225,6 +225,18 @@ func (e *Engine) epochBounds() (first, last uint64, found bool, err error) {
 	return first, last, found, nil
 }
 
+// RecordedSettings returns the Retention and LeaseTTL that the store in
+// pdb records; zero for a store of the previous format, which records none.
+// It is for offline tools (receiptctl), which must not read the key layout
+// themselves.
+func RecordedSettings(pdb *pebble.DB) (retention, leaseTTL time.Duration, err error) {
+	m, err := (&Engine{pdb: pdb}).getMeta()
+	if err != nil {
+		return 0, 0, err
+	}
+	return time.Duration(m.Retention), time.Duration(m.LeaseTTL), nil
+}
+
 func (e *Engine) getMeta() (*encoding.Meta, error) {
 	v, closer, err := e.pdb.Get(keys.Meta)
 	if err != nil {
