@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
@@ -24,7 +23,9 @@ import (
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks for leaked goroutines and stops the PostgreSQL cluster the
+// pgstore tests start.
+func TestMain(m *testing.M) { pgtest.Main(pgtest.LeakChecked(m)) }
 
 var bg = context.Background()
 

@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"testing"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
 // TestMain runs the tests, checking that none leaves a goroutine behind. When
@@ -21,23 +19,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(demoChildEnv) == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	pgtest.Main(leakChecked{m})
-}
-
-// leakChecked runs the tests, then fails the run if a goroutine was left
-// behind (goleak); pgtest.Main around it stops the PostgreSQL cluster, if the
-// tests started one.
-type leakChecked struct{ m *testing.M }
-
-func (l leakChecked) Run() int {
-	code := l.m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			return 1
-		}
-	}
-	return code
+	pgtest.Main(pgtest.LeakChecked(m))
 }
 
 // cliResult is what one in-process run of receiptctl printed and returned.

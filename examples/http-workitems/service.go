@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -158,6 +159,8 @@ func (s *service) list(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusInternalServerError, "Read failed", err.Error())
 		return
 	}
+	// Oldest first: the keys' order is the ids', which are random.
+	slices.SortStableFunc(items, func(a, b WorkItem) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	writeJSON(w, http.StatusOK, "", map[string]any{"items": items})
 }
 

@@ -245,3 +245,49 @@ func freePort() (int, error) {
 	_, p, _ := strings.Cut(l.Addr().String(), ":")
 	return strconv.Atoi(p)
 }
+
+// Leftovers lists the throwaway clusters left behind by test binaries that
+// are gone: a cluster directory whose owner has exited, and a server whose
+// command line names a cluster directory that is gone or whose owner has
+// exited (the server of a package whose TestMain did not stop it). The next
+// Start reaps them; a whole test run must leave none. Clusters of test
+// binaries still running are not listed.
+func Leftovers() ([]string, error) {
+	var out []string
+	orphaned := func(dir string) bool {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			_, statErr := os.Stat(dir)
+			return os.IsNotExist(statErr)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0 && !processAlive(pid)
+	}
+	dirs, err := filepath.Glob(filepath.Join(os.TempDir(), clusterPrefix+"*"))
+	if err != nil {
+		return nil, err
+	}
+	for _, dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, ownerFile)); err == nil && orphaned(dir) {
+			out = append(out, "cluster directory "+dir+" (its test binary has exited)")
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline") // Linux; elsewhere the directories tell
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		for i, a := range args {
+			if a != "-D" || i+1 >= len(args) || !strings.Contains(args[i+1], clusterPrefix) {
+				continue
+			}
+			dir := filepath.Dir(filepath.Clean(args[i+1])) // <cluster>/data
+			if orphaned(dir) {
+				out = append(out, fmt.Sprintf("server process %s (%s)", filepath.Base(filepath.Dir(p)), strings.Join(args, " ")))
+			}
+		}
+	}
+	return out, nil
+}

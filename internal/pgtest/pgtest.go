@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 )
 
 // EnvDSN names the environment variable holding the DSN of an existing server to test
@@ -26,6 +27,9 @@ var (
 	cluster  *Cluster // nil with RECEIPTS_PG_DSN
 	startErr error    // why there is no server
 	skipOnce sync.Once
+	// mainRan is set by Main: a package whose TestMain does not call it
+	// would leave its cluster running, so server refuses it.
+	mainRan bool
 )
 
 // M is what Main runs: a *testing.M, or a wrapper of one (a leak check around its Run).
@@ -34,6 +38,7 @@ type M interface{ Run() int }
 // Main runs the package's tests (call it from TestMain) and stops the throwaway cluster, if
 // one was started, when they are done.
 func Main(m M) {
+	mainRan = true
 	code := m.Run()
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {
@@ -62,6 +67,9 @@ func setup() {
 // server it skips t (printing the reason once), or fails t when CI=true.
 func server(t testing.TB) string {
 	t.Helper()
+	if !mainRan {
+		t.Fatal("pgtest: the package's TestMain must call pgtest.Main(m) (or pgtest.Main(pgtest.LeakChecked(m))), which stops the cluster its tests start")
+	}
 	once.Do(setup)
 	if startErr != nil {
 		if os.Getenv("CI") == "true" {
@@ -78,6 +86,9 @@ func server(t testing.TB) string {
 // Available reports whether a server can be had (starting the cluster if needed), without
 // skipping or failing.
 func Available() bool {
+	if !mainRan {
+		panic("pgtest: the package's TestMain must call pgtest.Main(m), which stops the cluster its tests start")
+	}
 	once.Do(setup)
 	return startErr == nil
 }
@@ -183,4 +194,26 @@ func Restart(t testing.TB) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	return cluster.Restart(ctx)
+}
+
+// LeakChecked wraps m for Main: after the tests pass, it fails the run if a
+// goroutine is still running (goleak.Find with opts), before Main stops the
+// cluster. Use pgtest.Main(pgtest.LeakChecked(m)) where a package would call
+// goleak.VerifyTestMain(m).
+func LeakChecked(m *testing.M, opts ...goleak.Option) M { return leakChecked{m, opts} }
+
+type leakChecked struct {
+	m    *testing.M
+	opts []goleak.Option
+}
+
+func (l leakChecked) Run() int {
+	code := l.m.Run()
+	if code == 0 {
+		if err := goleak.Find(l.opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			return 1
+		}
+	}
+	return code
 }

@@ -125,3 +125,60 @@ func TestStartReapsOrphans(t *testing.T) {
 	}
 	conn.Close(ctx)
 }
+
+// Leftovers names a cluster whose test binary has exited, both its
+// directory and its server, and not one whose owner is alive.
+func TestLeftovers(t *testing.T) {
+	if _, err := FindBinDir(); err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	c, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	mine := func() []string {
+		all, err := Leftovers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range all {
+			if strings.Contains(l, c.Dir) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if l := mine(); len(l) != 0 {
+		t.Fatalf("a cluster whose owner is alive is listed: %q", l)
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, ownerFile), []byte(strconv.Itoa(gone.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l := mine()
+	if len(l) != 2 || !strings.HasPrefix(l[0], "cluster directory") || !strings.HasPrefix(l[1], "server process") {
+		t.Fatalf("leftovers of an orphaned cluster = %q, want its directory and its server", l)
+	}
+}
+
+// TestNoClusterLeftBehind fails if a test run left a throwaway cluster
+// running. CI runs it after `go test ./...` (RECEIPTS_PGTEST_LEFTOVERS=1):
+// a package whose TestMain did not stop its cluster shows here.
+func TestNoClusterLeftBehind(t *testing.T) {
+	if os.Getenv("RECEIPTS_PGTEST_LEFTOVERS") != "1" {
+		t.Skip("run after the other tests, with RECEIPTS_PGTEST_LEFTOVERS=1 (.ci/run does)")
+	}
+	l, err := Leftovers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l) > 0 {
+		t.Fatalf("test runs left %d PostgreSQL clusters behind:\n%s", len(l), strings.Join(l, "\n"))
+	}
+}
