@@ -16,6 +16,7 @@ var claimTests = []test{
 	{"InProgress", testInProgress},
 	{"FailIsReplayed", testFailIsReplayed},
 	{"ScopesAndIDsDoNotMix", testKeysAreLengthPrefixed},
+	{"RetryAfterEstimatesTheAnswer", testRetryAfterEstimate},
 }
 
 // A claim gives a lease; its commit is replayed, identical, to every retry
@@ -248,4 +249,32 @@ func testKeysAreLengthPrefixed(t *testing.T, s Store) {
 		n++
 	}
 	require.Equal(t, 2, n)
+}
+
+// RetryAfter estimates when the answer will be there, from the engine's
+// recent operation durations, bounded by the lease: after operations that
+// take about 100ms, a retry of one just started is told well under the
+// lease (not the lease's remaining time, which renewal keeps near
+// LeaseTTL). Elsewhere the kit asserts only 0 < RetryAfter <= the lease's
+// remaining time.
+func testRetryAfterEstimate(t *testing.T, s Store) {
+	e := newEnv(t, s, nil)
+	for i := range 20 {
+		_, err := e.db.Do(bg, key("a", "warm-"+string(rune('a'+i))), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+			e.clock.Advance(100 * time.Millisecond)
+			return []byte("ok"), nil
+		})
+		require.NoError(t, err)
+	}
+	k := key("a", "k")
+	l := e.claim(k, "fp")
+	ip := e.inProgress(k, "fp")
+	require.Less(t, ip.RetryAfter, leaseTTL/4, "RetryAfter %s for operations of 100ms", ip.RetryAfter)
+
+	// Bounded by the lease.
+	e.clock.Advance(leaseTTL - time.Millisecond)
+	ip = e.inProgress(k, "fp")
+	require.LessOrEqual(t, ip.RetryAfter, time.Millisecond)
+	_, err := l.Commit(bg, []byte("done"))
+	require.NoError(t, err)
 }

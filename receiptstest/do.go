@@ -3,6 +3,7 @@ package receiptstest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ var doTests = []test{
 	{"RecordsAfterTheCallerGoesAway", testDoDetached},
 	{"RenewsTheLeaseInTheBackground", testDoRenews},
 	{"LeaseLostCancelsFn", testDoLeaseLost},
+	{"NotPerformedOnRecoveredLeaseKeepsRecovered", testNotPerformedRecoveredKeepsRecovered},
 }
 
 // fn's nil error: a Succeeded receipt, fn run once with a first lease.
@@ -145,21 +147,28 @@ func testDoPanic(t *testing.T, s Store) {
 	require.True(t, recovered)
 }
 
-// A result too large to store, returned after the effect ran: the outcome is
-// unknown, so the claim is abandoned (the error itself: Issue12/Item7).
+// A result too large to store, returned after the effect ran: the outcome
+// is unknown, so the claim is abandoned, and the error says so: it names
+// the key (by its keyed hash, DB.KeyName, never its raw scope or ID) and
+// does not match ErrInvalidArgument or ErrResultTooLarge (this is not bad
+// input: the effect ran).
 func testDoOversized(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
-	k := key("a", "big")
-	r, err := e.db.Do(bg, k, []byte("fp"), func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
+	k := key("tenant-7", "op-oversized")
+	r, err := e.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
 		return make([]byte, receipts.MaxResultSize+1), nil
 	})
 	require.Error(t, err)
 	require.Nil(t, r)
+	require.NotErrorIs(t, err, receipts.ErrInvalidArgument, "the effect ran: this is not bad input")
+	require.NotErrorIs(t, err, receipts.ErrResultTooLarge)
+	require.Contains(t, err.Error(), e.db.KeyName(k), "the error names the key, by its keyed hash")
+	require.False(t, strings.Contains(err.Error(), k.Scope) || strings.Contains(err.Error(), k.ID),
+		"and never by its raw scope or ID (Options.LogKeys is off): %v", err)
 	got := e.lookup(k)
 	require.Equal(t, receipts.Pending, got.State)
 	require.True(t, got.Abandoned(e.clock.Now()), "the effect may have happened: reconcile")
-	l := e.claim(k, "fp")
-	require.True(t, l.Recovered())
+	require.True(t, e.claim(k, "fp").Recovered())
 }
 
 // Once fn has returned, the outcome is recorded even if the caller's
@@ -256,4 +265,25 @@ func testDoLeaseLost(t *testing.T, s Store) {
 	r, err := thief.Commit(bg, []byte("thief"))
 	require.NoError(t, err)
 	require.Equal(t, []byte("thief"), r.Result)
+}
+
+// NotPerformed from a Recovered attempt's fn keeps the
+// next attempt Recovered.
+func testNotPerformedRecoveredKeepsRecovered(t *testing.T, s Store) {
+	e := newEnv(t, s, nil)
+	k := key("a", "k")
+	_, err := e.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		return nil, errors.New("provider timed out")
+	})
+	require.Error(t, err)
+	var recovered []bool
+	fn := func(_ context.Context, l *receipts.Lease) ([]byte, error) {
+		recovered = append(recovered, l.Recovered())
+		return nil, receipts.NotPerformed(errors.New("provider says: not yet"))
+	}
+	for range 3 {
+		_, err = e.db.Do(bg, k, []byte("fp"), fn)
+		require.Error(t, err)
+	}
+	require.Equal(t, []bool{true, true, true}, recovered)
 }

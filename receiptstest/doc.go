@@ -16,7 +16,7 @@
 // Run runs each contract test as a subtest named Topic/Behaviour (topics:
 // Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tombstones,
 // Tokens, Restart, BadInput, Close, Scan, Stats, Corrupt, Check,
-// Concurrency, Isolation, Pebble, Issue12, Observe, LeaseFor, TakeOver,
+// Concurrency, Isolation, Pebble, Observe, LeaseFor, TakeOver,
 // Reconciler), so one topic or one behaviour can be selected with go test
 // -run. Each test opens its own store with Retention 1h, LeaseTTL 30s,
 // background GC off, and Options.Now set to a Clock of its own: time moves
@@ -41,9 +41,7 @@
 // microsecond), and the few tests that compare a stored time with the
 // clock exactly move it by multiples of that. Tests of the Pebble-only methods
 // (Lease.CommitWith, DB.DoBatch, DB.Pebble) skip on an engine whose
-// DB.Pebble returns nil. Tests of behaviours that issue 12 is changing start
-// with t.Skip("pending issue 12 item N") until the fix is merged (see
-// issue12.go).
+// DB.Pebble returns nil.
 //
 // Environment: RECEIPTSTEST_ISOLATION_CHECKS sets how many random checks the
 // scope-isolation property runs (default 300).

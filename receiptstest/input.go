@@ -2,6 +2,8 @@ package receiptstest
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ var badInputTests = []test{
 	{"CanceledContext", testCanceledContext},
 	{"InvalidOptions", testInvalidOptions},
 	{"Defaults", testDefaults},
+	{"HugeDurationsRefusedOrWorking", testHugeDurations},
 }
 
 // Empty or over-long Scope/ID and nil, empty or over-long fingerprints are
@@ -173,4 +176,38 @@ func testDefaults(t *testing.T, s Store) {
 	require.Equal(t, receipts.DefaultLeaseTTL, st.LeaseTTL)
 	r := e.commit(key("a", "k"), "fp", "x")
 	require.True(t, r.ExpiresAt.Equal(r.UpdatedAt.Add(receipts.DefaultRetention)))
+}
+
+// A Retention or LeaseTTL whose arithmetic would overflow is refused with
+// ErrInvalidOptions, or it works: a receipt is replayed, not expired the
+// moment it is written, and a lease stays live.
+func testHugeDurations(t *testing.T, s Store) {
+	for _, o := range []struct{ retention, ttl time.Duration }{
+		{math.MaxInt64, 0},
+		{math.MaxInt64, math.MaxInt64 - 1},
+		{250 * 365 * 24 * time.Hour, 0}, // past about 236 years
+	} {
+		t.Run(fmt.Sprintf("retention=%d,ttl=%d", o.retention, o.ttl), func(t *testing.T) {
+			clock := NewClock(time.Time{})
+			db, err := s.Open(t, receipts.Options{Retention: o.retention, LeaseTTL: o.ttl, GCInterval: -1, Now: clock.Now})
+			if err != nil {
+				require.ErrorIs(t, err, receipts.ErrInvalidOptions)
+				return
+			}
+			defer db.Close()
+			k := key("a", "k")
+			l, _, err := db.Claim(bg, k, []byte("fp"))
+			require.NoError(t, err)
+			_, _, err = db.Claim(bg, k, []byte("fp"))
+			require.ErrorIs(t, err, receipts.ErrInProgress, "the lease is live")
+			r, err := l.Commit(bg, []byte("done"))
+			require.NoError(t, err)
+			require.True(t, r.ExpiresAt.After(r.UpdatedAt), "ExpiresAt %s, UpdatedAt %s", r.ExpiresAt, r.UpdatedAt)
+			clock.Advance(24 * time.Hour)
+			_, got, err := db.Claim(bg, k, []byte("fp"))
+			require.NoError(t, err)
+			require.NotNil(t, got, "the receipt expired at once")
+			require.Equal(t, []byte("done"), got.Result)
+		})
+	}
 }

@@ -80,7 +80,6 @@ func topics() []struct {
 		{"Concurrency", concurrencyTests},
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
-		{"Issue12", issue12Tests},
 		{"Observe", observeTests},
 	}
 }

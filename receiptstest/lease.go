@@ -19,6 +19,7 @@ var leaseTests = []test{
 	{"AbandonHandsOverAtOnce", testAbandonHandsOverAtOnce},
 	{"ProviderKey", testProviderKey},
 	{"KeepAlive", testLeaseKeepAlive},
+	{"ReleaseOfRecoveredLeaseKeepsRecovered", testReleaseRecoveredKeepsRecovered},
 }
 
 // A lease is live while now < LeaseExpiresAt; then the next claim takes
@@ -237,4 +238,40 @@ func testLeaseKeepAlive(t *testing.T, s Store) {
 	stop()
 	_, err := thief.Commit(bg, []byte("thief"))
 	require.NoError(t, err)
+}
+
+// A Recovered lease that is released keeps the next attempt Recovered:
+// the earlier attempt's outcome is still unknown. Across a restart too,
+// and until something definitive is recorded.
+func testReleaseRecoveredKeepsRecovered(t *testing.T, s Store) {
+	e := newEnv(t, s, nil)
+	k := key("a", "k")
+	first := e.claim(k, "fp")
+	require.NoError(t, first.Abandon(bg))
+	second := e.claim(k, "fp")
+	require.True(t, second.Recovered())
+	require.NoError(t, second.Release(bg))
+
+	third := e.claim(k, "fp")
+	require.True(t, third.Recovered(), "released after a takeover: the first attempt's outcome is still unknown")
+	require.GreaterOrEqual(t, third.Attempt(), uint32(2))
+	require.Greater(t, third.Token(), second.Token())
+	require.Equal(t, first.ProviderKey(), third.ProviderKey())
+	_, _, err := e.db.Claim(bg, k, []byte("other intent"))
+	require.Error(t, err, "the unknown outcome still guards the key's intent")
+	require.NoError(t, third.Release(bg))
+
+	e.reopen()
+	fourth := e.claim(k, "fp")
+	require.True(t, fourth.Recovered(), "after a restart")
+	r, err := fourth.Commit(bg, []byte("reconciled"))
+	require.NoError(t, err)
+	sameReceipt(t, r, e.replay(k, "fp"))
+
+	// A lease that was never Recovered still frees the key for a fresh start.
+	k2 := key("a", "clean")
+	require.NoError(t, e.claim(k2, "fp").Release(bg))
+	l := e.claim(k2, "fp")
+	require.False(t, l.Recovered())
+	require.Equal(t, uint32(1), l.Attempt())
 }

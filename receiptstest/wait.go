@@ -17,6 +17,7 @@ var waitTests = []test{
 	{"WaitAtMost", testWaitAtMost},
 	{"DoWaitsForTheHolder", testDoWaitsForHolder},
 	{"DoTakesOverWhenTheHolderReleases", testDoTakesOverOnRelease},
+	{"WaitAtMostNonPositiveLooksOnce", testWaitAtMostNonPositive},
 }
 
 // claimAsync runs Claim in a goroutine and sends what it returned.
@@ -204,4 +205,29 @@ func testDoTakesOverOnRelease(t *testing.T, s Store) {
 	require.NoError(t, o.err)
 	require.Equal(t, []byte("by the waiter"), o.r.Result)
 	require.Equal(t, ran{1, false}, recv(t, fnRan, "fn"))
+}
+
+// WaitAtMost(d) with d <= 0 looks once and answers: in progress at once
+// (not the context's error), a lease for a free key, the receipt for a
+// finished one.
+func testWaitAtMostNonPositive(t *testing.T, s Store) {
+	e := newEnv(t, s, nil)
+	k := key("a", "held")
+	l := e.claim(k, "fp")
+	for _, d := range []time.Duration{0, -1, -time.Hour} {
+		ctx, cancel := context.WithTimeout(bg, 2*time.Second) // bounds a hang, if it waited
+		start := time.Now()
+		_, _, err := e.db.Claim(ctx, k, []byte("fp"), receipts.WaitAtMost(d))
+		cancel()
+		require.Less(t, time.Since(start), time.Second, "WaitAtMost(%s) waited", d)
+		var ip *receipts.InProgressError
+		require.ErrorAs(t, err, &ip, "WaitAtMost(%s)", d)
+		require.NotErrorIs(t, err, context.DeadlineExceeded, "WaitAtMost(%s)", d)
+		require.Positive(t, ip.RetryAfter)
+	}
+	free := e.claim(key("a", "free"), "fp", receipts.WaitAtMost(0))
+	require.Equal(t, uint32(1), free.Attempt())
+	got, err := l.Commit(bg, []byte("done"))
+	require.NoError(t, err)
+	sameReceipt(t, got, e.replay(k, "fp", receipts.WaitAtMost(0)))
 }
