@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 )
@@ -89,21 +90,31 @@ type isoState struct {
 	result []byte // committed result, nil if none
 }
 
-// Scope isolation, a property over adversarial scopes and IDs (separators,
-// NUL bytes, invalid UTF-8, SQL and LIKE metacharacters, parts that are
+func testScopeIsolation(t *testing.T, s Store) { ScopeIsolation(t, s, isolationChecks()) }
+
+// ScopeIsolation runs the kit's scope-isolation property (the
+// Isolation/Scopes test) against a store s opens, for checks random checks
+// (at least; a run with -rapid.seed or -rapid.failfile, reproducing a
+// failure, runs one round). Long harnesses call it with more checks than the
+// kit's default.
+//
+// The property is over adversarial scopes and IDs (separators, NUL bytes,
+// invalid UTF-8, SQL and LIKE metacharacters, quotes, case, parts that are
 // prefixes of each other, 254/255-byte edges, pairs that collide under naive
 // concatenation). Each key gets its own fingerprint and results; no
 // operation on one key may ever read, replay, conflict with or block on
-// another key, and Scan with Filter.Scope returns exactly that scope.
-func testScopeIsolation(t *testing.T, s Store) {
+// another key, and Scan with Filter.Scope returns exactly that scope. Each
+// check starts past the previous one's retention, and every 100th runs GC,
+// so the store stays small.
+func ScopeIsolation(t *testing.T, s Store, checks int) {
 	e := newEnv(t, s, func(o *receipts.Options) { o.LeaseTTL = time.Minute })
 	ctx := context.Background()
-	checks := 0
+	done := 0
 	prop := func(rt *rapid.T) {
-		checks++
+		done++
 		// Each check starts past the previous one's retention: a clean store.
 		e.clock.Advance(2*retention + e.window())
-		if checks%100 == 0 {
+		if done%100 == 0 {
 			e.gc() // keep the store small
 		}
 		db := e.db
@@ -203,9 +214,6 @@ func testScopeIsolation(t *testing.T, s Store) {
 			require.Equal(rt, fp(i), rc.Fingerprint, "%s", k)
 		}
 	}
-	target := isolationChecks()
-	for checks < target && !t.Failed() {
-		rapid.Check(t, prop)
-	}
-	t.Logf("%d checks", checks)
+	testkit.RunRapid(t, checks, prop)
+	t.Logf("%d checks", done)
 }
