@@ -1,0 +1,427 @@
+package receiptstest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receipthttp"
+	"github.com/stretchr/testify/require"
+)
+
+// RunHTTP runs the conformance suite of the HTTP front end (package
+// receipthttp) against s: real net/http servers (httptest.Server) for two
+// nodes of a service, each with its own receipthttp middleware, and a real
+// http.Client. The nodes share one store: two handles on it if s implements
+// Nodes (PostgreSQL), else one *receipts.DB. Subtests are named by
+// behaviour (for example "RetryOnTheOtherNodeIsReplayed"); each opens its
+// own store with the kit's options and clock.
+//
+//	func TestHTTPConformance(t *testing.T) {
+//		receiptstest.RunHTTP(t, myStore{})
+//	}
+func RunHTTP(t *testing.T, s Store) { runFaces(t, s, httpTests) }
+
+var httpTests = []faceTest{
+	{"RetryOnTheOtherNodeIsReplayed", testHTTPRetryOtherNode},
+	{"RacingRetriesOnBothNodesRunOnce", testHTTPRacingRetries},
+	{"SameKeyOtherBodyIs422", testHTTPKeyReused},
+	{"InProgressIs409WithRetryAfter", testHTTPInProgress},
+	{"DuplicateWaitsOnTheOtherNode", testHTTPWaitOtherNode},
+	{"ExpiredKeyIs410", testHTTPExpired},
+	{"CloseDuringHandlerKeepsReceipt", testHTTPCloseDuringHandler},
+}
+
+// httpFace is two nodes serving the kit's HTTP application.
+type httpFace struct {
+	*faceEnv
+	runs   runs
+	gate   atomic.Pointer[gate]
+	client *http.Client
+}
+
+// httpResp is what a client got.
+type httpResp struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r httpResp) replayed() bool { return r.header.Get(receipthttp.ReplayedHeader) == "true" }
+
+// item is the body the kit's application answers with.
+type item struct {
+	ID    int64  `json:"id"`
+	Title string `json:"title"`
+	Node  string `json:"node"`
+}
+
+func newHTTPFace(t *testing.T, f *faceEnv) *httpFace {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &httpFace{faceEnv: f, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+}
+
+// httpScope authenticates by the X-Caller header (the kit's stand-in for a
+// real authenticator).
+func httpScope(r *http.Request) (string, error) {
+	if s := r.Header.Get("X-Caller"); s != "" {
+		return s, nil
+	}
+	return "", errors.New("no X-Caller")
+}
+
+// app is the application behind node's middleware: it creates an item from
+// the body's title, numbered by its run, and answers 201 with it.
+func (h *httpFace) app(node string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := h.runs.add()
+		h.gate.Load().pass()
+		var in struct {
+			Title string `json:"title"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/items/%d", n))
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(item{ID: n, Title: in.Title, Node: node})
+	})
+}
+
+// serve starts node on db with cfg (Scope and Logger filled in), until the
+// test ends.
+func (h *httpFace) serve(node string, db *receipts.DB, cfg receipthttp.Config) *httptest.Server {
+	h.t.Helper()
+	if cfg.Scope == nil {
+		cfg.Scope = httpScope
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	mw, err := receipthttp.New(db, cfg)
+	require.NoError(h.t, err, "receipthttp.New")
+	srv := httptest.NewServer(mw(h.app(node)))
+	h.t.Cleanup(srv.Close)
+	return srv
+}
+
+// nodes serves node A on the store's first handle and node B on the other.
+func (h *httpFace) nodes(cfg receipthttp.Config) (a, b *httptest.Server) {
+	return h.serve("a", h.db, cfg), h.serve("b", h.b, cfg)
+}
+
+// post sends a POST /items with the key (none if "") as caller.
+func (h *httpFace) post(srv *httptest.Server, caller, key, body string) httpResp {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/items", bytes.NewReader([]byte(body)))
+	require.NoError(h.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Caller", caller)
+	if key != "" {
+		req.Header.Set(receipthttp.DefaultHeader, key)
+	}
+	resp, err := h.client.Do(req)
+	require.NoError(h.t, err, "POST %s", srv.URL)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(h.t, err)
+	return httpResp{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// postAsync is post from another goroutine; the response arrives on the
+// returned channel.
+func (h *httpFace) postAsync(srv *httptest.Server, caller, key, body string) <-chan httpResp {
+	ch := make(chan httpResp, 1)
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/items", bytes.NewReader([]byte(body)))
+		if err != nil {
+			ch <- httpResp{status: -1, body: []byte(err.Error())}
+			return
+		}
+		req.Header.Set("X-Caller", caller)
+		req.Header.Set(receipthttp.DefaultHeader, key)
+		resp, err := h.client.Do(req)
+		if err != nil {
+			ch <- httpResp{status: -1, body: []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		ch <- httpResp{status: resp.StatusCode, header: resp.Header, body: b}
+	}()
+	return ch
+}
+
+// handlerStarted waits for a handler to arrive at g, failing at once with
+// the response if pending is answered first (the handler never ran).
+func handlerStarted(t testing.TB, g *gate, pending <-chan httpResp) {
+	t.Helper()
+	select {
+	case <-g.arrived:
+	case r := <-pending:
+		t.Fatalf("answered %d before the handler started: %s", r.status, r.body)
+	case <-time.After(30 * time.Second):
+		t.Fatal("timed out waiting for the handler to start")
+	}
+}
+
+// wantStatus requires r to have status want.
+func wantStatus(t testing.TB, r httpResp, want int, what string) {
+	t.Helper()
+	require.Equal(t, want, r.status, "%s: status %d, body %s", what, r.status, r.body)
+}
+
+// wantFirst requires r to be a first answer (201, not a replay) and
+// returns its item.
+func wantFirst(t testing.TB, r httpResp, what string) item {
+	t.Helper()
+	wantStatus(t, r, http.StatusCreated, what)
+	require.False(t, r.replayed(), "%s: a first answer marked as a replay", what)
+	var it item
+	require.NoError(t, json.Unmarshal(r.body, &it), "%s", what)
+	return it
+}
+
+// wantReplay requires r to replay first: same status, stored headers and
+// body, with the replay headers.
+func wantReplay(t testing.TB, first, r httpResp, what string) {
+	t.Helper()
+	require.Equal(t, first.status, r.status, "%s: body %s", what, r.body)
+	require.Equal(t, "true", r.header.Get(receipthttp.ReplayedHeader), "%s: not marked as a replay", what)
+	require.Equal(t, string(first.body), string(r.body), "%s: the replay's body", what)
+	for _, name := range []string{"Content-Type", "Location"} {
+		require.Equal(t, first.header.Get(name), r.header.Get(name), "%s: header %s", what, name)
+	}
+	rec, err := http.ParseTime(r.header.Get(receipthttp.RecordedAtHeader))
+	require.NoError(t, err, "%s: %s", what, receipthttp.RecordedAtHeader)
+	exp, err := http.ParseTime(r.header.Get(receipthttp.ExpiresAtHeader))
+	require.NoError(t, err, "%s: %s", what, receipthttp.ExpiresAtHeader)
+	require.True(t, exp.After(rec), "%s: expires %s, recorded %s", what, exp, rec)
+}
+
+// wantProblem requires r to be a problem of type typ with status status.
+func wantProblem(t testing.TB, r httpResp, status int, typ, what string) receipthttp.Problem {
+	t.Helper()
+	wantStatus(t, r, status, what)
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"), "%s", what)
+	var p receipthttp.Problem
+	require.NoError(t, json.Unmarshal(r.body, &p), "%s: %s", what, r.body)
+	require.Equal(t, typ, p.Type, "%s: %s", what, r.body)
+	require.Equal(t, status, p.Status, "%s", what)
+	return p
+}
+
+// A retry that lands on the other node is answered from the receipt the
+// first node stored: the same status, headers and body, marked
+// Idempotent-Replayed, and the handler ran once. So are retries on the
+// first node.
+func testHTTPRetryOtherNode(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	first := h.post(a, "alice", "op-1", `{"title":"Fix the login page"}`)
+	it := wantFirst(t, first, "first request on node A")
+	require.Equal(t, "a", it.Node)
+	for i, srv := range []*httptest.Server{b, b, a} {
+		wantReplay(t, first, h.post(srv, "alice", "op-1", `{"title":"Fix the login page"}`), fmt.Sprintf("retry %d", i))
+	}
+	h.runs.want(t, 1, "a request and three retries")
+	for _, db := range []*receipts.DB{f.db, f.b} {
+		r, err := db.Lookup(bg, key("alice", "op-1"))
+		require.NoError(t, err)
+		require.Equal(t, receipts.Succeeded, r.State)
+	}
+	// Another caller's key of the same name is its own operation.
+	wantFirst(t, h.post(b, "bob", "op-1", `{"title":"Fix the login page"}`), "bob's request on node B")
+	h.runs.want(t, 2, "after bob's request")
+}
+
+// Retries racing on both nodes run the handler once: while the first one
+// runs (the handler waits until every other retry has been answered), every
+// other gets 409, and once it is answered every retry, on either node, is
+// its replay.
+func testHTTPRacingRetries(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	g := newGate()
+	h.gate.Store(g)
+	defer g.Open()
+	const n = 8
+	body := `{"title":"race"}`
+	chs := make([]<-chan httpResp, n)
+	for i := range n {
+		srv := a
+		if i%2 == 1 {
+			srv = b
+		}
+		chs[i] = h.postAsync(srv, "alice", "op-race", body)
+	}
+	got := make(chan httpResp, n)
+	var wg sync.WaitGroup
+	for _, ch := range chs {
+		wg.Add(1)
+		go func() { defer wg.Done(); got <- recv(t, ch, "a response") }()
+	}
+	// The one that runs waits here until the n-1 others are answered (a
+	// second run would also wait, so that it overlaps; the bound only ends
+	// a test that has already failed).
+	var resps []httpResp
+	deadline := time.After(10 * time.Second)
+collect:
+	for len(resps) < n-1 {
+		select {
+		case r := <-got:
+			resps = append(resps, r)
+		case <-deadline:
+			break collect
+		}
+	}
+	g.Open()
+	wg.Wait()
+	close(got)
+	for r := range got {
+		resps = append(resps, r)
+	}
+	var firsts []httpResp
+	for i, r := range resps {
+		switch r.status {
+		case http.StatusCreated:
+			require.False(t, r.replayed(), "response %d: a replay before the first answer", i)
+			firsts = append(firsts, r)
+		default:
+			wantProblem(t, r, http.StatusConflict, receipthttp.ProblemInProgress, fmt.Sprintf("response %d", i))
+		}
+	}
+	h.runs.want(t, 1, fmt.Sprintf("%d racing requests", n))
+	require.Len(t, firsts, 1, "first answers")
+	for _, srv := range []*httptest.Server{a, b} {
+		wantReplay(t, firsts[0], h.post(srv, "alice", "op-race", body), "a retry after the race")
+	}
+	h.runs.want(t, 1, "after the retries")
+}
+
+// The same key with another body is 422 (ProblemKeyReused) on either node,
+// and the handler does not run; the original body is still replayed.
+func testHTTPKeyReused(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	first := h.post(a, "alice", "op-1", `{"title":"a"}`)
+	wantFirst(t, first, "first request")
+	for _, srv := range []*httptest.Server{b, a} {
+		wantProblem(t, h.post(srv, "alice", "op-1", `{"title":"b"}`), http.StatusUnprocessableEntity, receipthttp.ProblemKeyReused, "another body")
+	}
+	h.runs.want(t, 1, "after the reuses")
+	wantReplay(t, first, h.post(b, "alice", "op-1", `{"title":"a"}`), "the original body")
+}
+
+// While the first request runs on node A, the same key on either node gets
+// 409 with a Retry-After of whole seconds, at least 1 and at most the lease;
+// once it is answered, the retry on node B is its replay.
+func testHTTPInProgress(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	g := newGate()
+	h.gate.Store(g)
+	defer g.Open()
+	pending := h.postAsync(a, "alice", "op-1", `{"title":"slow"}`)
+	handlerStarted(t, g, pending)
+	for _, srv := range []*httptest.Server{b, a} {
+		r := h.post(srv, "alice", "op-1", `{"title":"slow"}`)
+		wantProblem(t, r, http.StatusConflict, receipthttp.ProblemInProgress, "a duplicate while running")
+		secs, err := strconv.Atoi(r.header.Get("Retry-After"))
+		require.NoError(t, err, "Retry-After %q", r.header.Get("Retry-After"))
+		require.GreaterOrEqual(t, secs, 1)
+		require.LessOrEqual(t, secs, int(leaseTTL/time.Second))
+	}
+	g.Open()
+	first := recv(t, pending, "the first response")
+	wantFirst(t, first, "the first request")
+	wantReplay(t, first, h.post(b, "alice", "op-1", `{"title":"slow"}`), "the retry")
+	h.runs.want(t, 1, "after the retry")
+}
+
+// With Config.Wait, a duplicate on node B waits for the request running on
+// node A and gets its replay, not 409.
+func testHTTPWaitOtherNode(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{Wait: 20 * time.Second})
+	g := newGate()
+	h.gate.Store(g)
+	defer g.Open()
+	pending := h.postAsync(a, "alice", "op-1", `{"title":"slow"}`)
+	handlerStarted(t, g, pending)
+	waiting := h.postAsync(b, "alice", "op-1", `{"title":"slow"}`)
+	letWaitersWait()
+	g.Open()
+	first := recv(t, pending, "the first response")
+	wantFirst(t, first, "the first request")
+	wantReplay(t, first, recv(t, waiting, "the waiting duplicate"), "the waiting duplicate")
+	h.runs.want(t, 1, "after the duplicate")
+}
+
+// Past the stored response's retention, within the store's tombstone
+// window, the key gets 410 (ProblemKeyExpired) on both nodes, whatever the
+// body, and the handler does not run; after the window the key is a new
+// request.
+func testHTTPExpired(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	wantFirst(t, h.post(a, "alice", "op-1", `{"title":"a"}`), "first request")
+	window := f.window()
+	if window == 0 {
+		t.Skip("the engine keeps no tombstones (TombstoneWindow 0): nothing answers 410")
+	}
+	f.clock.Advance(retention)
+	for _, srv := range []*httptest.Server{b, a} {
+		for _, body := range []string{`{"title":"a"}`, `{"title":"other"}`} {
+			wantProblem(t, h.post(srv, "alice", "op-1", body), http.StatusGone, receipthttp.ProblemKeyExpired, "after retention")
+		}
+	}
+	h.runs.want(t, 1, "after retention")
+	f.clock.Advance(window)
+	wantFirst(t, h.post(b, "alice", "op-1", `{"title":"a"}`), "after the tombstone window")
+	h.runs.want(t, 2, "after the tombstone window")
+}
+
+// Closing node A's store while its handler runs waits for the handler and
+// keeps its receipt: the client gets the handler's response, Close returns
+// nil, and the retry (on node B, or on node A restarted) is its replay.
+func testHTTPCloseDuringHandler(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a := h.serve("a", f.db, receipthttp.Config{})
+	g := newGate()
+	h.gate.Store(g)
+	defer g.Open()
+	pending := h.postAsync(a, "alice", "op-1", `{"title":"during close"}`)
+	handlerStarted(t, g, pending)
+	closing := f.db
+	closed := make(chan error, 1)
+	go func() { closed <- closing.Close() }()
+	closeBegun(t, closing)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while the handler was running", err)
+	default:
+	}
+	g.Open()
+	first := recv(t, pending, "the response")
+	wantFirst(t, first, "the request Close waited for")
+	require.NoError(t, recv(t, closed, "Close"))
+
+	after := h.serve("b", f.afterClose(), receipthttp.Config{})
+	wantReplay(t, first, h.post(after, "alice", "op-1", `{"title":"during close"}`), "the retry after Close")
+	h.runs.want(t, 1, "after the retry")
+}
