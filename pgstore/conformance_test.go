@@ -37,6 +37,19 @@ func TestConformance(t *testing.T) {
 	receiptstest.Run(t, s)
 }
 
+// TestFrontEnds runs the kit's front-end suites (receiptstest.RunHTTP, RunMCP) on PostgreSQL
+// with two nodes: two pgstore.Open on one schema, each with a pool of its own, each serving
+// its own server.
+//
+//	go test -run 'TestFrontEnds/HTTP/' ./pgstore
+func TestFrontEnds(t *testing.T) {
+	pgtest.DSN(t)
+	s := &pgStore{}
+	t.Cleanup(s.close)
+	t.Run("HTTP", func(t *testing.T) { receiptstest.RunHTTP(t, s) })
+	t.Run("MCP", func(t *testing.T) { receiptstest.RunMCP(t, s) })
+}
+
 // pgStore is receiptstest.Store on PostgreSQL.
 type pgStore struct {
 	mu      sync.Mutex
@@ -80,6 +93,18 @@ func (s *pgStore) Reopen(t testing.TB, db *receipts.DB, opts receipts.Options) (
 	}
 	if o.own {
 		o.pool.Close() // its connections go now, not when t ends (tests that reopen many times)
+	}
+	return s.open(t, opened{o.place, newTestPool(t, o.dsn), true}, opts)
+}
+
+// OpenNode implements receiptstest.Nodes: pgstore.Open on db's schema with a pool of its
+// own, as another node of the service would.
+func (s *pgStore) OpenNode(t testing.TB, db *receipts.DB, opts receipts.Options) (*receipts.DB, error) {
+	s.mu.Lock()
+	o, ok := s.schemas[db]
+	s.mu.Unlock()
+	if !ok {
+		t.Fatalf("OpenNode on a store this Store did not open")
 	}
 	return s.open(t, opened{o.place, newTestPool(t, o.dsn), true}, opts)
 }
