@@ -1,11 +1,13 @@
 package pgstore
 
 import (
+	"context"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
@@ -107,6 +109,40 @@ func (s *pgStore) OpenNode(t testing.TB, db *receipts.DB, opts receipts.Options)
 		t.Fatalf("OpenNode on a store this Store did not open")
 	}
 	return s.open(t, opened{o.place, newTestPool(t, o.dsn), true}, opts)
+}
+
+// effectsTable is where the kit's effects write, in the store's schema.
+func (s *pgStore) effectsTable(t testing.TB, db *receipts.DB) (*pgxpool.Pool, string) {
+	s.mu.Lock()
+	o, ok := s.schemas[db]
+	s.mu.Unlock()
+	if !ok {
+		t.Fatalf("effects on a store this Store did not open")
+	}
+	return o.pool, pgx.Identifier{o.schema, "receiptstest_effects"}.Sanitize()
+}
+
+// Effect implements receiptstest.Effects: a row inserted in the transaction that holds the
+// lease (pgx.Tx), in a table of the store's schema.
+func (s *pgStore) Effect(t testing.TB, db *receipts.DB, name string) receipts.Effect {
+	pool, tbl := s.effectsTable(t, db)
+	if _, err := pool.Exec(bg, `CREATE TABLE IF NOT EXISTS `+tbl+` (name text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	return receipts.EffectOn(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+tbl+` (name) VALUES ($1)`, name)
+		return err
+	})
+}
+
+// HasEffect implements receiptstest.Effects.
+func (s *pgStore) HasEffect(t testing.TB, db *receipts.DB, name string) bool {
+	pool, tbl := s.effectsTable(t, db)
+	var n int
+	if err := pool.QueryRow(bg, `SELECT count(*) FROM `+tbl+` WHERE name = $1`, name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
 }
 
 func (s *pgStore) close() {

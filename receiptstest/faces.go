@@ -87,6 +87,8 @@ func closeBegun(t testing.TB, db *receipts.DB) {
 // gate holds the handlers that pass through it until it is opened, and
 // reports each one that arrives.
 type gate struct {
+	hold    int64 // if > 0, only the first hold arrivals wait
+	n       atomic.Int64
 	once    sync.Once
 	open    chan struct{}
 	arrived chan struct{}
@@ -99,7 +101,7 @@ func newGate() *gate {
 // pass is called by a handler: it reports its arrival and waits for Open.
 // A nil gate lets every handler through.
 func (g *gate) pass() {
-	if g == nil {
+	if g == nil || (g.hold > 0 && g.n.Add(1) > g.hold) {
 		return
 	}
 	g.arrived <- struct{}{}

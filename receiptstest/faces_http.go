@@ -41,6 +41,7 @@ var httpTests = []faceTest{
 	{"DuplicateWaitsOnTheOtherNode", testHTTPWaitOtherNode},
 	{"ExpiredKeyIs410", testHTTPExpired},
 	{"CloseDuringHandlerKeepsReceipt", testHTTPCloseDuringHandler},
+	{"StagedEffectCommitsWithTheReceipt", testHTTPEffect},
 }
 
 // httpFace is two nodes serving the kit's HTTP application.
@@ -49,6 +50,9 @@ type httpFace struct {
 	runs   runs
 	gate   atomic.Pointer[gate]
 	client *http.Client
+
+	mu sync.Mutex
+	fx map[string]receipts.Effect // protected by mu: the effects X-Effect names
 }
 
 // httpResp is what a client got.
@@ -83,11 +87,29 @@ func httpScope(r *http.Request) (string, error) {
 }
 
 // app is the application behind node's middleware: it creates an item from
-// the body's title, numbered by its run, and answers 201 with it.
+// the body's title, numbered by its run, and answers 201 with it (or the
+// status in X-Status), with X-Attempt and X-Recovered from its Attempt. It
+// waits at the test's gate (if any), and stages
+// the effect named by X-Effect (made by the test with h.effect).
 func (h *httpFace) app(node string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := h.runs.add()
 		h.gate.Load().pass()
+		a, ok := receipthttp.AttemptFrom(r.Context())
+		if !ok {
+			http.Error(w, "no Attempt in the handler's context", http.StatusInternalServerError)
+			return
+		}
+		if name := r.Header.Get("X-Effect"); name != "" {
+			h.mu.Lock()
+			e := h.fx[name]
+			h.mu.Unlock()
+			if e == nil {
+				http.Error(w, "no effect "+name, http.StatusInternalServerError)
+				return
+			}
+			a.Stage(e)
+		}
 		var in struct {
 			Title string `json:"title"`
 		}
@@ -95,11 +117,30 @@ func (h *httpFace) app(node string) http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		status := http.StatusCreated
+		if s, err := strconv.Atoi(r.Header.Get("X-Status")); err == nil {
+			status = s
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", fmt.Sprintf("/items/%d", n))
-		w.WriteHeader(http.StatusCreated)
+		w.Header().Set("X-Attempt", strconv.FormatUint(uint64(a.Number), 10))
+		w.Header().Set("X-Recovered", strconv.FormatBool(a.Recovered))
+		w.WriteHeader(status)
 		_ = json.NewEncoder(w).Encode(item{ID: n, Title: in.Title, Node: node})
 	})
+}
+
+// effect makes the effect the application stages for X-Effect: name (see
+// effects.make).
+func (h *httpFace) effect(x *effects, name string, fail bool) {
+	h.t.Helper()
+	e := x.make(h.t, name, fail)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fx == nil {
+		h.fx = map[string]receipts.Effect{}
+	}
+	h.fx[name] = e
 }
 
 // serve starts node on db with cfg (Scope and Logger filled in), until the
@@ -124,46 +165,49 @@ func (h *httpFace) nodes(cfg receipthttp.Config) (a, b *httptest.Server) {
 	return h.serve("a", h.db, cfg), h.serve("b", h.b, cfg)
 }
 
-// post sends a POST /items with the key (none if "") as caller.
-func (h *httpFace) post(srv *httptest.Server, caller, key, body string) httpResp {
+// post sends a POST /items with the key (none if "") as caller, with the
+// extra request headers hdr, name and value (the kit's application reads
+// X-Status and X-Effect).
+func (h *httpFace) post(srv *httptest.Server, caller, key, body string, hdr ...string) httpResp {
 	h.t.Helper()
+	r := h.do(srv, caller, key, body, hdr)
+	require.NotEqual(h.t, -1, r.status, "POST %s: %s", srv.URL, r.body)
+	return r
+}
+
+// postAsync is post from another goroutine; the response arrives on the
+// returned channel.
+func (h *httpFace) postAsync(srv *httptest.Server, caller, key, body string, hdr ...string) <-chan httpResp {
+	ch := make(chan httpResp, 1)
+	go func() { ch <- h.do(srv, caller, key, body, hdr) }()
+	return ch
+}
+
+// do sends the request; a transport error is status -1 with the error as
+// body.
+func (h *httpFace) do(srv *httptest.Server, caller, key, body string, hdr []string) httpResp {
 	req, err := http.NewRequest(http.MethodPost, srv.URL+"/items", bytes.NewReader([]byte(body)))
-	require.NoError(h.t, err)
+	if err != nil {
+		return httpResp{status: -1, body: []byte(err.Error())}
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Caller", caller)
 	if key != "" {
 		req.Header.Set(receipthttp.DefaultHeader, key)
 	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 	resp, err := h.client.Do(req)
-	require.NoError(h.t, err, "POST %s", srv.URL)
+	if err != nil {
+		return httpResp{status: -1, body: []byte(err.Error())}
+	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	require.NoError(h.t, err)
+	if err != nil {
+		return httpResp{status: -1, body: []byte(err.Error())}
+	}
 	return httpResp{status: resp.StatusCode, header: resp.Header, body: b}
-}
-
-// postAsync is post from another goroutine; the response arrives on the
-// returned channel.
-func (h *httpFace) postAsync(srv *httptest.Server, caller, key, body string) <-chan httpResp {
-	ch := make(chan httpResp, 1)
-	go func() {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/items", bytes.NewReader([]byte(body)))
-		if err != nil {
-			ch <- httpResp{status: -1, body: []byte(err.Error())}
-			return
-		}
-		req.Header.Set("X-Caller", caller)
-		req.Header.Set(receipthttp.DefaultHeader, key)
-		resp, err := h.client.Do(req)
-		if err != nil {
-			ch <- httpResp{status: -1, body: []byte(err.Error())}
-			return
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		ch <- httpResp{status: resp.StatusCode, header: resp.Header, body: b}
-	}()
-	return ch
 }
 
 // handlerStarted waits for a handler to arrive at g, failing at once with
@@ -424,4 +468,78 @@ func testHTTPCloseDuringHandler(t *testing.T, f *faceEnv) {
 	after := h.serve("b", f.afterClose(), receipthttp.Config{})
 	wantReplay(t, first, h.post(after, "alice", "op-1", `{"title":"during close"}`), "the retry after Close")
 	h.runs.want(t, 1, "after the retry")
+}
+
+// An effect the handler stages (Attempt.Stage) commits with the stored
+// response, both or neither, on the engine's unit of atomic work, as both
+// nodes read it:
+//   - 201: the effect and the Succeeded receipt; the retry on node B is the
+//     replay, and the handler ran once;
+//   - 422 from the handler (a Failed receipt): the receipt, not the effect;
+//   - an effect that fails after it wrote: neither (503 ProblemNotRecorded,
+//     the claim abandoned), and the retry runs Recovered and commits both;
+//   - a stale holder (its lease ran out and node B took the key over) that
+//     answers after the takeover: its effect is not written, and the key
+//     keeps the effect and the receipt of the attempt that took over.
+func testHTTPEffect(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	x := newEffects(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	lookup := func(id string) *receipts.Receipt {
+		t.Helper()
+		r, err := f.b.Lookup(bg, key("alice", id))
+		require.NoError(t, err)
+		return r
+	}
+
+	h.effect(x, "e-ok", false)
+	first := h.post(a, "alice", "op-ok", `{"title":"ok"}`, "X-Effect", "e-ok")
+	wantFirst(t, first, "a request with an effect")
+	require.True(t, x.has(t, "e-ok"), "the effect of a stored 201")
+	require.Equal(t, receipts.Succeeded, lookup("op-ok").State)
+	wantReplay(t, first, h.post(b, "alice", "op-ok", `{"title":"ok"}`, "X-Effect", "e-ok"), "the retry on node B")
+	h.runs.want(t, 1, "a request and its retry")
+
+	h.effect(x, "e-failed", false)
+	failed := h.post(a, "alice", "op-failed", `{"title":"no"}`, "X-Effect", "e-failed", "X-Status", "422")
+	wantStatus(t, failed, http.StatusUnprocessableEntity, "a request the handler refused")
+	require.False(t, x.has(t, "e-failed"), "the effect of a response stored as Failed")
+	require.Equal(t, receipts.Failed, lookup("op-failed").State)
+	wantReplay(t, failed, h.post(b, "alice", "op-failed", `{"title":"no"}`), "the retry of a refused request")
+
+	h.effect(x, "e-boom", true)
+	h.effect(x, "e-boom-retry", false)
+	wantProblem(t, h.post(a, "alice", "op-boom", `{"title":"boom"}`, "X-Effect", "e-boom"),
+		http.StatusServiceUnavailable, receipthttp.ProblemNotRecorded, "a request whose effect failed")
+	require.False(t, x.has(t, "e-boom"), "an effect that failed after it wrote")
+	rec := lookup("op-boom")
+	require.Equal(t, receipts.Pending, rec.State, "nothing stored for a request whose effect failed")
+	require.True(t, rec.Abandoned(f.clock.Now()), "its outcome is unknown: the claim is abandoned")
+	retry := h.post(b, "alice", "op-boom", `{"title":"boom"}`, "X-Effect", "e-boom-retry")
+	wantFirst(t, retry, "the retry after the failed effect")
+	require.Equal(t, "true", retry.header.Get("X-Recovered"), "the retry runs Recovered")
+	require.True(t, x.has(t, "e-boom-retry"))
+	require.False(t, x.has(t, "e-boom"))
+	wantReplay(t, retry, h.post(a, "alice", "op-boom", `{"title":"boom"}`), "the replay of the retry")
+
+	g := newGate()
+	g.hold = 1 // only the first request waits
+	h.gate.Store(g)
+	defer g.Open()
+	h.effect(x, "e-stale", false)
+	h.effect(x, "e-took-over", false)
+	stale := h.postAsync(a, "alice", "op-stale", `{"title":"stale"}`, "X-Effect", "e-stale")
+	handlerStarted(t, g, stale)
+	f.clock.Advance(leaseTTL + time.Second) // node A's lease runs out (its process stalled)
+	took := h.post(b, "alice", "op-stale", `{"title":"stale"}`, "X-Effect", "e-took-over")
+	wantFirst(t, took, "the retry that took the key over")
+	require.Equal(t, "true", took.header.Get("X-Recovered"))
+	g.Open()
+	late := recv(t, stale, "the stale holder's response")
+	t.Logf("the stale holder answered %d %s", late.status, bytes.TrimSpace(late.body))
+	require.False(t, late.status == http.StatusCreated && !late.replayed(),
+		"the stale holder answered as if it had stored its response: %d %s", late.status, late.body)
+	require.False(t, x.has(t, "e-stale"), "a stale holder's effect")
+	require.True(t, x.has(t, "e-took-over"), "the effect of the attempt that took over")
+	wantReplay(t, took, h.post(a, "alice", "op-stale", `{"title":"stale"}`), "the key after both answered")
 }

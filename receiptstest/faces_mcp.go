@@ -3,6 +3,7 @@ package receiptstest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -42,6 +43,7 @@ var mcpTests = []faceTest{
 	{"DuplicateWaitsOnTheOtherNode", testMCPWaitOtherNode},
 	{"ExpiredKeyIsRefused", testMCPExpired},
 	{"CloseDuringToolCallKeepsReceipt", testMCPCloseDuringCall},
+	{"StagedEffectCommitsWithTheReceipt", testMCPEffect},
 }
 
 // mcpFace is two nodes serving the kit's MCP tool.
@@ -49,14 +51,45 @@ type mcpFace struct {
 	*faceEnv
 	runs runs
 	gate atomic.Pointer[gate]
+
+	mu sync.Mutex
+	fx map[string]receipts.Effect // protected by mu: the effects itemIn.Effect names
+}
+
+// effect makes the effect the tool stages for itemIn.Effect name: one that
+// records records (see effects.make). A retry carries the same arguments,
+// so a test that tells two attempts' effects apart changes records between
+// them.
+func (m *mcpFace) effect(x *effects, name, records string, fail bool) {
+	m.t.Helper()
+	e := x.make(m.t, records, fail)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fx == nil {
+		m.fx = map[string]receipts.Effect{}
+	}
+	m.fx[name] = e
 }
 
 // createItem is the kit's tool: it has no annotations, so PolicyFor makes
 // the operation key Required.
 var createItem = &mcp.Tool{Name: "create_item", Description: "Creates a work item."}
 
+// itemIn is the tool's input: the item's title, and what the kit asks of
+// the tool: the effect to stage (made by the test with m.effect), a refusal
+// (an isError result), and not waiting at the test's gate.
 type itemIn struct {
-	Title string `json:"title"`
+	Title  string `json:"title"`
+	Effect string `json:"effect,omitempty"`
+	Refuse bool   `json:"refuse,omitempty"`
+}
+
+// itemOut is the tool's structured result: the item, and the attempt that
+// created it.
+type itemOut struct {
+	item
+	Attempt   uint32 `json:"attempt"`
+	Recovered bool   `json:"recovered"`
 }
 
 func newMCPFace(f *faceEnv) *mcpFace { return &mcpFace{faceEnv: f} }
@@ -73,10 +106,26 @@ func (m *mcpFace) serve(node string, db *receipts.DB, cfg receiptmcp.Config) *ht
 		cfg.Logger = quiet
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "receiptstest-" + node, Version: "v0"}, &mcp.ServerOptions{Logger: quiet})
-	mcp.AddTool(s, createItem, func(ctx context.Context, req *mcp.CallToolRequest, in itemIn) (*mcp.CallToolResult, item, error) {
+	mcp.AddTool(s, createItem, func(ctx context.Context, req *mcp.CallToolRequest, in itemIn) (*mcp.CallToolResult, itemOut, error) {
 		n := m.runs.add()
 		m.gate.Load().pass()
-		return nil, item{ID: n, Title: in.Title, Node: node}, nil
+		a, ok := receiptmcp.AttemptFrom(ctx)
+		if !ok {
+			return nil, itemOut{}, errors.New("no Attempt in the tool's context")
+		}
+		if in.Effect != "" {
+			m.mu.Lock()
+			e := m.fx[in.Effect]
+			m.mu.Unlock()
+			if e == nil {
+				return nil, itemOut{}, errors.New("no effect " + in.Effect)
+			}
+			a.Stage(e)
+		}
+		if in.Refuse {
+			return nil, itemOut{}, fmt.Errorf("refused %q (run %d)", in.Title, n) // isError
+		}
+		return nil, itemOut{item: item{ID: n, Title: in.Title, Node: node}, Attempt: a.Number, Recovered: a.Recovered}, nil
 	})
 	s.AddReceivingMiddleware(receiptmcp.Middleware(db, cfg))
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Logger: quiet})
@@ -131,17 +180,26 @@ type mcpAnswer struct {
 	err error
 }
 
-// call calls create_item with the operation key and title.
+// callItem calls create_item with the operation key and title.
 func callItem(cs *mcp.ClientSession, key, title string) mcpAnswer {
+	return callWith(cs, key, itemIn{Title: title})
+}
+
+// callWith calls create_item with the operation key and input in.
+func callWith(cs *mcp.ClientSession, key string, in itemIn) mcpAnswer {
 	ctx, cancel := context.WithTimeout(receiptmcp.WithOperationKey(bg, key), 30*time.Second)
 	defer cancel()
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: createItem.Name, Arguments: map[string]any{"title": title}})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: createItem.Name, Arguments: in})
 	return mcpAnswer{res, err}
 }
 
 func callAsync(cs *mcp.ClientSession, key, title string) <-chan mcpAnswer {
+	return callAsyncWith(cs, key, itemIn{Title: title})
+}
+
+func callAsyncWith(cs *mcp.ClientSession, key string, in itemIn) <-chan mcpAnswer {
 	ch := make(chan mcpAnswer, 1)
-	go func() { ch <- callItem(cs, key, title) }()
+	go func() { ch <- callWith(cs, key, in) }()
 	return ch
 }
 
@@ -170,14 +228,14 @@ func mcpComparable(t testing.TB, res *mcp.CallToolResult) map[string]any {
 
 // wantMCPFirst requires a to be a first, finished result and returns its
 // item.
-func wantMCPFirst(t testing.TB, a mcpAnswer, what string) item {
+func wantMCPFirst(t testing.TB, a mcpAnswer, what string) itemOut {
 	t.Helper()
 	require.NoError(t, a.err, "%s", what)
-	require.False(t, a.res.IsError, "%s: isError", what)
+	require.False(t, a.res.IsError, "%s: isError: %+v", what, a.res.Content)
 	require.False(t, mcpReplayed(a.res), "%s: a first answer marked as a replay", what)
 	b, err := json.Marshal(a.res.StructuredContent)
 	require.NoError(t, err)
-	var it item
+	var it itemOut
 	require.NoError(t, json.Unmarshal(b, &it), "%s", what)
 	return it
 }
@@ -424,4 +482,79 @@ func testMCPCloseDuringCall(t *testing.T, f *faceEnv) {
 	csB := m.connect(m.serve("b", f.afterClose(), receiptmcp.Config{}), "alice")
 	wantMCPReplay(t, first.res, callItem(csB, key, "during close"), "the retry after Close")
 	m.runs.want(t, 1, "after the retry")
+}
+
+// An effect the tool stages (Attempt.Stage) commits with the stored result,
+// both or neither, as both nodes read it:
+//   - a result: the effect and the Succeeded receipt; the retry on node B
+//     is the replay, and the tool ran once;
+//   - an isError result (a Failed receipt): the receipt, not the effect;
+//   - an effect that fails after it wrote: neither (CodeNotRecorded, the
+//     claim abandoned), and the retry runs Recovered and commits both;
+//   - a stale holder (its lease ran out and node B took the key over) that
+//     answers after the takeover: its effect is not written, and the key
+//     keeps the effect and the receipt of the attempt that took over.
+func testMCPEffect(t *testing.T, f *faceEnv) {
+	m := newMCPFace(f)
+	x := newEffects(t, f)
+	a, b := m.nodes(receiptmcp.Config{Wait: -1})
+	csA, csB := m.connect(a, "alice"), m.connect(b, "alice")
+	lookup := func(id string) *receipts.Receipt {
+		t.Helper()
+		r, err := f.b.Lookup(bg, receipts.Key{Scope: "alice", ID: id})
+		require.NoError(t, err)
+		return r
+	}
+
+	m.effect(x, "e-ok", "e-ok", false)
+	ok := itemIn{Title: "ok", Effect: "e-ok"}
+	first := callWith(csA, "op-ok", ok)
+	wantMCPFirst(t, first, "a call with an effect")
+	require.True(t, x.has(t, "e-ok"), "the effect of a stored result")
+	require.Equal(t, receipts.Succeeded, lookup("op-ok").State)
+	wantMCPReplay(t, first.res, callWith(csB, "op-ok", ok), "the retry on node B")
+	m.runs.want(t, 1, "a call and its retry")
+
+	m.effect(x, "e-refused", "e-refused", false)
+	refused := itemIn{Title: "no", Effect: "e-refused", Refuse: true}
+	failed := callWith(csA, "op-refused", refused)
+	require.NoError(t, failed.err)
+	require.True(t, failed.res.IsError, "a refusal is an isError result")
+	require.False(t, x.has(t, "e-refused"), "the effect of an isError result")
+	require.Equal(t, receipts.Failed, lookup("op-refused").State)
+	wantMCPReplay(t, failed.res, callWith(csB, "op-refused", refused), "the retry of a refused call")
+
+	m.effect(x, "e-boom", "e-boom", true)
+	boom := itemIn{Title: "boom", Effect: "e-boom"}
+	wantMCPError(t, callWith(csA, "op-boom", boom), receiptmcp.CodeNotRecorded, receiptmcp.TypeNotRecorded, "a call whose effect failed")
+	require.False(t, x.has(t, "e-boom"), "an effect that failed after it wrote")
+	rec := lookup("op-boom")
+	require.Equal(t, receipts.Pending, rec.State, "nothing stored for a call whose effect failed")
+	require.True(t, rec.Abandoned(f.clock.Now()), "its outcome is unknown: the claim is abandoned")
+	m.effect(x, "e-boom", "e-boom-retry", false) // the retry's effect works
+	retry := callWith(csB, "op-boom", boom)
+	require.True(t, wantMCPFirst(t, retry, "the retry after the failed effect").Recovered, "the retry runs Recovered")
+	require.True(t, x.has(t, "e-boom-retry"))
+	require.False(t, x.has(t, "e-boom"))
+	wantMCPReplay(t, retry.res, callWith(csA, "op-boom", boom), "the replay of the retry")
+
+	g := newGate()
+	g.hold = 1 // only the first call waits
+	m.gate.Store(g)
+	defer g.Open()
+	m.effect(x, "e-stale", "e-stale", false)
+	stalled := itemIn{Title: "stale", Effect: "e-stale"}
+	stale := callAsyncWith(csA, "op-stale", stalled)
+	mcpStarted(t, g, stale)
+	f.clock.Advance(leaseTTL + time.Second) // node A's lease runs out (its process stalled)
+	m.effect(x, "e-stale", "e-took-over", false)
+	took := callWith(csB, "op-stale", stalled)
+	require.True(t, wantMCPFirst(t, took, "the retry that took the key over").Recovered)
+	g.Open()
+	late := recv(t, stale, "the stale holder's answer")
+	t.Logf("the stale holder answered %+v, %v", late.res, late.err)
+	require.Error(t, late.err, "the stale holder answered as if it had stored its result")
+	require.False(t, x.has(t, "e-stale"), "a stale holder's effect")
+	require.True(t, x.has(t, "e-took-over"), "the effect of the attempt that took over")
+	wantMCPReplay(t, took.res, callWith(csA, "op-stale", stalled), "the key after both answered")
 }
