@@ -133,7 +133,12 @@ type Config struct {
 
 	// Fingerprint digests the request's intent. A retry whose fingerprint
 	// differs from the first request's gets 422. Default: SHA-256 over the
-	// method, the URL path and the body (see DefaultFingerprint).
+	// method, the URL path and the body (see DefaultFingerprint). The
+	// middleware stores it behind a mark of its own (or, if the two would
+	// be longer than receipts.MaxFingerprintLen, its SHA-256), so that
+	// tools that settle claims by hand can tell its keys (Owns); a retry of
+	// a key stored without the mark, by an older receipthttp, is matched
+	// against the digest itself.
 	Fingerprint func(r *http.Request, body []byte) ([]byte, error)
 
 	// StoredHeaders lists the response headers kept in the receipt and sent

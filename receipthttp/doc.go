@@ -88,6 +88,20 @@
 // the effect and its receipt are durable together or not at all, on every
 // engine.
 //
+// # Settling by hand
+//
+// An abandoned claim (its handler answered 5xx, panicked, or its process
+// died) can be settled without waiting for the client's retry: by an
+// operator (receiptctl reconcile), or by the service (receipts.DB.TakeOver,
+// a receipts.Reconciler). Its retries are answered from the receipt as an
+// HTTP response, so what is stored must be one: settle with
+// SettleResponse, or store EncodeResponse's bytes (a Reconciler's Check
+// returns them), or forget the claim (Lease.Forget) so that the retry runs
+// the handler. A result in another form is answered with 500 for the whole
+// retention. The middleware marks the fingerprints it stores, so that the
+// store alone tells its keys apart (Owns); receiptctl reconcile refuses to
+// store a raw result for one.
+//
 // # Fencing downstream writes
 //
 // A handler's claim can be taken over while the handler still runs: its

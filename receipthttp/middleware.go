@@ -159,9 +159,21 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Pro
 
 // claim claims key, or returns its receipt, with a lease of Config.LeaseFor.
 // It waits, Config.Wait at most, for a request in progress under the same
-// key (receipts.WaitAtMost).
+// key (receipts.WaitAtMost). The fingerprint stored is fp behind the
+// middleware's mark (see Owns); a key claimed by a receipthttp that did not
+// mark its fingerprints is matched against fp itself, with a second claim
+// made only when the marked fingerprint does not match.
 func (h *handler) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
-	return h.db.Claim(ctx, key, fp, h.claimOpts...)
+	if len(fp) == 0 {
+		return h.db.Claim(ctx, key, fp, h.claimOpts...) // refused: ErrInvalidFingerprint
+	}
+	l, rec, err := h.db.Claim(ctx, key, markFingerprint(fp), h.claimOpts...)
+	if errors.Is(err, receipts.ErrIntentMismatch) {
+		if l2, rec2, err2 := h.db.Claim(ctx, key, fp, h.claimOpts...); !errors.Is(err2, receipts.ErrIntentMismatch) && !errors.Is(err2, receipts.ErrInvalidFingerprint) {
+			return l2, rec2, err2
+		}
+	}
+	return l, rec, err
 }
 
 // claimProblem maps an error from Claim to the response the client gets.
