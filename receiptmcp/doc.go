@@ -91,6 +91,20 @@
 //     receipts.DB.Close waits for a tool call in progress and for its result
 //     to be recorded (receipts.Lease.Run), so a graceful shutdown keeps it.
 //
+// # Settling by hand
+//
+// An abandoned claim (its handler failed with an unknown outcome, panicked,
+// or its process died) can be settled without waiting for the host's
+// retry: by an operator (receiptctl reconcile), or by the service
+// (receipts.DB.TakeOver, a receipts.Reconciler). Its retries are answered
+// from the receipt as a tool result, so what is stored must be one: settle
+// with SettleResult, or store EncodeResult's bytes (a Reconciler's Check
+// returns them), or forget the claim (Lease.Forget) so that the retry runs
+// the tool. A result in another form is answered with an internal error
+// for the whole retention. The middleware marks the fingerprints it stores
+// (Fingerprint), so that the store alone tells its keys apart (Owns);
+// receiptctl reconcile refuses to store a raw result for one.
+//
 // # Fencing downstream writes
 //
 // A tool call's claim can be taken over while its handler still runs: its

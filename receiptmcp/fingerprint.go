@@ -17,8 +17,10 @@ import (
 const fingerprintVersion = "receiptmcp/1"
 
 // Fingerprint returns the fingerprint the middleware stores for a call of
-// tool with the given JSON arguments: encoding.Fingerprint of the tool name
-// and the canonical form of the parsed arguments. Object key order,
+// tool with the given JSON arguments: the middleware's mark (see Owns),
+// then encoding.Fingerprint of the tool name and the canonical form of the
+// parsed arguments. (A receiptmcp that did not mark its fingerprints stored
+// the second part alone; the middleware matches those keys too.) Object key order,
 // whitespace and the spelling of numbers do not matter; everything else
 // does. The request's id and _meta never enter it, since they change on
 // every retry. Absent, null and {} arguments fingerprint the same.
@@ -34,7 +36,11 @@ func Fingerprint(tool string, arguments json.RawMessage) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return encoding.Fingerprint([]any{fingerprintVersion, tool, args})
+	fp, err := encoding.Fingerprint([]any{fingerprintVersion, tool, args})
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(fingerprintMark), fp...), nil
 }
 
 // canonicalArguments parses JSON arguments into maps, slices, strings,

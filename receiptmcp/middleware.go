@@ -148,9 +148,18 @@ func (m *middleware) scope(ctx context.Context, req *mcp.CallToolRequest) (strin
 
 // claim claims key, or returns its receipt, with a lease of Config.LeaseFor.
 // It waits, Config.Wait at most, for a call in progress under the same key
-// (receipts.WaitAtMost).
+// (receipts.WaitAtMost). fp is Fingerprint's, behind the middleware's mark;
+// a key claimed by a receiptmcp that did not mark its fingerprints is
+// matched against the unmarked one, with a second claim made only when the
+// marked one does not match.
 func (m *middleware) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
-	return m.db.Claim(ctx, key, fp, m.claimOpts...)
+	l, rec, err := m.db.Claim(ctx, key, fp, m.claimOpts...)
+	if errors.Is(err, receipts.ErrIntentMismatch) {
+		if l2, rec2, err2 := m.db.Claim(ctx, key, fp[len(fingerprintMark):], m.claimOpts...); !errors.Is(err2, receipts.ErrIntentMismatch) {
+			return l2, rec2, err2
+		}
+	}
+	return l, rec, err
 }
 
 // claimError maps an error from Claim to what the client gets.
@@ -240,10 +249,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 			// calls again, with the same key.
 			return nil, receipts.NotPerformed(errNeedsInput)
 		}
-		result, err := json.Marshal(r)
-		if err == nil && len(result) > receipts.MaxResultSize {
-			err = fmt.Errorf("result of %d bytes is too large to store (max %d)", len(result), receipts.MaxResultSize)
-		}
+		result, err := EncodeResult(r)
 		if err != nil {
 			m.cfg.Logger.WarnContext(ctx, "receiptmcp: cannot store the result; claim abandoned",
 				m.db.LogKey(a.Key), "tool", tool, "err", err)
