@@ -42,6 +42,7 @@ var httpTests = []faceTest{
 	{"ExpiredKeyIs410", testHTTPExpired},
 	{"CloseDuringHandlerKeepsReceipt", testHTTPCloseDuringHandler},
 	{"StagedEffectCommitsWithTheReceipt", testHTTPEffect},
+	{"SettledByHandIsReplayed", testHTTPSettledByHand},
 }
 
 // httpFace is two nodes serving the kit's HTTP application.
@@ -542,4 +543,31 @@ func testHTTPEffect(t *testing.T, f *faceEnv) {
 	require.False(t, x.has(t, "e-stale"), "a stale holder's effect")
 	require.True(t, x.has(t, "e-took-over"), "the effect of the attempt that took over")
 	wantReplay(t, took, h.post(a, "alice", "op-stale", `{"title":"stale"}`), "the key after both answered")
+}
+
+// A claim abandoned on node A (the handler answered 500) and settled by
+// hand on node B, as an operator or a reconciler would (DB.TakeOver, then
+// receipthttp.SettleResponse), is replayed on node A as the response it
+// was settled with; the record tells that the middleware owns the key.
+func testHTTPSettledByHand(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a := h.serve("a", f.db, receipthttp.Config{})
+	wantStatus(t, h.post(a, "alice", "op-4", `{"title":"a"}`, "X-Status", "500"), http.StatusInternalServerError, "a handler that failed")
+	r, err := f.b.Lookup(bg, key("alice", "op-4"))
+	require.NoError(t, err)
+	require.True(t, r.Abandoned(f.clock.Now()), "a 5xx abandons the claim")
+	require.True(t, receipthttp.Owns(r), "the record of a receipthttp key")
+	l, err := f.b.TakeOver(bg, r)
+	require.NoError(t, err)
+	_, err = receipthttp.SettleResponse(bg, l, http.StatusServiceUnavailable, nil, nil)
+	require.ErrorIs(t, err, receipthttp.ErrInvalidResponse, "a 5xx is no outcome to store")
+	_, err = receipthttp.SettleResponse(bg, l, http.StatusCreated,
+		http.Header{"Content-Type": {"application/json"}, "Location": {"/items/7"}}, []byte(`{"id":7}`))
+	require.NoError(t, err)
+	got := h.post(a, "alice", "op-4", `{"title":"a"}`)
+	wantStatus(t, got, http.StatusCreated, "the retry after settling")
+	require.True(t, got.replayed())
+	require.Equal(t, `{"id":7}`, string(got.body))
+	require.Equal(t, "/items/7", got.header.Get("Location"))
+	h.runs.want(t, 1, "after the retry")
 }

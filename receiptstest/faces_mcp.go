@@ -44,6 +44,7 @@ var mcpTests = []faceTest{
 	{"ExpiredKeyIsRefused", testMCPExpired},
 	{"CloseDuringToolCallKeepsReceipt", testMCPCloseDuringCall},
 	{"StagedEffectCommitsWithTheReceipt", testMCPEffect},
+	{"SettledByHandIsReplayed", testMCPSettledByHand},
 }
 
 // mcpFace is two nodes serving the kit's MCP tool.
@@ -75,6 +76,10 @@ func (m *mcpFace) effect(x *effects, name, records string, fail bool) {
 // the operation key Required.
 var createItem = &mcp.Tool{Name: "create_item", Description: "Creates a work item."}
 
+// crashItem fails with an error that is not a JSON-RPC error: its outcome
+// is unknown, and the middleware abandons its claim.
+var crashItem = &mcp.Tool{Name: "crash_item", Description: "Fails with an unknown outcome.", InputSchema: json.RawMessage(`{"type":"object"}`)}
+
 // itemIn is the tool's input: the item's title, and what the kit asks of
 // the tool: the effect to stage (made by the test with m.effect), a refusal
 // (an isError result), and not waiting at the test's gate.
@@ -100,7 +105,7 @@ func (m *mcpFace) serve(node string, db *receipts.DB, cfg receiptmcp.Config) *ht
 	m.t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	if cfg.Policies == nil {
-		cfg.Policies = receiptmcp.PoliciesFor(createItem)
+		cfg.Policies = receiptmcp.PoliciesFor(createItem, crashItem)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
@@ -126,6 +131,10 @@ func (m *mcpFace) serve(node string, db *receipts.DB, cfg receiptmcp.Config) *ht
 			return nil, itemOut{}, fmt.Errorf("refused %q (run %d)", in.Title, n) // isError
 		}
 		return nil, itemOut{item: item{ID: n, Title: in.Title, Node: node}, Attempt: a.Number, Recovered: a.Recovered}, nil
+	})
+	s.AddTool(crashItem, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		m.runs.add()
+		return nil, errors.New("connection reset while writing")
 	})
 	s.AddReceivingMiddleware(receiptmcp.Middleware(db, cfg))
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Logger: quiet})
@@ -557,4 +566,39 @@ func testMCPEffect(t *testing.T, f *faceEnv) {
 	require.False(t, x.has(t, "e-stale"), "a stale holder's effect")
 	require.True(t, x.has(t, "e-took-over"), "the effect of the attempt that took over")
 	wantMCPReplay(t, took.res, callWith(csA, "op-stale", stalled), "the key after both answered")
+}
+
+// A claim abandoned on node A (the tool failed with an unknown outcome) and
+// settled by hand on node B, as an operator or a reconciler would
+// (DB.TakeOver, then receiptmcp.SettleResult), is replayed on node A as
+// the result it was settled with; the record tells that the middleware
+// owns the key.
+func testMCPSettledByHand(t *testing.T, f *faceEnv) {
+	m := newMCPFace(f)
+	csA := m.connect(m.serve("a", f.db, receiptmcp.Config{Wait: -1}), "alice")
+	call := func() mcpAnswer {
+		ctx, cancel := context.WithTimeout(receiptmcp.WithOperationKey(bg, "op-4"), 30*time.Second)
+		defer cancel()
+		res, err := csA.CallTool(ctx, &mcp.CallToolParams{Name: crashItem.Name, Arguments: map[string]any{"title": "a"}})
+		return mcpAnswer{res, err}
+	}
+	require.Error(t, call().err, "a tool that failed")
+	r, err := f.b.Lookup(bg, receipts.Key{Scope: "alice", ID: "op-4"})
+	require.NoError(t, err)
+	require.True(t, r.Abandoned(f.clock.Now()), "an unknown outcome abandons the claim")
+	require.True(t, receiptmcp.Owns(r), "the record of a receiptmcp key")
+	l, err := f.b.TakeOver(bg, r)
+	require.NoError(t, err)
+	_, err = receiptmcp.SettleResult(bg, l, nil)
+	require.ErrorIs(t, err, receiptmcp.ErrInvalidResult)
+	settled := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "created 7"}}, StructuredContent: map[string]any{"id": 7}}
+	_, err = receiptmcp.SettleResult(bg, l, settled)
+	require.NoError(t, err)
+	got := call()
+	require.NoError(t, got.err)
+	require.True(t, mcpReplayed(got.res))
+	require.Len(t, got.res.Content, 1)
+	require.Equal(t, "created 7", got.res.Content[0].(*mcp.TextContent).Text)
+	require.Equal(t, map[string]any{"id": 7.0}, got.res.StructuredContent)
+	m.runs.want(t, 1, "after the retry")
 }
