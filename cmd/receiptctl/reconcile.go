@@ -2,11 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receipthttp"
+	"github.com/receiptstore/receipts/receiptmcp"
 	"github.com/spf13/cobra"
 )
 
@@ -19,12 +25,14 @@ type reconcileRow struct {
 	UpdatedAt   time.Time `json:"updated_at"`
 	LeaseEnded  time.Time `json:"lease_expired_at"`
 	ProviderKey string    `json:"provider_key"`
+	Face        string    `json:"face,omitempty"` // receipthttp or receiptmcp: the front end that claimed the key
 }
 
 // reconcileResult is what settling one claim did (--json).
 type reconcileResult struct {
 	Scope    string          `json:"scope"`
 	ID       string          `json:"id"`
+	Face     string          `json:"face,omitempty"`
 	Settled  string          `json:"settled"` // succeeded, failed or not_performed
 	Attempts uint32          `json:"attempts"`
 	Token    uint64          `json:"token"`
@@ -44,6 +52,10 @@ func (a *app) reconcileCmd() *cobra.Command {
 		notPerformed       bool
 		token              uint64
 		leaseFor           time.Duration
+		httpStatus         int
+		httpBody           string
+		httpHeaders        []string
+		mcpResult          string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconcile [SCOPE ID]",
@@ -57,6 +69,24 @@ about that key, then settle the claim with what it says:
   --fail RESULT         it failed for good: record a Failed receipt with RESULT
   --not-performed       it did not happen: free the key (the next call runs it)
 
+A key claimed by a front end is answered from its receipt in that front end's
+form, so it is settled in that form (the list's FACE column says which; the
+front ends mark the fingerprints they store):
+
+  --http-status CODE    a receipthttp key: record the HTTP response its retries
+                        get, with --http-body BODY and --http-header 'Name: value'
+                        (repeatable): 2xx and 3xx as Succeeded, 4xx as Failed, as
+                        receipthttp's DefaultPolicy stores them (409, 429 and 5xx
+                        are no outcome to store: use --not-performed, or wait)
+  --mcp-result JSON     a receiptmcp key: record the tool result its retries get
+                        (a CallToolResult: {"content":[...],"structuredContent":
+                        ...,"isError":false}); isError results as Failed
+
+--commit and --fail are refused on a front end's key (its retries would be
+answered with an error for the whole retention), and nothing is written. On a
+key no front end marked (claimed by Do, or by a front end older than the
+marks), --http-status and --mcp-result store what they are told.
+
 Settling takes over exactly the listed attempt (receipts.DB.TakeOver): give
 --token with the token from the list, and if another attempt came in since, or
 the claim was settled meanwhile, nothing is written (exit code 1). Without
@@ -68,7 +98,10 @@ receipts.Reconciler.`,
 		Example: `  receiptctl --dir ./data reconcile
   receiptctl --pg postgres://app@db/app reconcile --scope acct_7 --json
   receiptctl --dir ./data reconcile acct_7 op-42 --token 1093 --commit '{"charge":"ch_123"}'
-  receiptctl --pg postgres://app@db/app reconcile acct_7 op-43 --token 1101 --not-performed`,
+  receiptctl --pg postgres://app@db/app reconcile acct_7 op-43 --token 1101 --not-performed
+  receiptctl --pg postgres://app@db/app reconcile alice op-4 --http-status 201 \
+      --http-header 'Content-Type: application/json' --http-body '{"id":7}'
+  receiptctl --dir ./data reconcile agent-1 op-9 --mcp-result '{"content":[{"type":"text","text":"created 7"}]}'`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 0 && len(args) != 2 {
 				return usagef("reconcile takes no arguments (list) or SCOPE ID (settle one)")
@@ -77,21 +110,46 @@ receipts.Reconciler.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			commitSet, failSet = cmd.Flags().Changed("commit"), cmd.Flags().Changed("fail")
+			httpSet, mcpSet := cmd.Flags().Changed("http-status"), cmd.Flags().Changed("mcp-result")
 			if err := a.needDir("reconcile"); err != nil {
 				return err
 			}
 			n := 0
-			for _, b := range []bool{commitSet, failSet, notPerformed} {
+			for _, b := range []bool{commitSet, failSet, notPerformed, httpSet, mcpSet} {
 				if b {
 					n++
 				}
 			}
+			if !httpSet && (cmd.Flags().Changed("http-body") || len(httpHeaders) > 0) {
+				return usagef("--http-body and --http-header go with --http-status")
+			}
 			if len(args) == 0 {
 				if n > 0 || token != 0 {
-					return usagef("--commit, --fail, --not-performed and --token settle one claim: give SCOPE ID")
+					return usagef("--commit, --fail, --not-performed, --http-status, --mcp-result and --token settle one claim: give SCOPE ID")
 				}
 			} else if n != 1 {
-				return usagef("settling needs exactly one of --commit RESULT, --fail RESULT and --not-performed")
+				return usagef("settling needs exactly one of --commit RESULT, --fail RESULT, --not-performed, --http-status CODE and --mcp-result JSON")
+			}
+			var how settleHow
+			switch {
+			case commitSet:
+				how = settleHow{state: receipts.Succeeded, result: []byte(commit)}
+			case failSet:
+				how = settleHow{state: receipts.Failed, result: []byte(fail)}
+			case httpSet:
+				resp, err := httpSettlement(httpStatus, httpHeaders, httpBody)
+				if err != nil {
+					return err
+				}
+				how = settleHow{face: faceHTTP, http: resp}
+			case mcpSet:
+				res, err := mcpSettlement(mcpResult)
+				if err != nil {
+					return err
+				}
+				how = settleHow{face: faceMCP, mcp: res}
+			default:
+				how = settleHow{notPerformed: true}
 			}
 			db, closeDB, err := a.openWritable(cmd.Context())
 			if err != nil {
@@ -102,15 +160,6 @@ receipts.Reconciler.`,
 				return a.reconcileList(cmd.Context(), db, scope)
 			}
 			k := receipts.Key{Scope: args[0], ID: args[1]}
-			var how settleHow
-			switch {
-			case commitSet:
-				how = settleHow{state: receipts.Succeeded, result: []byte(commit)}
-			case failSet:
-				how = settleHow{state: receipts.Failed, result: []byte(fail)}
-			default:
-				how = settleHow{notPerformed: true}
-			}
 			var opts []receipts.ClaimOption
 			if leaseFor > 0 {
 				opts = append(opts, receipts.LeaseFor(leaseFor))
@@ -125,13 +174,98 @@ receipts.Reconciler.`,
 	fl.BoolVar(&notPerformed, "not-performed", false, "the effect did not happen: free the key")
 	fl.Uint64Var(&token, "token", 0, "settle only the attempt with this fencing token (from the list)")
 	fl.DurationVar(&leaseFor, "lease", 0, "the lease to hold while settling (default: the store's LeaseTTL)")
+	fl.IntVar(&httpStatus, "http-status", 0, "a receipthttp key: record the HTTP response with this status (2xx, 3xx: succeeded; 4xx: failed)")
+	fl.StringVar(&httpBody, "http-body", "", "with --http-status: the response's body")
+	fl.StringArrayVar(&httpHeaders, "http-header", nil, "with --http-status: a response header, 'Name: value' (repeatable)")
+	fl.StringVar(&mcpResult, "mcp-result", "", "a receiptmcp key: record this tool result (CallToolResult JSON; isError: failed)")
 	return cmd
 }
 
+// settleHow is how reconcile settles a claim: a raw result (state,
+// result), a front end's (face: http or mcp), or not performed.
 type settleHow struct {
 	state        receipts.State
 	result       []byte
 	notPerformed bool
+	face         string
+	http         *httpResponse
+	mcp          *mcp.CallToolResult
+}
+
+// The front ends whose keys reconcile recognises (receipthttp.Owns,
+// receiptmcp.Owns).
+const (
+	faceHTTP = "receipthttp"
+	faceMCP  = "receiptmcp"
+)
+
+// faceOf names the front end that claimed r's key, "" if none did (or one
+// older than the marks).
+func faceOf(r *receipts.Receipt) string {
+	switch {
+	case receipthttp.Owns(r):
+		return faceHTTP
+	case receiptmcp.Owns(r):
+		return faceMCP
+	}
+	return ""
+}
+
+// fits refuses to settle a front end's key in another form: its retries
+// would be answered with an error for the whole retention.
+func (h settleHow) fits(k receipts.Key, face string) error {
+	if h.notPerformed || face == "" || face == h.face {
+		return nil
+	}
+	how := "--http-status (with --http-body, --http-header)"
+	form := "an HTTP response"
+	if face == faceMCP {
+		how, form = "--mcp-result", "a tool result"
+	}
+	return fmt.Errorf("%s was claimed by %s: its retries are answered with %s stored in its receipt, and anything else would be answered with an error; settle it with %s or --not-performed: nothing written",
+		k, face, form, how)
+}
+
+// httpResponse is the response --http-status and its companions give.
+type httpResponse struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// httpSettlement checks the response --http-status, --http-header and
+// --http-body give, before anything is taken over.
+func httpSettlement(status int, headers []string, body string) (*httpResponse, error) {
+	h := http.Header{}
+	for _, line := range headers {
+		name, value, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return nil, usagef("--http-header %q: want 'Name: value'", line)
+		}
+		h.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	switch receipthttp.DefaultPolicy(status) {
+	case receipthttp.Release:
+		return nil, usagef("--http-status %d means the handler declined, which receipthttp does not store: use --not-performed", status)
+	case receipthttp.Abandon:
+		return nil, usagef("--http-status %d is no outcome (receipthttp stores none for 5xx): settle with what happened", status)
+	}
+	if _, err := receipthttp.EncodeResponse(status, h, []byte(body)); err != nil {
+		return nil, usagef("%v", err)
+	}
+	return &httpResponse{status: status, header: h, body: []byte(body)}, nil
+}
+
+// mcpSettlement parses and checks the tool result --mcp-result gives.
+func mcpSettlement(js string) (*mcp.CallToolResult, error) {
+	var res mcp.CallToolResult
+	if err := json.Unmarshal([]byte(js), &res); err != nil {
+		return nil, usagef("--mcp-result is not a tool result (CallToolResult JSON): %v", err)
+	}
+	if _, err := receiptmcp.EncodeResult(&res); err != nil {
+		return nil, usagef("--mcp-result: %v", err)
+	}
+	return &res, nil
 }
 
 // openWritable opens the store for a command that writes: the directory
@@ -163,7 +297,7 @@ func (a *app) reconcileList(ctx context.Context, db *receipts.DB, scope string) 
 			continue
 		}
 		rows = append(rows, reconcileRow{Scope: r.Key.Scope, ID: r.Key.ID, Attempts: r.Attempts, Token: r.Token,
-			UpdatedAt: r.UpdatedAt.UTC(), LeaseEnded: r.LeaseExpiresAt.UTC(), ProviderKey: db.ProviderKey(r.Key)})
+			UpdatedAt: r.UpdatedAt.UTC(), LeaseEnded: r.LeaseExpiresAt.UTC(), ProviderKey: db.ProviderKey(r.Key), Face: faceOf(r)})
 	}
 	if a.json {
 		if rows == nil {
@@ -176,9 +310,13 @@ func (a *app) reconcileList(ctx context.Context, db *receipts.DB, scope string) 
 		fmt.Fprintln(a.stdout, "no abandoned claims: nothing to reconcile")
 	} else {
 		tw := newTable(a.stdout)
-		fmt.Fprintln(tw, "SCOPE\tID\tATTEMPTS\tTOKEN\tLEASE ENDED\tPROVIDER KEY")
+		fmt.Fprintln(tw, "SCOPE\tID\tATTEMPTS\tTOKEN\tLEASE ENDED\tPROVIDER KEY\tFACE")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", showKeyPart(r.Scope), showKeyPart(r.ID), r.Attempts, r.Token, showTime(r.LeaseEnded), r.ProviderKey)
+			face := r.Face
+			if face == "" {
+				face = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", showKeyPart(r.Scope), showKeyPart(r.ID), r.Attempts, r.Token, showTime(r.LeaseEnded), r.ProviderKey, face)
 		}
 		_ = tw.Flush()
 	}
@@ -198,6 +336,10 @@ func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key,
 		return fmt.Errorf("%s: the listed attempt (token %d) is gone; attempt %d (token %d) holds it now: nothing written",
 			k, token, r.Attempts, r.Token)
 	}
+	face := faceOf(r)
+	if err := how.fits(k, face); err != nil {
+		return err
+	}
 	l, err := db.TakeOver(ctx, r, opts...)
 	var ip *receipts.InProgressError
 	switch {
@@ -209,7 +351,7 @@ func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key,
 	case err != nil:
 		return err
 	}
-	res := reconcileResult{Scope: k.Scope, ID: k.ID, Attempts: l.Attempt(), Token: l.Token()}
+	res := reconcileResult{Scope: k.Scope, ID: k.ID, Face: face, Attempts: l.Attempt(), Token: l.Token()}
 	if how.notPerformed {
 		if err := l.Forget(ctx); err != nil {
 			return fmt.Errorf("%s: freeing the key: %w", k, err)
@@ -217,9 +359,14 @@ func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key,
 		res.Settled = "not_performed"
 	} else {
 		var rec *receipts.Receipt
-		if how.state == receipts.Failed {
+		switch {
+		case how.http != nil:
+			rec, err = receipthttp.SettleResponse(ctx, l, how.http.status, how.http.header, how.http.body)
+		case how.mcp != nil:
+			rec, err = receiptmcp.SettleResult(ctx, l, how.mcp)
+		case how.state == receipts.Failed:
 			rec, err = l.Fail(ctx, how.result)
-		} else {
+		default:
 			rec, err = l.Commit(ctx, how.result)
 		}
 		if err != nil {
