@@ -38,27 +38,35 @@ var bg = context.Background()
 
 func key(scope, id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
 
-// testStore is a Pebble store on an in-memory FS with a fake clock.
+// testStore is a store with a fake clock: Pebble on an in-memory FS, or
+// PostgreSQL (a fresh schema of the test server).
 type testStore struct {
 	db    *receipts.DB
 	clock *receiptstest.Clock
 }
 
-func newTestStore(t *testing.T, mod func(*receipts.Options)) *testStore {
-	t.Helper()
-	leakCheck(t)
-	s := &testStore{clock: receiptstest.NewClock(time.Time{})}
+// testOptions are the options of every test store, changed by mod.
+func testOptions(clock *receiptstest.Clock, mod func(*receipts.Options)) receipts.Options {
 	o := receipts.Options{
 		Retention:  time.Hour,
 		LeaseTTL:   30 * time.Second,
 		EpochWidth: 15 * time.Minute,
 		GCInterval: -1,
-		Now:        s.clock.Now,
-		Pebble:     &pebble.Options{FS: vfs.NewMem()},
+		Now:        clock.Now,
 	}
 	if mod != nil {
 		mod(&o)
 	}
+	return o
+}
+
+// newTestStore opens a Pebble store on an in-memory FS.
+func newTestStore(t *testing.T, mod func(*receipts.Options)) *testStore {
+	t.Helper()
+	leakCheck(t)
+	s := &testStore{clock: receiptstest.NewClock(time.Time{})}
+	o := testOptions(s.clock, mod)
+	o.Pebble = &pebble.Options{FS: vfs.NewMem()}
 	db, err := receipts.Open("db", &o)
 	require.NoError(t, err)
 	s.db = db
@@ -68,6 +76,13 @@ func newTestStore(t *testing.T, mod func(*receipts.Options)) *testStore {
 		}
 	})
 	return s
+}
+
+// onEngines runs test on each engine: Pebble, and PostgreSQL (skipped, or
+// with CI=true failed, without a server).
+func onEngines(t *testing.T, test func(t *testing.T, open func(*testing.T, func(*receipts.Options)) *testStore)) {
+	t.Run("pebble", func(t *testing.T) { test(t, newTestStore) })
+	t.Run("postgresql", func(t *testing.T) { test(t, newPGTestStore) })
 }
 
 // adminFixture fills s with one record of each kind: two succeeded (one
@@ -118,99 +133,105 @@ type adminErr struct {
 }
 
 func TestHandlerGet(t *testing.T) {
-	s := newTestStore(t, nil)
-	adminFixture(t, s)
-	h := receiptadmin.Handler(s.db)
+	onEngines(t, func(t *testing.T, open func(*testing.T, func(*receipts.Options)) *testStore) {
+		s := open(t, nil)
+		adminFixture(t, s)
+		h := receiptadmin.Handler(s.db)
 
-	var r receiptadmin.Receipt
-	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_1&id=op-ok", &r))
-	require.Equal(t, "succeeded", r.State)
-	require.Equal(t, []byte("ok:1"), r.Result)
-	require.Equal(t, uint32(1), r.Attempts)
-	require.Equal(t, "66696e6765727072696e74", r.Fingerprint) // hex("fingerprint")
-	require.Equal(t, key("acct_1", "op-ok"), r.Key())
-	require.True(t, r.LeaseExpiresAt.IsZero())
-	require.Equal(t, time.UTC, r.UpdatedAt.Location())
+		var r receiptadmin.Receipt
+		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_1&id=op-ok", &r))
+		require.Equal(t, "succeeded", r.State)
+		require.Equal(t, []byte("ok:1"), r.Result)
+		require.Equal(t, uint32(1), r.Attempts)
+		require.Equal(t, "66696e6765727072696e74", r.Fingerprint) // hex("fingerprint")
+		require.Equal(t, key("acct_1", "op-ok"), r.Key())
+		require.True(t, r.LeaseExpiresAt.IsZero())
+		require.Equal(t, time.UTC, r.UpdatedAt.Location())
 
-	var bin receiptadmin.Receipt
-	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_1&id=op-bin", &bin))
-	require.Equal(t, []byte{0, 1, 2, 0xff}, bin.Result)
+		var bin receiptadmin.Receipt
+		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_1&id=op-bin", &bin))
+		require.Equal(t, []byte{0, 1, 2, 0xff}, bin.Result)
 
-	var lost receiptadmin.Receipt
-	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_2&id=op-lost", &lost))
-	require.Equal(t, "pending", lost.State)
-	require.True(t, lost.Abandoned)
-	require.Nil(t, lost.Result)
+		var lost receiptadmin.Receipt
+		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_2&id=op-lost", &lost))
+		require.Equal(t, "pending", lost.State)
+		require.True(t, lost.Abandoned)
+		require.Nil(t, lost.Result)
 
-	var live receiptadmin.Receipt
-	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_2&id=op-live", &live))
-	require.Equal(t, "pending", live.State)
-	require.False(t, live.Abandoned)
-	require.False(t, live.LeaseExpiresAt.IsZero())
+		var live receiptadmin.Receipt
+		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?scope=acct_2&id=op-live", &live))
+		require.Equal(t, "pending", live.State)
+		require.False(t, live.Abandoned)
+		require.False(t, live.LeaseExpiresAt.IsZero())
 
-	// A key that is not UTF-8 comes back exactly, through the base64 forms.
-	var odd receiptadmin.Receipt
-	q := url.Values{"scope": {"\xff\xfe"}, "id": {"id\x00"}}
-	require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?"+q.Encode(), &odd))
-	require.Equal(t, key("\xff\xfe", "id\x00"), odd.Key())
-	require.Equal(t, []byte("\xff\xfe"), odd.ScopeBase64)
-	require.Nil(t, odd.IDBase64) // "id\x00" is valid UTF-8
+		// A key that is not UTF-8 comes back exactly, through the base64 forms.
+		var odd receiptadmin.Receipt
+		q := url.Values{"scope": {"\xff\xfe"}, "id": {"id\x00"}}
+		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", "/get?"+q.Encode(), &odd))
+		require.Equal(t, key("\xff\xfe", "id\x00"), odd.Key())
+		require.Equal(t, []byte("\xff\xfe"), odd.ScopeBase64)
+		require.Nil(t, odd.IDBase64) // "id\x00" is valid UTF-8
 
-	var e adminErr
-	require.Equal(t, http.StatusNotFound, adminGet(t, h, "GET", "/get?scope=acct_1&id=nope", &e))
-	require.Contains(t, e.Error, "not found")
-	require.Equal(t, http.StatusBadRequest, adminGet(t, h, "GET", "/get?scope=acct_1", &e))
-	require.Contains(t, e.Error, "invalid key")
+		var e adminErr
+		require.Equal(t, http.StatusNotFound, adminGet(t, h, "GET", "/get?scope=acct_1&id=nope", &e))
+		require.Contains(t, e.Error, "not found")
+		require.Equal(t, http.StatusBadRequest, adminGet(t, h, "GET", "/get?scope=acct_1", &e))
+		require.Contains(t, e.Error, "invalid key")
+	})
 }
 
 func TestHandlerSkipsBeforeReplay(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) {
-		o.BeforeReplay = func(context.Context, *receipts.Receipt) error { return errors.New("forbidden") }
+	onEngines(t, func(t *testing.T, open func(*testing.T, func(*receipts.Options)) *testStore) {
+		s := open(t, func(o *receipts.Options) {
+			o.BeforeReplay = func(context.Context, *receipts.Receipt) error { return errors.New("forbidden") }
+		})
+		_, err := s.db.Do(bg, key("a", "b"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+			return []byte("x"), nil
+		})
+		require.NoError(t, err)
+		_, err = s.db.Lookup(bg, key("a", "b"))
+		require.ErrorContains(t, err, "forbidden")
+		var r receiptadmin.Receipt
+		require.Equal(t, http.StatusOK, adminGet(t, receiptadmin.Handler(s.db), "GET", "/get?scope=a&id=b", &r))
+		require.Equal(t, []byte("x"), r.Result)
 	})
-	_, err := s.db.Do(bg, key("a", "b"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
-		return []byte("x"), nil
-	})
-	require.NoError(t, err)
-	_, err = s.db.Lookup(bg, key("a", "b"))
-	require.ErrorContains(t, err, "forbidden")
-	var r receiptadmin.Receipt
-	require.Equal(t, http.StatusOK, adminGet(t, receiptadmin.Handler(s.db), "GET", "/get?scope=a&id=b", &r))
-	require.Equal(t, []byte("x"), r.Result)
 }
 
 func TestHandlerList(t *testing.T) {
-	s := newTestStore(t, nil)
-	adminFixture(t, s)
-	h := receiptadmin.Handler(s.db)
-	ids := func(target string) []string {
-		t.Helper()
-		var l receiptadmin.List
-		require.Equal(t, http.StatusOK, adminGet(t, h, "GET", target, &l))
-		require.Empty(t, l.Errors)
-		require.False(t, l.Now.IsZero())
-		var out []string
-		for _, r := range l.Receipts {
-			out = append(out, r.Key().ID)
+	onEngines(t, func(t *testing.T, open func(*testing.T, func(*receipts.Options)) *testStore) {
+		s := open(t, nil)
+		adminFixture(t, s)
+		h := receiptadmin.Handler(s.db)
+		ids := func(target string) []string {
+			t.Helper()
+			var l receiptadmin.List
+			require.Equal(t, http.StatusOK, adminGet(t, h, "GET", target, &l))
+			require.Empty(t, l.Errors)
+			require.False(t, l.Now.IsZero())
+			var out []string
+			for _, r := range l.Receipts {
+				out = append(out, r.Key().ID)
+			}
+			return out
 		}
-		return out
-	}
-	require.ElementsMatch(t, []string{"op-ok", "op-bin", "op-failed", "op-lost", "op-live", "id\x00"}, ids("/list"))
-	require.ElementsMatch(t, []string{"op-ok", "op-bin", "op-failed"}, ids("/list?scope=acct_1"))
-	require.ElementsMatch(t, []string{"op-lost", "op-live"}, ids("/list?state=pending"))
-	require.ElementsMatch(t, []string{"op-lost"}, ids("/list?abandoned=true"))
-	require.ElementsMatch(t, []string{"op-failed"}, ids("/list?scope=acct_1&state=failed"))
-	require.Len(t, ids("/list?limit=2"), 2)
-	require.Empty(t, ids("/list?scope=nobody"))
+		require.ElementsMatch(t, []string{"op-ok", "op-bin", "op-failed", "op-lost", "op-live", "id\x00"}, ids("/list"))
+		require.ElementsMatch(t, []string{"op-ok", "op-bin", "op-failed"}, ids("/list?scope=acct_1"))
+		require.ElementsMatch(t, []string{"op-lost", "op-live"}, ids("/list?state=pending"))
+		require.ElementsMatch(t, []string{"op-lost"}, ids("/list?abandoned=true"))
+		require.ElementsMatch(t, []string{"op-failed"}, ids("/list?scope=acct_1&state=failed"))
+		require.Len(t, ids("/list?limit=2"), 2)
+		require.Empty(t, ids("/list?scope=nobody"))
 
-	// The lease of op-live runs out: it is abandoned too.
-	s.clock.Advance(time.Minute)
-	require.ElementsMatch(t, []string{"op-lost", "op-live"}, ids("/list?abandoned=1"))
+		// The lease of op-live runs out: it is abandoned too.
+		s.clock.Advance(time.Minute)
+		require.ElementsMatch(t, []string{"op-lost", "op-live"}, ids("/list?abandoned=1"))
 
-	var e adminErr
-	for _, bad := range []string{"state=done", "abandoned=maybe", "limit=x", "limit=-1", "scope=" + strings.Repeat("s", 256)} {
-		require.Equal(t, http.StatusBadRequest, adminGet(t, h, "GET", "/list?"+bad, &e), bad)
-		require.NotEmpty(t, e.Error)
-	}
+		var e adminErr
+		for _, bad := range []string{"state=done", "abandoned=maybe", "limit=x", "limit=-1", "scope=" + strings.Repeat("s", 256)} {
+			require.Equal(t, http.StatusBadRequest, adminGet(t, h, "GET", "/list?"+bad, &e), bad)
+			require.NotEmpty(t, e.Error)
+		}
+	})
 }
 
 func TestHandlerListCorrupt(t *testing.T) {
@@ -260,33 +281,35 @@ func TestHandlerStats(t *testing.T) {
 }
 
 func TestHandlerErrors(t *testing.T) {
-	s := newTestStore(t, nil)
-	h := receiptadmin.Handler(s.db)
-	var e adminErr
-	require.Equal(t, http.StatusMethodNotAllowed, adminGet(t, h, "POST", "/list", &e))
-	require.Equal(t, http.StatusNotFound, adminGet(t, h, "GET", "/delete", &e))
-	require.Equal(t, http.StatusOK, adminGet(t, h, "HEAD", "/list", nil))
+	onEngines(t, func(t *testing.T, open func(*testing.T, func(*receipts.Options)) *testStore) {
+		s := open(t, nil)
+		h := receiptadmin.Handler(s.db)
+		var e adminErr
+		require.Equal(t, http.StatusMethodNotAllowed, adminGet(t, h, "POST", "/list", &e))
+		require.Equal(t, http.StatusNotFound, adminGet(t, h, "GET", "/delete", &e))
+		require.Equal(t, http.StatusOK, adminGet(t, h, "HEAD", "/list", nil))
 
-	// Mounted on a real server under a prefix, with no StripPrefix.
-	mux := http.NewServeMux()
-	mux.Handle("/admin/receipts/", h)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	resp, err := srv.Client().Get(srv.URL + "/admin/receipts/list?state=succeeded")
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.NoError(t, resp.Body.Close())
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.JSONEq(t, `{"now":"`+s.clock.Now().UTC().Format(time.RFC3339Nano)+`","receipts":[],"errors":[]}`, string(body))
-	srv.Client().CloseIdleConnections()
+		// Mounted on a real server under a prefix, with no StripPrefix.
+		mux := http.NewServeMux()
+		mux.Handle("/admin/receipts/", h)
+		srv := httptest.NewServer(mux)
+		defer srv.Close()
+		resp, err := srv.Client().Get(srv.URL + "/admin/receipts/list?state=succeeded")
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.JSONEq(t, `{"now":"`+s.clock.Now().UTC().Format(time.RFC3339Nano)+`","receipts":[],"errors":[]}`, string(body))
+		srv.Client().CloseIdleConnections()
 
-	require.NoError(t, s.db.Close())
-	require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/list", &e))
-	require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/stats", &e))
-	require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/get?scope=a&id=b", &e))
-	require.Contains(t, e.Error, "closed")
-	s.db = nil
+		require.NoError(t, s.db.Close())
+		require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/list", &e))
+		require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/stats", &e))
+		require.Equal(t, http.StatusServiceUnavailable, adminGet(t, h, "GET", "/get?scope=a&id=b", &e))
+		require.Contains(t, e.Error, "closed")
+		s.db = nil
+	})
 }
 
 // A service mounts the admin handler on its admin listener; receiptctl
