@@ -321,7 +321,7 @@ func TestClaimBatchCallerGone(t *testing.T) {
 	self := &freshCall{ctx: bg, key: key("self"), v: freshV{req: req(key("self"), "fp"), nonce: newNonce()}}
 	other := &freshCall{ctx: bg, key: key("other"), v: freshV{req: req(key("other"), "fp"), nonce: newNonce()}, done: make(chan struct{})}
 	other.state.Store(callGone)
-	e.claims.run(self, []*freshCall{self, other})
+	e.claims.run(bg, self, []*freshCall{self, other})
 	if self.v.err != nil || self.v.got != freshClaimed || other.v.got != freshClaimed {
 		t.Fatalf("batch: self %v %v, other %v %v", self.v.got, self.v.err, other.v.got, other.v.err)
 	}

@@ -50,6 +50,16 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 	nonce := newNonce()
 	var lastBusy claimRow
 	busy, lost, other := 0, 0, 0
+	// pids are the backends of the attempts whose reply was lost: their claim may have
+	// landed. A later answer to the same nonce settles them (the claim statement finds what
+	// landed: "own"); a caller who gives up first leaves them to resolveLost.
+	var pids []uint32
+	fail := func(err error) (driver.ClaimResult, error) {
+		if lost > 0 {
+			e.settleLater(ctx, func(context.Context) { e.resolveLost(ctx, req, nonce, pids...) })
+		}
+		return driver.ClaimResult{}, err
+	}
 	for {
 		// No new lease once Close has begun. After a lost reply the earlier attempt may have
 		// committed a claim decided before Close began: the retry finds it ("own") and hands
@@ -69,37 +79,42 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		if err == nil && row.outcome != "busy" {
 			return e.claimResult(req, row)
 		}
+		if mayHaveLanded(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			// a lost reply (not a caller who left: the send settles that itself)
+			pids = append(pids, sentTo(err))
+			lost++
+		}
 		switch {
 		case errors.Is(err, driver.ErrClosed):
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			return fail(fmt.Errorf("pgstore: claim: %w", err))
 		case err == nil: // busy
 			lastBusy = row
 			if busy++; busy > maxBusy {
 				return driver.ClaimResult{Outcome: driver.InProgress, Record: lastBusy.rec, Now: lastBusy.now}, nil
 			}
 			if err := sleep(ctx, time.Millisecond<<min(busy-1, 4)); err != nil {
-				return driver.ClaimResult{}, err
+				return fail(err)
 			}
 		case lostReply(ctx, err):
-			if lost++; lost > maxLostReply {
-				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			if lost > maxLostReply {
+				return fail(fmt.Errorf("pgstore: claim: %w", err))
 			}
 			if err := sleep(ctx, 10*time.Millisecond<<min(lost-1, 5)); err != nil {
-				return driver.ClaimResult{}, err
+				return fail(err)
 			}
 		case errors.Is(err, pgx.ErrNoRows) || retryable(err) || uniqueViolation(err):
 			if other++; other > maxOther {
-				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+				return fail(fmt.Errorf("pgstore: claim: %w", err))
 			}
 		case noPartition(err):
 			if other++; other > maxOther {
-				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+				return fail(fmt.Errorf("pgstore: claim: %w", err))
 			}
 			if err := e.ensureCurrent(ctx); err != nil {
-				return driver.ClaimResult{}, err
+				return fail(err)
 			}
 		default:
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			return fail(fmt.Errorf("pgstore: claim: %w", err))
 		}
 	}
 }
@@ -113,7 +128,9 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // in the same transaction, then, if the statement granted a claim, COMMIT unless the DB's Close
 // has begun (then ROLLBACK and driver.ErrClosed: nothing is written). Any other outcome wrote
 // nothing and is rolled back. A lost COMMIT reply is a lost reply like any other (the retry's
-// nonce finds the claim if it landed).
+// nonce finds the claim if it landed). The transaction runs detached from ctx (claimInTx in
+// detachCall): if ctx ends first, claimGated returns its error at once, and the transaction
+// rolls back, or, if its COMMIT was sent, the claim is undone once committed (detach.go).
 //
 // A finished record the fresh statement returns, still visible at its time, is answered
 // from that read (replayable: what the claim statement would answer), without the claim
@@ -144,9 +161,33 @@ func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce 
 			}
 		}
 	}
+	var row claimRow
+	var err error
+	var committed bool
+	if !e.detachCall(ctx, func(ctx context.Context, gone func() bool) {
+		row, committed, err = e.claimInTx(ctx, req, nonce, gone)
+	}, func() {
+		switch {
+		case committed:
+			e.undoClaim(ctx, req.Key, row.rec.Token, row.outcome == "took_over")
+		case mayHaveLanded(err) && sentTo(err) != 0:
+			e.resolveLost(ctx, req, nonce, sentTo(err))
+		}
+	}) {
+		return claimRow{}, ctx.Err()
+	}
+	return row, err
+}
+
+// claimInTx is claimGated's transaction on a connection of its own, on ctx: [BEGIN; lock;
+// insert if absent] (claimFresh), and only if the key has a record the claim statement
+// (claimOnce) in the same transaction; a claim granted is committed unless the DB's Close has
+// begun or the caller has gone (asked just before the COMMIT is sent). committed: the COMMIT
+// was answered. A COMMIT whose reply was lost comes back marked with its backend (sent).
+func (e *engine) claimInTx(ctx context.Context, req driver.ClaimRequest, nonce []byte, gone func() bool) (row claimRow, committed bool, err error) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
-		return claimRow{}, err
+		return claimRow{}, false, err
 	}
 	defer conn.Release()                                        // a connection left in a transaction is closed by the pool
 	row, got, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; lock; insert if absent]
@@ -163,13 +204,16 @@ func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce 
 	case !granted(row.outcome):
 	case e.closing(): // after the claim's time was taken, before it is visible
 		err = driver.ErrClosed
+	case gone(): // nobody to hand the claim to: nothing is committed
+		err = context.Canceled
 	default:
 		end = "COMMIT"
 	}
-	if _, cerr := conn.Exec(context.WithoutCancel(ctx), end); err == nil && cerr != nil {
-		return claimRow{}, cerr
+	pc := conn.Conn().PgConn()
+	if _, cerr := conn.Exec(ctx, end); err == nil && cerr != nil {
+		return claimRow{}, false, sent(cerr, pc)
 	}
-	return row, err
+	return row, err == nil && end == "COMMIT", err
 }
 
 // ensureCurrent creates the partitions around the estimated current epoch (after a claim found

@@ -41,6 +41,9 @@ func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	case errors.Is(err, driver.ErrLeaseLost): // it ran out and was taken over: start again
 		return e.claimDecide(ctx, req)
 	}
-	// The claim stays pending until its lease runs out; no effect ran.
+	// Nobody holds the claim (no effect ran under it): undone, the key as it was.
+	e.settleLater(ctx, func(sctx context.Context) {
+		e.undoClaim(sctx, req.Key, res.Record.Token, res.Outcome == driver.TookOver)
+	})
 	return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: renewing a lease granted late: %w", err)
 }

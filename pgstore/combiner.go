@@ -47,11 +47,18 @@ const (
 // it makes the first waiting call the next sender.
 type combiner[V any] struct {
 	// send answers every call of batch (self, the sender, among them; a batch of one is
-	// sent alone).
-	send func(self *batchCall[V], batch []*batchCall[V])
+	// sent alone), sending on ctx: self's context, or the detached one (detach).
+	send func(ctx context.Context, self *batchCall[V], batch []*batchCall[V])
 	// gone, if set, is called after send for each call whose caller returned while its batch
-	// was in flight (its answer is in v).
+	// was in flight (its answer is in v), the sender's own included when detached.
 	gone func(c *batchCall[V])
+	// detach, if set, runs each batch in a goroutine of its own (started by it: false if it
+	// cannot be, once the engine is closing; the batch is then sent on the sender's
+	// goroutine and context) on a context that the callers' cannot cancel (ctx: the
+	// sender's, for its values). The sender waits for the batch or for its own context,
+	// whichever ends first, as every other member does: a batch that carries a COMMIT is
+	// never cut short by a caller who leaves (gone settles what it decided for them).
+	detach func(ctx context.Context, run func(ctx context.Context)) bool
 
 	mu       sync.Mutex
 	queue    []*batchCall[V]
@@ -68,8 +75,7 @@ func (b *combiner[V]) do(c *batchCall[V]) bool {
 		b.inflight++
 		batch := append(b.takeLocked(batchMax-1, c.key), c)
 		b.mu.Unlock()
-		b.run(c, batch)
-		return true
+		return b.lead(c, batch)
 	}
 	c.done = make(chan struct{})
 	b.queue = append(b.queue, c)
@@ -88,9 +94,38 @@ func (b *combiner[V]) do(c *batchCall[V]) bool {
 		<-c.done // answered (or made the sender) meanwhile
 	}
 	if c.lead != nil {
-		b.run(c, c.lead)
+		c.state.Store(callWaiting) // the sender's own answer is still to come
+		return b.lead(c, c.lead)
 	}
 	return true
+}
+
+// lead sends batch, self being the sender: on its goroutine and context, or detached
+// (combiner.detach), then waiting for the batch or for self's context. false: self's
+// context ended first (self is gone: run settles its answer with gone).
+func (b *combiner[V]) lead(self *batchCall[V], batch []*batchCall[V]) bool {
+	if b.detach == nil {
+		b.run(self.ctx, self, batch)
+		return true
+	}
+	done := make(chan struct{})
+	if !b.detach(self.ctx, func(ctx context.Context) {
+		defer close(done)
+		b.run(ctx, self, batch)
+	}) {
+		b.run(self.ctx, self, batch)
+		return true
+	}
+	select {
+	case <-done:
+		return true
+	case <-self.ctx.Done():
+		if self.state.CompareAndSwap(callWaiting, callGone) {
+			return false
+		}
+		<-done
+		return true
+	}
 }
 
 // takeLocked takes up to n waiting calls off the queue, none for key k or for a key taken
@@ -112,21 +147,21 @@ func (b *combiner[V]) takeLocked(n int, k driver.Key) []*batchCall[V] {
 	return out
 }
 
-// run sends batch (self is the sender) and answers its members, then makes the first waiting
-// call the next sender, or leaves the in-flight count one lower.
-func (b *combiner[V]) run(self *batchCall[V], batch []*batchCall[V]) {
+// run sends batch on ctx (self is the sender) and answers its members, then makes the first
+// waiting call the next sender, or leaves the in-flight count one lower.
+func (b *combiner[V]) run(ctx context.Context, self *batchCall[V], batch []*batchCall[V]) {
 	if len(batch) > 1 {
 		b.batches.Add(1)
 		b.batched.Add(uint64(len(batch)))
 	}
-	b.send(self, batch)
+	b.send(ctx, self, batch)
 	for _, c := range batch {
-		if c == self {
-			continue
-		}
-		if c.state.CompareAndSwap(callWaiting, callDone) {
-			close(c.done)
-		} else if b.gone != nil {
+		switch {
+		case c.state.CompareAndSwap(callWaiting, callDone):
+			if c != self {
+				close(c.done)
+			}
+		case b.gone != nil:
 			b.gone(c)
 		}
 	}

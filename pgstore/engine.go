@@ -165,9 +165,12 @@ type engine struct {
 	// statements sent, and notify statements that failed.
 	listens, flushes, flushErrors atomic.Uint64
 
-	ctx       context.Context // cancelled by Close
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// bg is the work done for callers who have gone: detached COMMITs and what settles
+	// them (detach.go). Close waits for it before it cancels ctx.
+	bg        background
 	closeOnce sync.Once
 
 	// testLoseReply, if set, is called after a claim statement succeeded; an error from it is
@@ -307,12 +310,17 @@ func (e *engine) markerBottom() int64 {
 // Secret implements driver.Engine.
 func (e *engine) Secret() []byte { return e.secret }
 
-// Close stops the background goroutines and closes the LISTEN session; wake-ups still queued
-// are sent first, and the engine's time is recorded in meta (a restart with the clock behind
+// Close stops the background goroutines and closes the LISTEN session; what the engine still
+// does for callers who have gone (a COMMIT in flight, the undoing of a claim nobody holds:
+// detach.go) is waited for first, up to settleTimeout; wake-ups still queued are sent first, and the engine's time is recorded in meta (a restart with the clock behind
 // resumes from it), both bounded by one second. The pool stays open (it is the caller's).
 func (e *engine) Close() error {
 	e.closeOnce.Do(func() {
+		if !e.bg.close(settleTimeout) { // a send still waits for the server: cut it short
+			e.o.Logger.Warn("pgstore: close: work for callers who have gone is still running; cancelling it")
+		}
 		e.cancel()
+		e.bg.wg.Wait()
 		e.wg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -506,6 +514,17 @@ func lostReply(ctx context.Context, err error) bool {
 	return pgconn.SafeToRetry(err) || errors.As(err, &ne) || errors.As(err, &ce) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, errLostReply) || errors.Is(err, errBatchLost)
+}
+
+// mayHaveLanded reports whether a send that carried a COMMIT failed without the server's
+// answer: what it would have committed may or may not have been (ctx aside: a send whose
+// own context ended has lost its reply too).
+func mayHaveLanded(err error) bool {
+	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+		return false
+	}
+	c := pgCode(err)
+	return c == "" || strings.HasPrefix(c, "08") || strings.HasPrefix(c, "57P")
 }
 
 // errLostReply is what testLoseReply hooks return.

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -38,20 +39,20 @@ type finishCall = batchCall[finishV]
 
 // newFinishCombiner is the engine's combiner of aimed finishes.
 func (e *engine) newFinishCombiner() *combiner[finishV] {
-	return &combiner[finishV]{send: func(self *finishCall, batch []*finishCall) {
+	return &combiner[finishV]{send: func(ctx context.Context, self *finishCall, batch []*finishCall) {
 		if in := samePartition(self, batch, func(v *finishV) int64 { return v.ep }); len(in) > 1 {
-			e.finishMany(self, in)
+			e.finishMany(ctx, self, in)
 			return
 		}
 		v := &self.v
-		v.rec, v.done, v.err = e.finishAimedAt(self.ctx, self.key, v.ep, v.token, v.state, v.result, v.trace)
+		v.rec, v.done, v.err = e.finishAimedAt(ctx, self.key, v.ep, v.token, v.state, v.result, v.trace)
 	}}
 }
 
 // finishMany sends the finishes of in (the sender's among them), all aimed at the sender's
 // partition, in one statement and fills in the answers of those it wrote; the others are
 // left to the parent's statement.
-func (e *engine) finishMany(self *finishCall, in []*finishCall) {
+func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishCall) {
 	ep := self.v.ep
 	n := len(in)
 	scopes, ids, results, traces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
@@ -61,7 +62,7 @@ func (e *engine) finishMany(self *finishCall, in []*finishCall) {
 		tokens[i], states[i], results[i], traces[i] = int64(c.v.token), int16(c.v.state), c.v.result, c.v.trace
 	}
 	sql := e.finishManyText.get(ep, func() string { return e.q.finishManyInSQL(ep, e.markerEpoch(ep)) })
-	rows, err := e.pool.Query(self.ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
+	rows, err := e.pool.Query(ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
 	if err != nil {
 		e.batchFailures.Add(1)
 		return // nothing answered: the parent's statement decides for each

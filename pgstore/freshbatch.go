@@ -27,9 +27,11 @@ import (
 //   - A lost reply (the connection broke, or the sender's context ended mid-batch) may or
 //     may not have committed the batch: every member gets a lost reply, and claimDecide
 //     retries it with its nonce on the slow path, which recognises a claim that landed.
-//   - A member whose context ends while its batch is in flight returns at once; the claim
-//     the batch granted it, if any, is undone by the sender (deleted by its token, as
-//     undoFresh does), so no lease is left without a holder.
+//   - A member whose context ends while its batch is in flight returns at once, the sender
+//     as any other (the batch runs detached from every caller's context: detach.go); the
+//     claim the batch granted it, if any, is undone once the answer is in (deleted by its
+//     token, as undoFresh does), and after a lost reply it is looked up by its nonce and
+//     undone if it landed (settleFresh), so no lease is left without a holder.
 
 // errBatchLost is what a batch member gets when the batch's reply was lost: lostReply.
 var errBatchLost = errors.New("pgstore: batch reply lost")
@@ -43,62 +45,95 @@ type freshV struct {
 	got  freshGot
 	err  error
 	solo bool // not decided by the batch (its lock was held elsewhere, or the batch failed on the server): send it alone
+	// sentTo is the backend a claim whose reply was lost was sent to (0: none, or unknown).
+	sentTo uint32
 }
 
 type freshCall = batchCall[freshV]
 
-// newFreshCombiner is the engine's combiner of first claims.
+// newFreshCombiner is the engine's combiner of first claims. Its batches are sent detached
+// (engine.detach): a batch carries its COMMIT, and a caller whose context ends never cuts it
+// short (neither pgx's deadline nor its cancel request reaches a COMMIT already sent); a
+// member whose caller left meanwhile is settled by gone, once the answer is in.
 func (e *engine) newFreshCombiner() *combiner[freshV] {
 	return &combiner[freshV]{
-		send: func(self *freshCall, batch []*freshCall) {
+		send: func(ctx context.Context, self *freshCall, batch []*freshCall) {
 			if len(batch) == 1 {
-				self.v.row, self.v.got, self.v.err = e.freshAlone(self.ctx, self.v.req, self.v.nonce)
+				self.v.row, self.v.got, self.v.err = e.freshAlone(ctx, self.v.req, self.v.nonce)
 				return
 			}
-			e.freshMany(self, batch)
+			e.freshMany(ctx, self, batch)
 		},
-		gone: func(c *freshCall) { // a claim granted to a caller that left has no holder
-			if c.v.err == nil && !c.v.solo && c.v.got == freshClaimed {
-				_ = e.undoFresh(c.ctx, c.v.req, c.v.row.rec.Token)
-			}
-		},
+		gone:   func(c *freshCall) { e.settleFresh(c.ctx, &c.v) },
+		detach: e.detach,
+	}
+}
+
+// settleFresh settles the first claim v of a caller who left before its answer came: a claim
+// the batch (or the claim alone) granted has no holder and is undone by its token; after a
+// lost reply the claim may or may not have landed, and is looked up by its nonce and undone
+// if it did (resolveLost). Nothing else was written for it. A member that was to claim alone
+// (solo) sent nothing.
+func (e *engine) settleFresh(ctx context.Context, v *freshV) {
+	switch {
+	case v.solo:
+	case v.err == nil && v.got == freshClaimed:
+		e.undoClaim(ctx, v.req.Key, v.row.rec.Token, false)
+	case mayHaveLanded(v.err):
+		e.resolveLost(ctx, v.req, v.nonce, v.sentTo)
 	}
 }
 
 // freshOneTrip is claimGated's first round trip: claimFresh with COMMIT for req, alone or in
-// a batch with other first claims. Its answers are claimFresh's.
+// a batch with other first claims. Its answers are claimFresh's. If ctx ends first, it
+// returns ctx's error, and the claim, if it is granted, is undone (settleFresh).
 func (e *engine) freshOneTrip(ctx context.Context, req driver.ClaimRequest, nonce []byte) (claimRow, freshGot, error) {
 	if e.testNoBatch {
-		return e.freshAlone(ctx, req, nonce)
+		return e.freshDetached(ctx, req, nonce)
 	}
 	c := &freshCall{ctx: ctx, key: req.Key, v: freshV{req: req, nonce: nonce}}
 	if !e.claims.do(c) {
 		return claimRow{}, freshNone, ctx.Err()
 	}
 	if c.v.solo {
-		return e.freshAlone(ctx, req, nonce)
+		return e.freshDetached(ctx, req, nonce)
 	}
 	return c.v.row, c.v.got, c.v.err
 }
 
-// freshAlone is claimFresh with COMMIT on a connection of its own: one first claim alone.
+// freshDetached is freshAlone detached from ctx, as the combiner sends a batch: if ctx ends
+// first it returns ctx's error, and the claim is settled once its answer is in.
+func (e *engine) freshDetached(ctx context.Context, req driver.ClaimRequest, nonce []byte) (claimRow, freshGot, error) {
+	v := freshV{req: req, nonce: nonce}
+	if !e.detachCall(ctx, func(ctx context.Context, _ func() bool) {
+		v.row, v.got, v.err = e.freshAlone(ctx, req, nonce)
+		v.sentTo = sentTo(v.err)
+	}, func() { e.settleFresh(ctx, &v) }) {
+		return claimRow{}, freshNone, ctx.Err()
+	}
+	return v.row, v.got, v.err
+}
+
+// freshAlone is claimFresh with COMMIT on a connection of its own: one first claim alone. A
+// lost reply comes back marked with the backend it was sent to (sentTo).
 func (e *engine) freshAlone(ctx context.Context, req driver.ClaimRequest, nonce []byte) (claimRow, freshGot, error) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return claimRow{}, freshNone, err
 	}
 	defer conn.Release()
+	pc := conn.Conn().PgConn()
 	row, got, err := e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
-	if err != nil && conn.Conn().PgConn().TxStatus() != 'I' {  // the batch failed inside its transaction
+	if err != nil && pc.TxStatus() != 'I' {                    // the batch failed inside its transaction
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 	}
-	return row, got, err
+	return row, got, sent(err, pc)
 }
 
 // freshMany sends [BEGIN; lockMany; freshMany; COMMIT] for the calls of batch (distinct keys)
-// in one round trip, on the sender's (self's) context, and fills in each call's answer.
-func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
-	ctx := self.ctx
+// in one round trip, on ctx (detached from every caller's: newFreshCombiner), and fills in
+// each call's answer.
+func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshCall) {
 	n := len(batch)
 	scopes, ids, fps, nonces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	leases := make([]int64, n)
@@ -114,11 +149,13 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 		args = append(args, e.markerBottom(), e.tombUS())
 	}
 
+	var pid uint32 // the backend the batch went to
 	fail := func(err error) {
 		e.batchFailures.Add(1)
 		for _, c := range batch {
+			c.v.sentTo = pid
 			switch {
-			case pgCode(err) != "": // rolled back: nothing written
+			case !mayHaveLanded(err): // rolled back: nothing written
 				c.v.solo = true
 			case c == self:
 				c.v.err = err
@@ -140,6 +177,7 @@ func (e *engine) freshMany(self *freshCall, batch []*freshCall) {
 		return
 	}
 	defer conn.Release()
+	pid = conn.Conn().PgConn().PID()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(e.q.lockMany, lockClass, locks)

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -29,20 +30,20 @@ type lookupCall = batchCall[lookupV]
 
 // newLookupCombiner is the engine's combiner of fast-path reads.
 func (e *engine) newLookupCombiner() *combiner[lookupV] {
-	return &combiner[lookupV]{send: func(self *lookupCall, batch []*lookupCall) {
+	return &combiner[lookupV]{send: func(ctx context.Context, self *lookupCall, batch []*lookupCall) {
 		if in := samePartition(self, batch, func(v *lookupV) int64 { return v.epoch }); len(in) > 1 {
-			e.lookupMany(self, in)
+			e.lookupMany(ctx, self, in)
 			return
 		}
 		v := &self.v
-		v.rec, v.found, v.now, v.err = e.lookupInAlone(self.ctx, self.key, v.epoch)
+		v.rec, v.found, v.now, v.err = e.lookupInAlone(ctx, self.key, v.epoch)
 		v.done = true
 	}}
 }
 
 // lookupMany reads the keys of in (the sender's among them), all placed in the sender's
 // partition, in one statement.
-func (e *engine) lookupMany(self *lookupCall, in []*lookupCall) {
+func (e *engine) lookupMany(ctx context.Context, self *lookupCall, in []*lookupCall) {
 	ep := self.v.epoch
 	n := len(in)
 	scopes, ids := make([][]byte, n), make([][]byte, n)
@@ -51,7 +52,7 @@ func (e *engine) lookupMany(self *lookupCall, in []*lookupCall) {
 	}
 	sql := e.lookupManyText.get(ep, func() string { return e.q.lookupManyIn(partName(famRecords, ep)) })
 	arg := e.nowArg()
-	rows, err := e.pool.Query(self.ctx, sql, scopes, ids, arg)
+	rows, err := e.pool.Query(ctx, sql, scopes, ids, arg)
 	if err != nil {
 		e.batchFailures.Add(1)
 		return // each key reads alone

@@ -22,6 +22,7 @@ type queries struct {
 	tombs    bool   // tombstones are on: writes keep markers, claims check them
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
+	byNonce                                                              string // a claim whose reply was lost, by its nonce (detach.go)
 	lockMany, freshMany                                                  string // a batch of first claims (freshbatch.go)
 	finishMust                                                           string // DoTx's: fails if it matches no row
 	finishIn                                                             string // template of Finish in one partition (finishInSQL)
@@ -280,6 +281,12 @@ mark AS (
   LEFT JOIN LATERAL (SELECT * FROM S.records
                       WHERE scope = $1 AND id = $2 AND epoch >= $3
                       ORDER BY epoch DESC LIMIT 1) r ON true`)
+
+	// A claim whose reply was lost (resolveLost): the key's Pending record with the claim's
+	// nonce, if it landed. $1 scope, $2 id, $3 oldest, $4 nonce.
+	q.byNonce = x(`SELECT token, attempts FROM S.records
+ WHERE scope = $1 AND id = $2 AND epoch >= $3 AND state = 1 AND nonce = $4
+ ORDER BY epoch DESC LIMIT 1`)
 
 	// Fenced writes: the record must be Pending with the holder's token and visible.
 	// $1 scope, $2 id, $3 token, $4 oldest, $5 retention µs, $6 width µs, $7 now.

@@ -14,7 +14,7 @@
 //	}
 //
 // Run runs each contract test as a subtest named Topic/Behaviour (topics:
-// Claim, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tombstones,
+// Claim, Orphans, Lease, Wait, Do, Lookup, BeforeReplay, Retention, Tombstones,
 // Tokens, Restart, BadInput, Close, Scan, Stats, Corrupt, Check,
 // Concurrency, Isolation, Pebble, Observe, LeaseFor, TakeOver,
 // Reconciler), so one topic or one behaviour can be selected with go test

@@ -59,6 +59,7 @@ func topics() []struct {
 		tests []test
 	}{
 		{"Claim", claimTests},
+		{"Orphans", orphanTests},
 		{"Lease", leaseTests},
 		{"LeaseFor", leaseForTests},
 		{"TakeOver", takeOverTests},
