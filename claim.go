@@ -229,7 +229,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			conflict = true
 		}
 		retry := max(res.Record.LeaseExpiresAt.Sub(res.Now), 0)
-		hint = db.retryAfter(&res.Record, res.Now)
+		hint = db.retryAfter(&res.Record, res.Now, OperationClass(ctx))
 		wait := min(retry, waitRecheck)
 		if !deadline.IsZero() {
 			wait = min(wait, time.Until(deadline))
@@ -266,7 +266,7 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		if recovered {
 			db.n.takeovers.Add(1)
 		}
-		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock()}, nil, nil
+		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil, nil
 	case driver.Replay:
 		var r *Receipt
 		if res.Shared && mutate.Name != mutate.NoCopy {

@@ -54,7 +54,7 @@ type DB struct {
 
 	lastGC atomic.Pointer[GCStats]
 
-	est durationEstimate // claim-to-outcome time of attempts, for InProgressError.RetryAfter
+	est durationEstimates // claim-to-outcome time of attempts, by operation class, for InProgressError.RetryAfter
 }
 
 // counters are the counters since Open that are not on the hot line.

@@ -125,9 +125,11 @@ func (e *sentinel) Is(target error) bool {
 type InProgressError struct {
 	Key Key
 	// RetryAfter estimates, by the store's clock, when the answer will be
-	// there: the store's moving average of how long an attempt takes from
-	// claim to recorded outcome (updated on every Commit, Fail, Release and
-	// Abandon), minus how long the holder's attempt has already run, going
+	// there: a moving average of how long an attempt of the caller's
+	// operation class (WithOperationClass) takes from claim to recorded
+	// outcome (updated on every Commit, Fail, Release and Abandon; the
+	// store's average over every class until one of the class is measured),
+	// minus how long the holder's attempt has already run, going
 	// by the record's times (an attempt already past the average gets one
 	// more average). It is at least 1ms and never later than the end of the
 	// holder's lease, which it equals until an outcome has been measured. A

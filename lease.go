@@ -30,7 +30,7 @@ type Lease struct {
 	recovered bool
 	ttl       time.Duration // the lease length: LeaseFor's, or Options.LeaseTTL
 	claimedAt time.Time     // DB.clock at the claim, for the attempt-duration estimate
-	class     string        // the claim's operation class, for the observer
+	class     string        // the claim's operation class (WithOperationClass), for the observer and the RetryAfter estimates
 	lostOnce  atomic.Bool
 
 	mu     sync.Mutex // protects staged

@@ -285,8 +285,10 @@ type classKey struct{}
 
 // WithOperationClass returns a copy of ctx that names the class of operation
 // (for example "send_email" or "refund") that claims and attempts made with
-// it belong to. Observers receive it as Event.Class, and package receiptsprom
-// uses it as a label: keep the set of classes small and fixed, never a value
+// it belong to. Observers receive it as Event.Class, package receiptsprom
+// uses it as a label, and InProgressError.RetryAfter is estimated from the
+// attempts of the class (receiptmcp names the tool, receipthttp the route,
+// unless the application named a class): keep the set of classes small and fixed, never a value
 // derived from the key or the caller.
 func WithOperationClass(ctx context.Context, class string) context.Context {
 	return context.WithValue(ctx, classKey{}, class)

@@ -1,6 +1,7 @@
 package receipts
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,55 @@ const minRetryAfter = time.Millisecond
 // nanoseconds (DB.clock). It is updated with one compare-and-swap per outcome and
 // read with one load; zero means nothing was measured yet.
 type durationEstimate struct{ avg atomic.Int64 }
+
+// maxEstimateClasses bounds how many operation classes get an estimate of
+// their own (WithOperationClass names a small fixed set; past the bound, a
+// class shares the store's).
+const maxEstimateClasses = 256
+
+// durationEstimates is the store's attempt-duration estimate and one per
+// operation class (the claim's WithOperationClass: receiptmcp's tool,
+// receipthttp's route or the class the application names), so that a slow
+// operation's retries are not told the time of the fast ones that dominate
+// the store's average.
+type durationEstimates struct {
+	all     durationEstimate
+	classes sync.Map // class -> *durationEstimate
+	n       atomic.Int32
+}
+
+// observe folds an attempt of class (may be "") that took d into the store's
+// estimate and its class's.
+func (e *durationEstimates) observe(class string, d int64) {
+	e.all.observe(d)
+	if class == "" {
+		return
+	}
+	c, ok := e.classes.Load(class)
+	if !ok {
+		if e.n.Load() >= maxEstimateClasses {
+			return
+		}
+		var loaded bool
+		if c, loaded = e.classes.LoadOrStore(class, new(durationEstimate)); !loaded {
+			e.n.Add(1)
+		}
+	}
+	c.(*durationEstimate).observe(d)
+}
+
+// typical is the estimate for an attempt of class: its class's once one of
+// them was measured, else the store's; zero when nothing was measured.
+func (e *durationEstimates) typical(class string) int64 {
+	if class != "" {
+		if c, ok := e.classes.Load(class); ok {
+			if v := c.(*durationEstimate).avg.Load(); v > 0 {
+				return v
+			}
+		}
+	}
+	return e.all.avg.Load()
+}
 
 // observe folds one attempt's duration d into the average (weight 1/8).
 func (e *durationEstimate) observe(d int64) {
@@ -33,7 +83,9 @@ func (e *durationEstimate) observe(d int64) {
 }
 
 // retryAfter estimates, at now, when the answer for the key whose live
-// record is cur will be there: the typical attempt duration minus how long
+// record is cur will be there, for a caller of operation class: the typical
+// attempt duration of the class (the store's before one of the class was
+// measured) minus how long
 // this attempt has run (from the record's times: since CreatedAt for a first
 // attempt, and at least since the last takeover or renewal, UpdatedAt, for a
 // later one: LeaseExpiresAt less the holder's own lease length, LeaseFor's
@@ -41,9 +93,9 @@ func (e *durationEstimate) observe(d int64) {
 // already past the typical duration gets one more typical duration. The
 // estimate is at least minRetryAfter and never past the lease's end; with
 // nothing measured yet it is the lease's remaining time.
-func (db *DB) retryAfter(cur *driver.Record, now time.Time) time.Duration {
+func (db *DB) retryAfter(cur *driver.Record, now time.Time, class string) time.Duration {
 	leaseLeft := max(int64(cur.LeaseExpiresAt.Sub(now)), 0)
-	est := db.est.avg.Load()
+	est := db.est.typical(class)
 	if est == 0 {
 		return time.Duration(leaseLeft)
 	}
@@ -68,5 +120,6 @@ func (db *DB) clock() time.Time {
 }
 
 // settled records that l's attempt is settled (committed, failed,
-// released, abandoned or forgotten) in the attempt-duration estimate.
-func (db *DB) settled(l *Lease) { db.est.observe(int64(db.clock().Sub(l.claimedAt))) }
+// released, abandoned or forgotten) in the attempt-duration estimates, the
+// store's and its class's.
+func (db *DB) settled(l *Lease) { db.est.observe(l.class, int64(db.clock().Sub(l.claimedAt))) }

@@ -86,9 +86,9 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 	case driver.TookOver:
 		db.hot.Claims.Add(1)
 		db.n.takeovers.Add(1)
-		return &Lease{db: db, key: r.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock()}, nil
+		return &Lease{db: db, key: r.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil
 	case driver.InProgress:
-		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now), db: db}
+		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now, OperationClass(ctx)), db: db}
 	}
 	return nil, fmt.Errorf("receipts: take over %s: the %s engine answered outcome %d", db.keyName(r.Key), db.eng.Name(), res.Outcome)
 }

@@ -11,7 +11,10 @@
 //
 // The key is scoped by Config.Scope (the authenticated caller), so keys of
 // two callers never meet. The value may be bare or a Structured Field string
-// ("..."); it must be 1-255 bytes of printable ASCII.
+// ("...", the draft's form); it must be 1-255 bytes of printable ASCII. More
+// than one key is refused with 400: two header lines, a list, or a comma in
+// a bare value (how an intermediary joins two lines); quote a key that has a
+// comma.
 //
 // # Outcomes
 //

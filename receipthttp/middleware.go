@@ -113,6 +113,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	key := receipts.Key{Scope: scope, ID: id}
+	if r.Pattern != "" && receipts.OperationClass(r.Context()) == "" {
+		// The route is the operation class, unless the application named
+		// one (receipts.WithOperationClass): the metrics label, and the
+		// estimate behind Retry-After (receipts.InProgressError.RetryAfter).
+		r = r.WithContext(receipts.WithOperationClass(r.Context(), r.Pattern))
+	}
 	lease, rec, err := h.claim(r.Context(), key, fp)
 	switch {
 	case err != nil:

@@ -98,6 +98,22 @@ func TestParseKey(t *testing.T) {
 		{[]string{"é"}, "", true, errKeyInvalid},
 		{[]string{"a", "b"}, "", true, errKeyMultiple},
 		{[]string{`"a\x"`}, "", true, errKeyInvalid},
+		// Stripe's bare form and the draft's quoted form name one key; a
+		// comma is a key only quoted.
+		{[]string{"8e03978e-40d5"}, "8e03978e-40d5", true, nil},
+		{[]string{`"8e03978e-40d5"`}, "8e03978e-40d5", true, nil},
+		{[]string{`"a,b"`}, "a,b", true, nil},
+		{[]string{`"abc`}, `"abc`, true, nil}, // no closing quote: a bare value
+		// More than one field: lines joined by an intermediary, a list.
+		{[]string{"a, b"}, "", true, errKeyMultiple},
+		{[]string{"a,b"}, "", true, errKeyMultiple},
+		{[]string{`"a", "b"`}, "", true, errKeyMultiple},
+		{[]string{`"a","b"`}, "", true, errKeyMultiple},
+		{[]string{`"a" , b`}, "", true, errKeyMultiple},
+		// Parameters and bytes after the string are not a key.
+		{[]string{`"a";p=1`}, "", true, errKeyInvalid},
+		{[]string{`"a"b"`}, "", true, errKeyInvalid},
+		{[]string{`"a" `}, "a", true, nil},
 	} {
 		got, present, err := parseKey(tc.in)
 		if got != tc.want || present != tc.present || !errors.Is(err, tc.err) {

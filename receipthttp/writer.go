@@ -135,8 +135,14 @@ func (w *recorder) finalStatus() int {
 	return w.status
 }
 
-// emit sends a buffered response to the client.
+// emit sends a buffered response to the client. A response that has gone
+// out already (flushed, over the limit, or the connection hijacked) is not
+// sent again: a second WriteHeader would make net/http log a superfluous
+// call, or a write on a hijacked connection, for every such request.
 func (w *recorder) emit(r *http.Request) {
+	if w.mode != buffering {
+		return
+	}
 	w.under.WriteHeader(w.finalStatus())
 	if w.body.Len() > 0 && r.Method != http.MethodHead {
 		_, _ = w.under.Write(w.body.Bytes())

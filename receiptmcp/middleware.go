@@ -101,6 +101,11 @@ func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *
 	}
 
 	key := receipts.Key{Scope: scope, ID: id}
+	if receipts.OperationClass(ctx) == "" {
+		// The tool is the operation class: its metrics label, and the
+		// estimate behind retryAfterMs (receipts.InProgressError.RetryAfter).
+		ctx = receipts.WithOperationClass(ctx, tool)
+	}
 	lease, rec, err := m.claim(ctx, key, fp)
 	switch {
 	case err != nil:

@@ -73,6 +73,14 @@ func (s *slowServer) connect(wait time.Duration) *mcp.ClientSession {
 		s.clk.Advance(100 * time.Millisecond)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint("run ", n)}}}, nil, nil
 	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "export"}, func(ctx context.Context, req *mcp.CallToolRequest, in in) (*mcp.CallToolResult, any, error) {
+		n := s.runs.Add(1)
+		if in.Slow {
+			<-s.gate
+		}
+		s.clk.Advance(1500 * time.Millisecond) // a tool 15 times slower than work
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint("export ", n)}}}, nil, nil
+	})
 	srv.AddReceivingMiddleware(receiptmcp.Middleware(s.db, receiptmcp.Config{FixedScope: "local", Wait: wait, Logger: quiet}))
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := srv.Connect(context.Background(), st, nil)
@@ -201,5 +209,43 @@ func TestRetryAfterMsFollowsCallTimes(t *testing.T) {
 	}
 	if ms := data.RetryAfterMs; ms < 1 || ms > 100 {
 		t.Fatalf("retryAfterMs = %d, want 1..100 (calls take 100ms; the lease is %s)", ms, leaseTTL)
+	}
+}
+
+// TestRetryAfterMsPerTool: a 1.5 s tool measured among many 100 ms calls of
+// another. A duplicate of the slow tool's call is told about 1.5 s, not the
+// store's average that the fast tool dominates (about 0.2 s here: what every
+// tool's duplicates were told before estimates were kept per tool).
+func TestRetryAfterMsPerTool(t *testing.T) {
+	s := newSlowServer(t)
+	cs := s.connect(-1)
+	mustCall(t, cs, receiptmcp.NewOperationKey(), "export", map[string]any{"n": 0})
+	for i := range 20 {
+		mustCall(t, cs, receiptmcp.NewOperationKey(), "work", map[string]any{"n": i})
+	}
+	inProgress := func(tool string) int64 {
+		t.Helper()
+		key := receiptmcp.NewOperationKey()
+		args := map[string]any{"slow": true}
+		done := make(chan error, 1)
+		go func() {
+			_, err := call(context.Background(), cs, key, tool, args)
+			done <- err
+		}()
+		s.claimed(key)
+		_, err := call(context.Background(), cs, key, tool, args)
+		data := wantError(t, err, receiptmcp.CodeInProgress, receiptmcp.TypeInProgress)
+		s.release()
+		if err := recv(t, done); err != nil {
+			t.Fatal(err)
+		}
+		s.open, s.gate = sync.Once{}, make(chan struct{}) // a new gate for the next call
+		return data.RetryAfterMs
+	}
+	if ms := inProgress("export"); ms < 1400 || ms > 1500 {
+		t.Fatalf("export: retryAfterMs = %d, want about 1500 (its one call took 1.5 s)", ms)
+	}
+	if ms := inProgress("work"); ms < 90 || ms > 100 {
+		t.Fatalf("work: retryAfterMs = %d, want about 100", ms)
 	}
 }
