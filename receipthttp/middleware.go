@@ -167,16 +167,16 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Pro
 // It waits, Config.Wait at most, for a request in progress under the same
 // key (receipts.WaitAtMost). The fingerprint stored is fp behind the
 // middleware's mark (see Owns); a key claimed by a receipthttp that did not
-// mark its fingerprints is matched against fp itself, with a second claim
-// made only when the marked fingerprint does not match.
+// mark its fingerprints (its record holds fp itself) is claimed with fp.
 func (h *handler) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
 	if len(fp) == 0 {
 		return h.db.Claim(ctx, key, fp, h.claimOpts...) // refused: ErrInvalidFingerprint
 	}
 	l, rec, err := h.db.Claim(ctx, key, markFingerprint(fp), h.claimOpts...)
 	if errors.Is(err, receipts.ErrIntentMismatch) {
-		if l2, rec2, err2 := h.db.Claim(ctx, key, fp, h.claimOpts...); !errors.Is(err2, receipts.ErrIntentMismatch) && !errors.Is(err2, receipts.ErrInvalidFingerprint) {
-			return l2, rec2, err2
+		// One read, not a second claim: a mismatch is counted once.
+		if cur, lerr := h.db.Lookup(ctx, key); lerr == nil && bytes.Equal(cur.Fingerprint, fp) {
+			return h.db.Claim(ctx, key, fp, h.claimOpts...)
 		}
 	}
 	return l, rec, err

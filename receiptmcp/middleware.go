@@ -1,6 +1,7 @@
 package receiptmcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -154,14 +155,14 @@ func (m *middleware) scope(ctx context.Context, req *mcp.CallToolRequest) (strin
 // claim claims key, or returns its receipt, with a lease of Config.LeaseFor.
 // It waits, Config.Wait at most, for a call in progress under the same key
 // (receipts.WaitAtMost). fp is Fingerprint's, behind the middleware's mark;
-// a key claimed by a receiptmcp that did not mark its fingerprints is
-// matched against the unmarked one, with a second claim made only when the
-// marked one does not match.
+// a key claimed by a receiptmcp that did not mark its fingerprints (its
+// record holds the unmarked one) is claimed with that one.
 func (m *middleware) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
 	l, rec, err := m.db.Claim(ctx, key, fp, m.claimOpts...)
 	if errors.Is(err, receipts.ErrIntentMismatch) {
-		if l2, rec2, err2 := m.db.Claim(ctx, key, fp[len(fingerprintMark):], m.claimOpts...); !errors.Is(err2, receipts.ErrIntentMismatch) {
-			return l2, rec2, err2
+		// One read, not a second claim: a mismatch is counted once.
+		if cur, lerr := m.db.Lookup(ctx, key); lerr == nil && bytes.Equal(cur.Fingerprint, fp[len(fingerprintMark):]) {
+			return m.db.Claim(ctx, key, cur.Fingerprint, m.claimOpts...)
 		}
 	}
 	return l, rec, err
