@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -9,17 +11,52 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/examples/internal/exampledb"
+	"github.com/receiptstore/receipts/internal/pgtest"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
-func TestService(t *testing.T) {
-	db, err := receipts.Open(t.TempDir(), &receipts.Options{GCInterval: -1})
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// newTestService opens the service on an engine: "pebble" (a directory) or
+// "postgresql" (a fresh schema of the test server), as -pg would.
+func newTestService(t *testing.T, engine string, opts receipts.Options) *service {
+	t.Helper()
+	cfg := exampledb.Config{Dir: t.TempDir(), Options: opts}
+	if engine == "postgresql" {
+		cfg.PG, cfg.Schema = pgtest.Schema(t)
+	}
+	store, err := exampledb.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	s := &service{db: db, tokens: map[string]string{"a": "alice", "b": "bob"},
+	t.Cleanup(func() {
+		if err := store.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	s := &service{db: store.DB, items: pebbleItems{store.DB.Pebble()}, tokens: map[string]string{"a": "alice", "b": "bob"},
 		now: func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }}
+	if store.Pool != nil {
+		if s.items, err = newPGItems(context.Background(), store.Pool, store.Schema); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+var engines = []string{"pebble", "postgresql"}
+
+func TestService(t *testing.T) {
+	for _, engine := range engines {
+		t.Run(engine, func(t *testing.T) { testService(t, engine) })
+	}
+}
+
+func testService(t *testing.T, engine string) {
+	s := newTestService(t, engine, receipts.Options{GCInterval: -1})
 	h, err := s.handler()
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +102,10 @@ func TestService(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil || len(list.Items) != 1 || list.Items[0].Title != "Write the report" {
 		t.Fatalf("alice's items = %+v, %v", list.Items, err)
 	}
+	var item WorkItem
+	if err := json.Unmarshal(first.Body.Bytes(), &item); err != nil || list.Items[0] != item {
+		t.Fatalf("the listed item %+v is not the one created %+v (%v)", list.Items[0], item, err)
+	}
 	check(call("GET", first.Header().Get("Location"), "a", "", ""), http.StatusOK, "")
 	check(call("GET", first.Header().Get("Location"), "b", "", ""), http.StatusNotFound, "")
 }
@@ -73,17 +114,12 @@ func TestService(t *testing.T) {
 // labelled with the operation class, and never a key.
 func TestMetrics(t *testing.T) {
 	metrics := receiptsprom.New(nil)
-	db, err := receipts.Open(t.TempDir(), &receipts.Options{GCInterval: -1, Observer: metrics})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	s := &service{db: db, tokens: map[string]string{"a": "alice"}, now: time.Now}
+	s := newTestService(t, "pebble", receipts.Options{GCInterval: -1, Observer: metrics})
 	h, err := s.handler()
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := adminMux(db, metrics)
+	admin := adminMux(s.db, metrics)
 	for range 2 {
 		r := httptest.NewRequest("POST", "/v1/work-items", strings.NewReader(`{"title":"t"}`))
 		r.Header.Set("Authorization", "Bearer a")
@@ -106,5 +142,45 @@ func TestMetrics(t *testing.T) {
 	}
 	if strings.Contains(body, "op-secret-77") || strings.Contains(body, "alice") {
 		t.Errorf("/metrics shows a key:\n%s", body)
+	}
+}
+
+// -pg alone starts a throwaway cluster, serves from it, and removes it at
+// stop; -pg DSN after the flag is its value, and the flags after it are
+// parsed.
+func TestThrowawayCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	if _, err := pgtest.FindBinDir(); err != nil {
+		t.Skip(err)
+	}
+	in, err := start(context.Background(), config{addr: "127.0.0.1:0", pg: exampledb.Auto, schema: "workitems", leaseTTL: 30 * time.Second, log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := in.store.DSN
+	if !strings.HasPrefix(dsn, "postgres://") {
+		t.Fatalf("the throwaway cluster's DSN: %q", dsn)
+	}
+	c := &client{t: t, http: &http.Client{Timeout: 30 * time.Second}}
+	url := "http://" + in.addrs[0]
+	for i, want := range []string{"", "true"} {
+		r := c.post(url, "op-1", `{"title":"t"}`)
+		if r.StatusCode != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != want {
+			t.Fatalf("request %d: %d replayed %q", i, r.StatusCode, r.Header.Get("Idempotent-Replayed"))
+		}
+	}
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exampledb.Open(context.Background(), exampledb.Config{PG: dsn, Schema: "workitems"}); err == nil {
+		t.Fatal("the throwaway cluster still answers after stop")
+	}
+
+	got := exampledb.Args([]string{"-pg", "postgres://x@y/z", "-addr", ":1", "-pg", "-admin", ""})
+	want := []string{"-pg=postgres://x@y/z", "-addr", ":1", "-pg", "-admin", ""}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("Args = %q, want %q", got, want)
 	}
 }

@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/receipthttp"
@@ -32,10 +30,11 @@ type createRequest struct {
 	Assignee string `json:"assignee,omitempty"`
 }
 
-// service holds the work items in the receipts engine's own Pebble
-// database, under the "wi/" prefix (receipts keeps to "\x00rcpt").
+// service holds the work items in the receipts store's own database
+// (items), so that each commits with its receipt.
 type service struct {
 	db     *receipts.DB
+	items  items
 	tokens map[string]string // bearer token -> caller
 	delay  time.Duration     // artificial work time, to try concurrent duplicates
 	now    func() time.Time
@@ -82,9 +81,10 @@ func jsonFingerprint(r *http.Request, body []byte) ([]byte, error) {
 	return encoding.Fingerprint([]any{r.Method, r.URL.Path, v})
 }
 
-// create runs once per idempotency key. Its write is staged with AddEffect,
-// so the item and the receipt of this response are committed in one synced
-// batch (Lease.RunBatch): a crash keeps both or neither.
+// create runs once per idempotency key. Its write is staged with
+// Attempt.Stage, so the item and the receipt of this response are
+// committed together (one synced Pebble batch, or one PostgreSQL
+// transaction): a crash keeps both or neither.
 func (s *service) create(w http.ResponseWriter, r *http.Request) {
 	who, _ := s.caller(r) // the middleware has already authenticated r
 	attempt, _ := receipthttp.AttemptFrom(r.Context())
@@ -111,25 +111,23 @@ func (s *service) create(w http.ResponseWriter, r *http.Request) {
 
 	// The ID comes from the operation's ProviderKey: every attempt of one
 	// operation names the same item, so a recovered attempt can look for
-	// an item an earlier attempt made. (With AddEffect the item commits
+	// an item an earlier attempt made. (With Stage the item commits
 	// only with its receipt, so it finds none here; an effect outside this
 	// store, such as a payment, would be reconciled this way.)
 	id := "wi_" + attempt.ProviderKey[3:19]
 	if attempt.Recovered {
-		if item, err := s.load(who, id); err == nil {
+		if item, err := s.items.get(r.Context(), who, id); err == nil {
 			writeJSON(w, http.StatusCreated, "/v1/work-items/"+id, item)
 			return
 		}
 	}
-	item := WorkItem{ID: id, Title: req.Title, Assignee: req.Assignee, CreatedBy: who, CreatedAt: s.now().UTC()}
-	value, err := json.Marshal(item)
+	item := WorkItem{ID: id, Title: req.Title, Assignee: req.Assignee, CreatedBy: who, CreatedAt: s.now().UTC().Truncate(time.Microsecond)}
+	put, err := s.items.put(who, item)
 	if err != nil {
 		problem(w, http.StatusInternalServerError, "Encoding failed", err.Error())
 		return
 	}
-	attempt.AddEffect(func(b *pebble.Batch) error {
-		return b.Set(itemKey(who, id), value, nil)
-	})
+	attempt.Stage(put)
 	writeJSON(w, http.StatusCreated, "/v1/work-items/"+id, item)
 }
 
@@ -139,28 +137,11 @@ func (s *service) list(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusUnauthorized, "Unauthorized", err.Error())
 		return
 	}
-	prefix := itemKey(who, "")
-	it, err := s.db.Pebble().NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	items, err := s.items.list(r.Context(), who)
 	if err != nil {
 		problem(w, http.StatusInternalServerError, "Read failed", err.Error())
 		return
 	}
-	defer it.Close()
-	items := []WorkItem{}
-	for ok := it.First(); ok; ok = it.Next() {
-		var item WorkItem
-		if err := json.Unmarshal(it.Value(), &item); err != nil {
-			problem(w, http.StatusInternalServerError, "Corrupt item", err.Error())
-			return
-		}
-		items = append(items, item)
-	}
-	if err := it.Error(); err != nil {
-		problem(w, http.StatusInternalServerError, "Read failed", err.Error())
-		return
-	}
-	// Oldest first: the keys' order is the ids', which are random.
-	slices.SortStableFunc(items, func(a, b WorkItem) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	writeJSON(w, http.StatusOK, "", map[string]any{"items": items})
 }
 
@@ -170,44 +151,15 @@ func (s *service) get(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusUnauthorized, "Unauthorized", err.Error())
 		return
 	}
-	item, err := s.load(who, r.PathValue("id"))
+	item, err := s.items.get(r.Context(), who, r.PathValue("id"))
 	switch {
-	case errors.Is(err, pebble.ErrNotFound):
+	case errors.Is(err, errNoItem):
 		problem(w, http.StatusNotFound, "No such work item", "")
 	case err != nil:
 		problem(w, http.StatusInternalServerError, "Read failed", err.Error())
 	default:
 		writeJSON(w, http.StatusOK, "", item)
 	}
-}
-
-func (s *service) load(who, id string) (*WorkItem, error) {
-	v, closer, err := s.db.Pebble().Get(itemKey(who, id))
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	var item WorkItem
-	if err := json.Unmarshal(v, &item); err != nil {
-		return nil, err
-	}
-	return &item, nil
-}
-
-// itemKey is "wi/" + len(caller) + caller + id: callers' items never mix.
-func itemKey(who, id string) []byte {
-	return fmt.Appendf(nil, "wi/%03d%s%s", len(who), who, id)
-}
-
-func prefixEnd(p []byte) []byte {
-	end := bytes.Clone(p)
-	for i := len(end) - 1; i >= 0; i-- {
-		if end[i] < 0xff {
-			end[i]++
-			return end[:i+1]
-		}
-	}
-	return nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, location string, v any) {

@@ -1,0 +1,141 @@
+// Package exampledb opens the receipts store of an example: Pebble in a
+// directory (the default), or PostgreSQL with -pg: -pg DSN names a server,
+// and -pg alone starts a throwaway cluster from the installed server
+// binaries (as receiptctl demo --pg does), whose DSN the example prints so
+// that a second instance can share it.
+package exampledb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/pgstore"
+)
+
+// Auto is the value of the -pg flag given alone: start a throwaway cluster.
+const Auto = "auto"
+
+// PGFlag is the -pg flag (a flag.Value): "" (Pebble), a DSN, or Auto.
+type PGFlag string
+
+// String implements flag.Value.
+func (f *PGFlag) String() string { return string(*f) }
+
+// Set implements flag.Value: -pg alone sets Auto.
+func (f *PGFlag) Set(s string) error {
+	if s == "true" {
+		s = Auto
+	}
+	*f = PGFlag(s)
+	return nil
+}
+
+// IsBoolFlag lets -pg stand alone.
+func (f *PGFlag) IsBoolFlag() bool { return true }
+
+// Args rewrites "-pg DSN" as "-pg=DSN" in a command line, so that a DSN
+// after -pg is its value and the flags after it are still parsed. (A
+// value of the flag given alone cannot start with "-".)
+func Args(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if (a == "-pg" || a == "--pg") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+			out = append(out, a+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// Config says which store to open.
+type Config struct {
+	Dir     string           // Pebble's directory, without PG
+	PG      string           // a DSN, Auto, or "" for Pebble
+	Schema  string           // PostgreSQL's schema (default "receipts")
+	Options receipts.Options // the store's options
+	Log     *slog.Logger     // where a throwaway cluster's DSN is told
+}
+
+// Store is an example's store.
+type Store struct {
+	DB     *receipts.DB
+	Pool   *pgxpool.Pool // the PostgreSQL pool; nil on Pebble
+	DSN    string        // the PostgreSQL database ("" on Pebble)
+	Schema string        // the PostgreSQL schema
+	stop   func() error  // stops a throwaway cluster
+}
+
+// ErrNoServer is returned by Open for -pg alone on a machine without the
+// PostgreSQL server binaries.
+var ErrNoServer = errors.New("-pg without a DSN starts a throwaway PostgreSQL cluster, but no server binaries were found (Debian: apt-get install postgresql; or set PG_BINDIR); or give a server: -pg postgres://user@host/db")
+
+// Open opens the store cfg names.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.PG == "" {
+		db, err := receipts.Open(cfg.Dir, &cfg.Options)
+		if err != nil {
+			return nil, err
+		}
+		return &Store{DB: db}, nil
+	}
+	s := &Store{DSN: cfg.PG, Schema: cfg.Schema}
+	if s.Schema == "" {
+		s.Schema = "receipts"
+	}
+	if cfg.PG == Auto {
+		c, err := pgtest.Start(ctx)
+		switch {
+		case errors.Is(err, pgtest.ErrNoServer):
+			return nil, ErrNoServer
+		case err != nil:
+			return nil, fmt.Errorf("start a throwaway PostgreSQL cluster: %w", err)
+		}
+		s.DSN, s.stop = c.DSN, c.Stop
+		if cfg.Log != nil {
+			cfg.Log.Info("started a throwaway PostgreSQL cluster; it is removed at exit; a second instance can share it with -pg", "dsn", c.DSN)
+		}
+	}
+	pool, err := pgxpool.New(ctx, s.DSN)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("connect to PostgreSQL: %w", err), s.Close())
+	}
+	s.Pool = pool
+	dsn := s.DSN
+	s.DB, err = pgstore.Open(ctx, pool, &pgstore.Options{
+		Options: cfg.Options,
+		Schema:  s.Schema,
+		// A waiter on this instance wakes when another instance commits.
+		ListenConn: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) },
+	})
+	if err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return s, nil
+}
+
+// Close closes the store (if DB.Close has not already), its pool, and a
+// throwaway cluster.
+func (s *Store) Close() error {
+	var errs []error
+	if s.DB != nil {
+		errs = append(errs, s.DB.Close())
+	}
+	if s.Pool != nil {
+		s.Pool.Close()
+	}
+	if s.stop != nil {
+		errs = append(errs, s.stop())
+	}
+	return errors.Join(errs...)
+}
