@@ -174,8 +174,9 @@ func (h *handler) claim(ctx context.Context, key receipts.Key, fp []byte) (*rece
 	}
 	l, rec, err := h.db.Claim(ctx, key, markFingerprint(fp), h.claimOpts...)
 	if errors.Is(err, receipts.ErrIntentMismatch) {
-		// One read, not a second claim: a mismatch is counted once.
-		if cur, lerr := h.db.Lookup(ctx, key); lerr == nil && bytes.Equal(cur.Fingerprint, fp) {
+		// One read, not a second claim: a mismatch is counted once. Inspect,
+		// not Lookup: no Options.BeforeReplay for a key that is not replayed.
+		if cur, lerr := h.db.Inspect(ctx, key); lerr == nil && bytes.Equal(cur.Fingerprint, fp) {
 			return h.db.Claim(ctx, key, fp, h.claimOpts...)
 		}
 	}

@@ -160,8 +160,9 @@ func (m *middleware) scope(ctx context.Context, req *mcp.CallToolRequest) (strin
 func (m *middleware) claim(ctx context.Context, key receipts.Key, fp []byte) (*receipts.Lease, *receipts.Receipt, error) {
 	l, rec, err := m.db.Claim(ctx, key, fp, m.claimOpts...)
 	if errors.Is(err, receipts.ErrIntentMismatch) {
-		// One read, not a second claim: a mismatch is counted once.
-		if cur, lerr := m.db.Lookup(ctx, key); lerr == nil && bytes.Equal(cur.Fingerprint, fp[len(fingerprintMark):]) {
+		// One read, not a second claim: a mismatch is counted once. Inspect,
+		// not Lookup: no Options.BeforeReplay for a key that is not replayed.
+		if cur, lerr := m.db.Inspect(ctx, key); lerr == nil && bytes.Equal(cur.Fingerprint, fp[len(fingerprintMark):]) {
 			return m.db.Claim(ctx, key, cur.Fingerprint, m.claimOpts...)
 		}
 	}
