@@ -1,210 +1,202 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
+	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/receiptstore/receipts/examples/internal/exampledb"
-	"github.com/receiptstore/receipts/internal/pgtest"
-	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/transcript"
+	"github.com/receiptstore/receipts/receiptsprom"
 )
 
-// docPath is the page whose transcript TestTwoInstancesTranscript produces.
-const docPath = "../../docs/two-instances.md"
-
-// The transcript sits in docPath between these lines.
-const (
-	transcriptBegin = "<!-- transcript: begin -->\n"
-	transcriptEnd   = "<!-- transcript: end -->\n"
-)
-
-// client is the session's HTTP client (curl's part).
-type client struct {
-	t    *testing.T
-	http *http.Client
-}
-
-// post sends POST url/v1/work-items as alice with the key.
-func (c *client) post(url, key, body string) *http.Response {
-	c.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/work-items", strings.NewReader(body))
+// TestReadmeTranscript plays the README's curl session against the service
+// on a real listener and checks the README shows what the server sent
+// (times, ids and measured values aside). `go test -run TestReadmeTranscript
+// -update` writes it.
+func TestReadmeTranscript(t *testing.T) {
+	const delay = 2 * time.Second // the README's -delay: long enough to send a duplicate meanwhile
+	metrics := receiptsprom.New(nil)
+	db, err := receipts.Open(t.TempDir(), &receipts.Options{GCInterval: -1, Observer: metrics})
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer alice-token")
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	return c.do(req)
-}
-
-func (c *client) do(req *http.Request) *http.Response {
-	c.t.Helper()
-	resp, err := c.http.Do(req)
+	defer db.Close()
+	s := &service{db: db, items: pebbleItems{db.Pebble()}, tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"}, delay: delay, now: time.Now}
+	h, err := s.handler()
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	resp.Body = io.NopCloser(strings.NewReader(string(b)))
-	return resp
-}
+	api := httptest.NewServer(h)
+	defer api.Close()
+	admin := httptest.NewServer(adminMux(db, metrics))
+	defer admin.Close()
 
-// shownHeaders are the response headers the transcript shows, in order
-// (curl -si shows every header; Date and Content-Length change, and the
-// others are the point).
-var shownHeaders = []string{"Content-Type", "Location", "Served-By", "Retry-After",
-	"Idempotent-Replayed", "Idempotency-Recorded-At", "Idempotency-Expires-At"}
-
-// transcript is a shell session as the page shows it.
-type transcript struct {
-	strings.Builder
-	replace []string // old, new: what differs from run to run
-}
-
-func (tr *transcript) cmd(line string) { fmt.Fprintf(tr, "$ %s\n", line) }
-
-// response writes what curl -si shows of resp (headers trimmed).
-func (tr *transcript) response(resp *http.Response) {
-	fmt.Fprintf(tr, "%s %s\n", resp.Proto, resp.Status)
-	for _, name := range shownHeaders {
-		if v := resp.Header.Get(name); v != "" {
-			fmt.Fprintf(tr, "%s: %s\n", name, v)
+	var out strings.Builder
+	// curl -si: the command, then the status line, the headers (without
+	// Date and Content-Length) and the body.
+	curl := func(show bool, method, path, key, body string) {
+		t.Helper()
+		if out.Len() > 0 && !strings.HasSuffix(out.String(), "sleep 0.5\n") {
+			out.WriteString("\n")
 		}
-	}
-	b, _ := io.ReadAll(resp.Body)
-	fmt.Fprintf(tr, "\n%s", b)
-	if len(b) > 0 && b[len(b)-1] != '\n' {
-		tr.WriteString("\n")
-	}
-}
-
-// itemID is the form of a work item's id: wi_ and 16 characters of the
-// operation's ProviderKey, which differs per database.
-var itemID = regexp.MustCompile(`wi_[A-Za-z0-9_-]{16}`)
-
-// String is the transcript with what differs from run to run replaced.
-func (tr *transcript) String() string {
-	s := strings.NewReplacer(tr.replace...).Replace(tr.Builder.String())
-	return itemID.ReplaceAllString(s, "wi_XXXXXXXXXXXXXXXX")
-}
-
-// TestTwoInstancesTranscript runs the session of docs/two-instances.md:
-// two instances of the service on two ports share one PostgreSQL database;
-// a request to one and its retry to the other (replayed), the same key
-// with another body (422), and the proof that the work item and the
-// receipt were written by one transaction (their rows' xmin). It fails if
-// the page's transcript differs from the session's;
-//
-//	UPDATE_TRANSCRIPT=1 go test -run TestTwoInstancesTranscript ./examples/http-workitems
-//
-// rewrites it.
-func TestTwoInstancesTranscript(t *testing.T) {
-	dsn := pgtest.Database(t)
-	ctx := context.Background()
-	clock := receiptstest.NewClock(time.Date(2026, 3, 9, 14, 30, 0, 0, time.UTC))
-	var urls []string
-	tr := &transcript{replace: []string{dsn, "$DSN"}}
-	tr.cmd(`export DSN=postgres://app@db.internal/app   # or the DSN that -pg alone logs`)
-	for i, port := range []string{"8080", "8090"} {
-		in, err := start(ctx, config{addr: "127.0.0.1:0", pg: exampledb.PGFlag(dsn), schema: "workitems",
-			leaseTTL: 30 * time.Second, log: quiet, now: clock.Now})
+		cmd := "curl -si"
+		if !show {
+			cmd = "curl -s -o /dev/null"
+		}
+		if method != "GET" {
+			cmd += " -X " + method
+		}
+		cmd += " localhost:8080" + path + " -H 'Authorization: Bearer alice-token'"
+		if key != "" {
+			cmd += " -H 'Idempotency-Key: " + key + "'"
+		}
+		if body != "" {
+			cmd += " -d '" + body + "'"
+		}
+		req, err := http.NewRequest(method, api.URL+path, strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() {
-			if err := in.stop(); err != nil {
-				t.Error(err)
+		req.Header.Set("Authorization", "Bearer alice-token")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded") // what curl -d sends
+		}
+		if !show {
+			fmt.Fprintf(&out, "$ %s & sleep 0.5\n", cmd)
+			go func() {
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			waitPending(t, db, key) // instead of the sleep: the first request holds its claim
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&out, "$ %s\n%s %s\n", cmd, resp.Proto, resp.Status)
+		keys := make([]string, 0, len(resp.Header))
+		for k := range resp.Header {
+			if k != "Date" && k != "Content-Length" {
+				keys = append(keys, k)
 			}
-		})
-		urls = append(urls, "http://"+in.addrs[0])
-		tr.replace = append(tr.replace, in.addrs[0], "127.0.0.1:"+port)
-		tr.cmd(fmt.Sprintf(`go run ./examples/http-workitems -pg "$DSN" -addr 127.0.0.1:%s -admin '' &   # instance %c`, port, 'A'+i))
-	}
-	c := &client{t: t, http: &http.Client{Timeout: 30 * time.Second}}
-	curl := func(url, key, body string) *http.Response {
-		port := "8080"
-		if url == urls[1] {
-			port = "8090"
 		}
-		tr.cmd(fmt.Sprintf(`curl -si localhost:%s/v1/work-items -H 'Authorization: Bearer alice-token' -H 'Idempotency-Key: %s' -d '%s'`, port, key, body))
-		resp := c.post(url, key, body)
-		tr.response(resp)
-		return resp
+		slices.Sort(keys)
+		for _, k := range keys {
+			for _, v := range resp.Header[k] {
+				fmt.Fprintf(&out, "%s: %s\n", k, v)
+			}
+		}
+		fmt.Fprintf(&out, "\n%s\n", strings.TrimRight(string(b), "\n"))
 	}
-
-	tr.WriteString("\n# The request goes to instance A. The work item and the receipt of the response commit in one transaction.\n")
-	first := curl(urls[0], "op-1", `{"title":"Write the report","assignee":"bob"}`)
-	tr.WriteString("\n# The client's connection dropped before the answer; its retry lands on instance B, which replays it.\n")
-	retry := curl(urls[1], "op-1", `{"title":"Write the report","assignee":"bob"}`)
-	tr.WriteString("\n# The same key with another body is refused, on either instance.\n")
-	reused := curl(urls[1], "op-1", `{"title":"Something else"}`)
-	if first.StatusCode != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" || reused.StatusCode != http.StatusUnprocessableEntity {
-		t.Fatalf("the session: %d, %d (replayed %q), %d", first.StatusCode, retry.StatusCode, retry.Header.Get("Idempotent-Replayed"), reused.StatusCode)
-	}
-
-	tr.WriteString("\n# One work item, written by the transaction that wrote its receipt (the rows' xmin, the id of the\n# transaction that wrote them, are equal).\n")
-	const query = `SELECT w.id, w.xmin = r.xmin AS one_transaction FROM workitems.work_items w, workitems.records r WHERE w.created_by = 'alice' AND r.scope = 'alice' AND r.id = 'op-1'`
-	tr.cmd(`psql "$DSN" -Atc "` + query + `"`)
-	conn, err := pgx.Connect(ctx, dsn)
+	curl(true, "POST", "/v1/work-items", "op-1", `{"title":"Write the report"}`)
+	curl(true, "POST", "/v1/work-items", "op-1", `{ "title": "Write the report" }`)
+	curl(true, "POST", "/v1/work-items", "op-1", `{"title":"Something else"}`)
+	curl(true, "POST", "/v1/work-items", "", `{"title":"No key"}`)
+	curl(false, "POST", "/v1/work-items", "op-2", `{"title":"Book the room"}`)
+	curl(true, "POST", "/v1/work-items", "op-2", `{"title":"Book the room"}`)
+	waitSettled(t, db, "op-2")
+	out.WriteString("\n$ curl -s localhost:8080/v1/work-items -H 'Authorization: Bearer alice-token'\n")
+	req, err := http.NewRequest("GET", api.URL+"/v1/work-items", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, query)
+	req.Header.Set("Authorization", "Bearer alice-token")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for rows.Next() {
-		var id string
-		var one bool
-		if err := rows.Scan(&id, &one); err != nil {
-			t.Fatal(err)
-		}
-		if !one {
-			t.Errorf("work item %s and its receipt were written by different transactions", id)
-		}
-		fmt.Fprintf(tr, "%s|%s\n", id, map[bool]string{true: "t", false: "f"}[one])
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
-		t.Fatalf("%d work items, want 1", n)
-	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	out.Write(b)
+	transcript.Check(t, "README.md", "session", out.String(), normalize)
 
-	got := tr.String()
-	page, err := os.ReadFile(docPath)
+	// The metrics the session left, as the README's scrape shows them.
+	resp, err = http.Get(admin.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, rest, ok1 := strings.Cut(string(page), transcriptBegin)
-	old, after, ok2 := strings.Cut(rest, transcriptEnd)
-	if !ok1 || !ok2 {
-		t.Fatalf("%s has no transcript between %q and %q", docPath, transcriptBegin, transcriptEnd)
-	}
-	block := "```console\n" + got + "```\n"
-	if os.Getenv("UPDATE_TRANSCRIPT") == "1" {
-		if err := os.WriteFile(docPath, []byte(before+transcriptBegin+block+transcriptEnd+after), 0o644); err != nil {
-			t.Fatal(err)
+	defer resp.Body.Close()
+	var scrape strings.Builder
+	scrape.WriteString("$ curl -s localhost:8081/metrics | grep '^receipts_' | grep -v _bucket\n")
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "receipts_") && !strings.Contains(l, "_bucket") {
+			scrape.WriteString(l + "\n")
 		}
-		return
 	}
-	if old != block {
-		t.Errorf("%s's transcript differs from the session's (UPDATE_TRANSCRIPT=1 rewrites it). The session:\n%s", docPath, got)
+	transcript.Check(t, "README.md", "metrics", scrape.String(), normalize)
+}
+
+var volatile = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`wi_[A-Za-z0-9_-]{16}`), "wi_ID"},
+	{regexp.MustCompile(`[A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT`), "DATE"},
+	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "TIME"},
+	{regexp.MustCompile(`(?m)^(Retry-After:) \d+$`), "$1 N"},
+	// measured values: durations, the store's bytes and Pebble's own counts
+	{regexp.MustCompile(`(?m)^((receipts_operation_duration_seconds_sum|receipts_pebble_\w+)\{[^}]*\}) \S+$`), "$1 N"},
+}
+
+// normalize blanks what differs between runs: ids (from the store's secret),
+// times, and measured values.
+func normalize(s string) string {
+	for _, v := range volatile {
+		s = v.re.ReplaceAllString(s, v.with)
+	}
+	return s
+}
+
+// waitPending waits until alice's key is claimed and not yet finished.
+func waitPending(t *testing.T, db *receipts.DB, id string) {
+	t.Helper()
+	waitState(t, db, id, receipts.Pending)
+}
+
+// waitSettled waits until alice's key has its receipt.
+func waitSettled(t *testing.T, db *receipts.DB, id string) {
+	t.Helper()
+	waitState(t, db, id, receipts.Succeeded)
+}
+
+func waitState(t *testing.T, db *receipts.DB, id string, want receipts.State) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		for r, err := range db.Scan(ctx, receipts.Filter{Scope: "alice", State: want}) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Key.ID == id {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s never reached %v", id, want)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }

@@ -7,9 +7,14 @@
 //	go run ./examples/mcp-workitems
 //
 // Flags: -dir keeps the store in a directory (default: a temporary one);
-// -slow is how long creating a work item takes; -timeout is the host's
-// patience on its first attempt; -serve ADDR only runs the server (tokens
-// "alice-token" and "bob-token"), for trying other MCP clients against it.
+// -pg DSN keeps it, and the tracker's work items, on PostgreSQL (schema
+// -schema), and -pg alone on a throwaway cluster started from the installed
+// server binaries and removed at exit; -slow is how long creating a work
+// item takes; -timeout is the host's patience on its first attempt; -serve
+// ADDR only runs the server (tokens "alice-token" and "bob-token"), for
+// trying other MCP clients against it.
+//
+//	go run ./examples/mcp-workitems -pg
 package main
 
 import (
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -30,15 +36,20 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/examples/internal/exampledb"
 	"github.com/receiptstore/receipts/receiptmcp"
 )
 
 type options struct {
 	dir     string
+	pg      exampledb.PGFlag
+	schema  string
 	serve   string
 	slow    time.Duration
 	timeout time.Duration
@@ -46,11 +57,14 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.dir, "dir", "", "store directory (default: a temporary directory, removed at exit)")
-	flag.StringVar(&o.serve, "serve", "", "only serve MCP on this address (e.g. 127.0.0.1:8080)")
-	flag.DurationVar(&o.slow, "slow", 400*time.Millisecond, "how long creating a work item takes")
-	flag.DurationVar(&o.timeout, "timeout", 150*time.Millisecond, "the host's timeout on its first attempt")
-	flag.Parse()
+	fs := flag.NewFlagSet("mcp-workitems", flag.ExitOnError)
+	fs.StringVar(&o.dir, "dir", "", "store directory (default: a temporary directory, removed at exit)")
+	fs.Var(&o.pg, "pg", "keep the store on PostgreSQL: -pg DSN, or -pg alone for a throwaway cluster")
+	fs.StringVar(&o.schema, "schema", "mcp_workitems", "PostgreSQL schema of the store and the tracker (with -pg)")
+	fs.StringVar(&o.serve, "serve", "", "only serve MCP on this address (e.g. 127.0.0.1:8080)")
+	fs.DurationVar(&o.slow, "slow", 400*time.Millisecond, "how long creating a work item takes")
+	fs.DurationVar(&o.timeout, "timeout", 150*time.Millisecond, "the host's timeout on its first attempt")
+	_ = fs.Parse(exampledb.Args(os.Args[1:]))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Stdout, o); err != nil {
@@ -58,9 +72,9 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, w io.Writer, o options) error {
+func run(ctx context.Context, w io.Writer, o options) (err error) {
 	dir := o.dir
-	if dir == "" {
+	if dir == "" && o.pg == "" {
 		tmp, err := os.MkdirTemp("", "mcp-workitems")
 		if err != nil {
 			return err
@@ -68,12 +82,19 @@ func run(ctx context.Context, w io.Writer, o options) error {
 		defer os.RemoveAll(tmp)
 		dir = tmp
 	}
-	db, err := receipts.Open(dir, nil)
+	store, err := exampledb.Open(ctx, exampledb.Config{Dir: dir, PG: string(o.pg), Schema: o.schema,
+		Log: slog.New(slog.NewTextHandler(w, nil))})
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	tracker, err := openTracker(db.Pebble())
+	defer func() { err = errors.Join(err, store.Close()) }()
+	db := store.DB
+	var tracker tracker
+	if store.Pool != nil {
+		tracker, err = openPGTracker(ctx, store.Pool, store.Schema)
+	} else {
+		tracker, err = openPebbleTracker(db.Pebble())
+	}
 	if err != nil {
 		return err
 	}
@@ -151,7 +172,7 @@ var (
 	}
 )
 
-func newServer(db *receipts.DB, tracker *tracker, slow time.Duration) *mcp.Server {
+func newServer(db *receipts.DB, tracker tracker, slow time.Duration) *mcp.Server {
 	server := mcp.NewServer(&mcp.Implementation{Name: "workitems", Version: "v1"}, nil)
 	mcp.AddTool(server, createTool, func(ctx context.Context, req *mcp.CallToolRequest, args createArgs) (*mcp.CallToolResult, WorkItem, error) {
 		a, ok := receiptmcp.AttemptFrom(ctx)
@@ -159,7 +180,7 @@ func newServer(db *receipts.DB, tracker *tracker, slow time.Duration) *mcp.Serve
 			return nil, WorkItem{}, errors.New("no operation key")
 		}
 		// a.Recovered would mean an earlier attempt's outcome is unknown.
-		// Here the work item is written with the receipt (AddEffect), so an
+		// Here the work item is written with the receipt (Stage), so an
 		// attempt that left no receipt left no work item either: creating
 		// it is safe. An effect outside this store would be looked up first,
 		// by a.ProviderKey.
@@ -168,12 +189,20 @@ func newServer(db *receipts.DB, tracker *tracker, slow time.Duration) *mcp.Serve
 		case <-ctx.Done():
 			return nil, WorkItem{}, ctx.Err()
 		}
-		item := WorkItem{ID: tracker.nextID(), Title: args.Title, Assignee: args.Assignee, CreatedBy: a.Key.Scope}
-		a.AddEffect(func(b *pebble.Batch) error { return tracker.put(b, item) })
+		id, err := tracker.nextID(ctx)
+		if err != nil {
+			return nil, WorkItem{}, err
+		}
+		item := WorkItem{ID: id, Title: args.Title, Assignee: args.Assignee, CreatedBy: a.Key.Scope}
+		put, err := tracker.put(item)
+		if err != nil {
+			return nil, WorkItem{}, err
+		}
+		a.Stage(put) // the item commits with the receipt of this result
 		return nil, item, nil
 	})
 	mcp.AddTool(server, listTool, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, workItemList, error) {
-		items, err := tracker.list()
+		items, err := tracker.list(ctx)
 		return nil, workItemList{Items: items}, err
 	})
 	server.AddReceivingMiddleware(receiptmcp.Middleware(db, receiptmcp.Config{
@@ -182,9 +211,21 @@ func newServer(db *receipts.DB, tracker *tracker, slow time.Duration) *mcp.Serve
 	return server
 }
 
-// tracker keeps work items in the receipts store's own Pebble database,
-// under its own prefix, so that each item commits with its receipt.
-type tracker struct {
+// tracker keeps the work items in the receipts store's own database, so
+// that each commits with its receipt (Attempt.Stage): in one Pebble batch,
+// or one PostgreSQL transaction.
+type tracker interface {
+	// nextID numbers a new work item.
+	nextID(ctx context.Context) (uint64, error)
+	// put is the effect that writes item.
+	put(item WorkItem) (receipts.Effect, error)
+	// list reads every work item, by id.
+	list(ctx context.Context) ([]WorkItem, error)
+}
+
+// pebbleTracker keeps work items in the store's Pebble database, under a
+// prefix of its own.
+type pebbleTracker struct {
 	pdb  *pebble.DB
 	mu   sync.Mutex
 	last uint64
@@ -194,9 +235,9 @@ var itemPrefix = []byte("workitems/")
 
 func itemKey(id uint64) []byte { return binary.BigEndian.AppendUint64(bytes.Clone(itemPrefix), id) }
 
-func openTracker(pdb *pebble.DB) (*tracker, error) {
-	t := &tracker{pdb: pdb}
-	items, err := t.list()
+func openPebbleTracker(pdb *pebble.DB) (*pebbleTracker, error) {
+	t := &pebbleTracker{pdb: pdb}
+	items, err := t.list(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -206,22 +247,24 @@ func openTracker(pdb *pebble.DB) (*tracker, error) {
 	return t, nil
 }
 
-func (t *tracker) nextID() uint64 {
+func (t *pebbleTracker) nextID(context.Context) (uint64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.last++
-	return t.last
+	return t.last, nil
 }
 
-func (t *tracker) put(b *pebble.Batch, item WorkItem) error {
+func (t *pebbleTracker) put(item WorkItem) (receipts.Effect, error) {
 	v, err := json.Marshal(item)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return b.Set(itemKey(item.ID), v, nil)
+	return receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error {
+		return b.Set(itemKey(item.ID), v, nil)
+	}), nil
 }
 
-func (t *tracker) list() ([]WorkItem, error) {
+func (t *pebbleTracker) list(context.Context) ([]WorkItem, error) {
 	upper := bytes.Clone(itemPrefix)
 	upper[len(upper)-1]++
 	it, err := t.pdb.NewIter(&pebble.IterOptions{LowerBound: itemPrefix, UpperBound: upper})
@@ -238,6 +281,61 @@ func (t *tracker) list() ([]WorkItem, error) {
 		items = append(items, item)
 	}
 	return items, it.Error()
+}
+
+// pgTracker keeps work items in a table of the store's PostgreSQL schema,
+// numbered by a sequence (so that every server sharing the database
+// numbers them apart).
+type pgTracker struct {
+	pool       *pgxpool.Pool
+	table, seq string // schema-qualified, quoted
+}
+
+func openPGTracker(ctx context.Context, pool *pgxpool.Pool, schema string) (*pgTracker, error) {
+	t := &pgTracker{pool: pool, table: pgx.Identifier{schema, "work_items"}.Sanitize(),
+		seq: pgx.Identifier{schema, "work_item_ids"}.Sanitize()}
+	for _, stmt := range []string{
+		`CREATE SEQUENCE IF NOT EXISTS ` + t.seq,
+		`CREATE TABLE IF NOT EXISTS ` + t.table + ` (id bigint PRIMARY KEY, item jsonb NOT NULL)`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			return nil, fmt.Errorf("tracker: %w", err)
+		}
+	}
+	return t, nil
+}
+
+func (t *pgTracker) nextID(ctx context.Context) (uint64, error) {
+	var id uint64
+	err := t.pool.QueryRow(ctx, `SELECT nextval($1::regclass)`, t.seq).Scan(&id)
+	return id, err
+}
+
+func (t *pgTracker) put(item WorkItem) (receipts.Effect, error) {
+	v, err := json.Marshal(item)
+	if err != nil {
+		return nil, err
+	}
+	return receipts.EffectOn(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+t.table+` (id, item) VALUES ($1, $2)`, item.ID, v)
+		return err
+	}), nil
+}
+
+func (t *pgTracker) list(ctx context.Context) ([]WorkItem, error) {
+	rows, err := t.pool.Query(ctx, `SELECT item FROM `+t.table+` ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkItem, error) {
+		var item WorkItem
+		err := r.Scan(&item)
+		return item, err
+	})
+	if items == nil {
+		items = []WorkItem{}
+	}
+	return items, err
 }
 
 // ---- host ----
