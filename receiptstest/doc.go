@@ -43,6 +43,30 @@
 // (Lease.CommitWith, DB.DoBatch, DB.Pebble) skip on an engine whose
 // DB.Pebble returns nil.
 //
+// # Front ends
+//
+// RunHTTP and RunMCP are the conformance suites of the front ends
+// (receipthttp, receiptmcp) on any engine: real servers and real clients
+// (net/http; the MCP go-sdk over streamable HTTP) for two nodes of a
+// service, each with its own middleware. A Store that implements Nodes
+// gives each node its own handle on one store (PostgreSQL: two
+// pgstore.Open on one schema), as the replicas of a service share a
+// database; otherwise both nodes serve the one *receipts.DB. They check that
+// a retry on the other node is replayed, racing retries on both nodes run
+// the handler once, another payload under a key is refused (422,
+// idempotency_key_conflict), a duplicate while the first runs gets 409 /
+// CodeInProgress with a retry delay or waits for the replay, a key past
+// retention is refused (410 / CodeExpired), a Close during a handler keeps
+// its receipt, an effect the handler stages commits with the receipt, both
+// or neither (Effects; the kit writes to the Pebble batch itself), and a
+// claim settled by hand in the front end's form is replayed. Pebble runs
+// them in receipthttp's and receiptmcp's TestConformance, PostgreSQL in
+// pgstore's TestFrontEnds.
+//
+// PebbleStore is the Store of the embedded engine, for tests of this module
+// and of code built on it. ScopeIsolation runs the scope-isolation property
+// for a given number of checks (internal/harness/isolation runs 10,000).
+//
 // Environment: RECEIPTSTEST_ISOLATION_CHECKS sets how many random checks the
 // scope-isolation property runs (default 300).
 //
