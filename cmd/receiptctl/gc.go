@@ -46,7 +46,10 @@ exits with code 1, having done nothing.`,
 					return usagef("--compact is for a store directory (Pebble) only")
 				}
 				var err error
-				if st, err = a.gcPG(cmd.Context()); err != nil {
+				t := a.startTicker("collecting garbage")
+				st, err = a.gcPG(cmd.Context())
+				t.end()
+				if err != nil {
 					return err
 				}
 			} else {
@@ -54,7 +57,9 @@ exits with code 1, having done nothing.`,
 				if err != nil {
 					return err
 				}
+				t := a.startTicker("collecting garbage")
 				st, err = db.GC(cmd.Context())
+				t.end()
 				if cerr := db.Close(); err == nil {
 					err = cerr
 				}

@@ -75,10 +75,11 @@ func printReceipt(a *app, r *receiptadmin.Receipt, now time.Time) {
 	if !r.LeaseExpiresAt.IsZero() {
 		line("lease expires", "%s (%s)", showTime(r.LeaseExpiresAt), showLease(r, now))
 	}
-	// A result is text when printable (it may span lines), else base64.
-	if len(r.Result) > 0 && printable(r.Result, true) {
-		line("result", "%s", r.Result)
-	} else {
+	// A stored HTTP response as status, headers and body; JSON indented;
+	// text as is (it may span lines); else base64 (result.go).
+	if r.Result == nil {
 		line("result", "%s", showBytes(r.Result, 0))
+	} else {
+		line("result", "%s", resultLines(r.Result))
 	}
 }

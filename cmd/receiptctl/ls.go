@@ -66,8 +66,8 @@ func (a *app) lsTable(cmd *cobra.Command, src source, f receipts.Filter) error {
 		if r.Abandoned {
 			state += " (abandoned)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", showKeyPart(k.Scope), showKeyPart(k.ID), state,
-			r.Attempts, showTime(r.UpdatedAt), showLease(&r, time.Now()), showBytes(r.Result, 48))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", showKeyCell(k.Scope), showKeyCell(k.ID), state,
+			r.Attempts, showTime(r.UpdatedAt), showLease(&r, time.Now()), resultCell(r.Result, 48))
 		return nil
 	})
 	p.done()

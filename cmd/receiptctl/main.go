@@ -7,7 +7,8 @@
 //	receiptctl --dir ./data ls --abandoned
 //	receiptctl --addr http://127.0.0.1:8081/admin/receipts get acct_7 op-42
 //
-// Exit codes: 0 ok, 1 not found or problems found, 2 usage.
+// Exit codes: 0 ok, 1 not found or problems found, 2 bad input (usage, or a
+// key or filter the store refuses).
 package main
 
 import (

@@ -67,7 +67,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitProblem
 	}
 	var ue usageError
-	if !a.started || errors.As(err, &ue) {
+	// Every kind of bad input exits 2: the command line's, and what the
+	// store refused as invalid (a key over 255 bytes, a bad filter).
+	if !a.started || errors.As(err, &ue) || errors.Is(err, receipts.ErrInvalidArgument) {
 		fmt.Fprintf(stderr, "receiptctl: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
 		return exitUsage
 	}
@@ -92,7 +94,8 @@ database, next to the service's running nodes: ls, get, stats, verify, gc and
 export work there as on a directory, and so does reconcile.
 
 Results are shown as text when they are printable UTF-8, else as base64.
-Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
+Exit codes: 0 ok, 1 not found or problems found, 2 bad input (usage, or a
+key or filter the store refuses).`,
 		Example: `  receiptctl demo
   receiptctl --dir ./data ls --state pending
   receiptctl --pg postgres://app@db/app --schema receipts stats
@@ -116,7 +119,8 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 			return usagef("missing command")
 		},
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
+	// cobra's completion command: receiptctl completion bash|zsh|fish|powershell.
+	root.CompletionOptions.HiddenDefaultCmd = false
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.dir, "dir", "", "store directory (offline; the directory must not be held by a running process)")
@@ -129,7 +133,7 @@ Exit codes: 0 ok, 1 not found or problems found, 2 usage.`,
 	pf.DurationVar(&a.settings.override, "override-retention", 0,
 		"offline, DANGEROUS: use this retention instead of the one the store records (records older than it look expired; gc drops them for good and records it as the store's retention)")
 
-	root.AddCommand(a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.reconcileCmd(), a.demoCmd(), a.demoChildCmd())
+	root.AddCommand(a.versionCmd(), a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.reconcileCmd(), a.demoCmd(), a.demoChildCmd())
 	return root
 }
 

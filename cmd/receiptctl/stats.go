@@ -16,6 +16,11 @@ pending), the expired ones GC has not dropped yet, and corrupt ones (exit
 code 1 if any), and shows the store's configuration, disk use, the last GC
 and, live, the service's counters since it opened the store.
 
+Offline (--dir, --pg) the service's counters, last GC, waiters and replay
+cache are unknown: they live in its process, and stats says so instead of
+showing zeros (with --json: they are left out and named in
+"unknown_offline").
+
 Offline, the retention and lease TTL shown are the ones the store records
 (its service's), unless --override-retention is given.`,
 		Example: `  receiptctl --dir ./data stats
@@ -31,11 +36,16 @@ Offline, the retention and lease TTL shown are the ones the store records
 			if err != nil {
 				return err
 			}
-			if a.json {
+			switch {
+			case a.json && a.addr == "":
+				if err := writeOfflineStatsJSON(a.stdout, &s); err != nil {
+					return err
+				}
+			case a.json:
 				if err := writeJSON(a.stdout, s); err != nil {
 					return err
 				}
-			} else {
+			default:
 				a.printStats(&s)
 			}
 			if s.Corrupt > 0 {
@@ -66,6 +76,11 @@ func (a *app) printStats(s *receiptadmin.Stats) {
 	fmt.Fprintf(tw, "expired\t%d\t(waiting for GC)\n", s.Expired)
 	fmt.Fprintf(tw, "corrupt\t%d\n", s.Corrupt)
 	fmt.Fprintf(tw, "disk\t%s\n", showSize(s.DiskBytes))
+	if a.addr == "" {
+		printOfflineUnknown(tw)
+		_ = tw.Flush()
+		return
+	}
 	fmt.Fprintf(tw, "waiters\t%d\t(claims waiting now for another caller's attempt)\n", s.Waiters)
 	if g := s.LastGC; g != nil {
 		fmt.Fprintf(tw, "last gc\t%s: dropped %d %s (~%s), %d writes, took %s\n", showTime(g.At),

@@ -77,7 +77,9 @@ are any. It works offline only (it reads the raw keys).`,
 
 // verify runs db.Check into rep.
 func (a *app) verify(ctx context.Context, db *receipts.DB, rep *verifyReport) error {
-	c, err := db.Check(ctx)
+	t := a.startTicker("verifying")
+	c, err := db.Check(receipts.WithProgress(ctx, t.set))
+	t.end()
 	if err != nil {
 		return err
 	}

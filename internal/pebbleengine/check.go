@@ -14,6 +14,7 @@ import (
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/machine"
+	"github.com/receiptstore/receipts/internal/progress"
 )
 
 var _ driver.Checker = (*Engine)(nil)
@@ -133,10 +134,14 @@ func (c *checker) records() error {
 	}
 	lastEpoch, anyEpoch := uint64(0), false
 	var rec encoding.Record
+	report := progress.From(c.ctx)
 	for valid := it.First(); valid; valid = it.Next() {
 		if c.rep.Records%1024 == 0 {
 			if err := c.ctx.Err(); err != nil {
 				return err
+			}
+			if report != nil {
+				report(c.rep.Records)
 			}
 		}
 		key := it.Key()

@@ -185,6 +185,9 @@ func runCompare(ctx context.Context, cfg *config) error {
 	if cfg.json {
 		return printJSON(stdout, rep)
 	}
+	if cfg.csv {
+		return printCSV(stdout, rep)
+	}
 	printTable(stdout, rep, cfg)
 	return nil
 }

@@ -48,6 +48,7 @@ type config struct {
 	quick     bool
 	settle    bool
 	json      bool
+	csv       bool
 	concs     []int
 	stores    map[string]bool
 	workloads map[string]bool
@@ -125,6 +126,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&cfg.quick, "quick", false, "short run: 1s per configuration, fewer replay keys")
 	fs.BoolVar(&cfg.settle, "settle", true, "flush and compact the floor and receipts before the replay rows (false: replays read whatever the earlier workloads left in memtables and L0)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
+	fs.BoolVar(&cfg.csv, "csv", false, "print the results as CSV (a row per workload, callers and store) instead of a table; with -table FILE, that run's")
 	fs.StringVar(&concs, "conc", "1,8,64", "concurrencies (goroutines), comma-separated")
 	fs.StringVar(&storeList, "stores", strings.Join(defaultStores, ","), "stores to run, comma-separated (also: receipts-pg-lookup, replays through DB.Lookup, pgstore's plain read)")
 	fs.StringVar(&workloadList, "workloads", strings.Join(allWorkloads, ","),

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"os"
@@ -201,6 +202,22 @@ func TestCompareTable(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "bbolt") || !strings.Contains(out.String(), "x floor") {
 		t.Errorf("table from JSON:\n%s", out.String())
+	}
+
+	// The same run as CSV: a header and a row per result, ratios kept.
+	out.Reset()
+	if cfg, err = parseFlags([]string{"-table", saved, "-csv"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := printSaved(cfg); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(out).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1+len(rep.Results) || rows[0][0] != "workload" || rows[1][2] != rep.Results[0].Store || rows[1][9] != "1" {
+		t.Errorf("CSV rows: %q", rows)
 	}
 }
 

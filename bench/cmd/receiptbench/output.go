@@ -1,11 +1,13 @@
 package main
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -21,12 +23,40 @@ func printSaved(cfg *config) error {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return fmt.Errorf("%s: %w", cfg.fromJSON, err)
 	}
+	if cfg.csv {
+		return printCSV(stdout, &rep)
+	}
 	cfg.workloads = map[string]bool{}
 	for _, r := range rep.Results {
 		cfg.workloads[r.Workload] = true
 	}
 	printTable(stdout, &rep, cfg)
 	return nil
+}
+
+// csvHeader names the columns of printCSV: durations in nanoseconds, ratios
+// taken in the same run (0: none).
+var csvHeader = []string{"workload", "conc", "store", "ops", "seconds", "ops_per_sec", "p50_ns", "p99_ns", "mean_ns",
+	"ratio_to_floor", "ratio_to_postgres", "ratio_to_pg_floor", "error"}
+
+// printCSV writes rep's results as CSV, a row per workload, concurrency and
+// store, for spreadsheets and plotting (cmd/benchplot reads the JSON).
+func printCSV(w io.Writer, rep *report) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(csvHeader); err != nil {
+		return err
+	}
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+	for _, r := range rep.Results {
+		row := []string{r.Workload, strconv.Itoa(r.Conc), r.Store, strconv.FormatUint(r.Ops, 10), f(r.Seconds), f(r.OpsPerSec),
+			strconv.FormatInt(int64(r.P50), 10), strconv.FormatInt(int64(r.P99), 10), strconv.FormatInt(int64(r.Mean), 10),
+			f(r.RatioToFloor), f(r.RatioToPG), f(r.RatioToPGFl), r.Error}
+		if err := cw.Write(row); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
 }
 
 func printJSON(w io.Writer, rep *report) error {
