@@ -76,6 +76,16 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 			// oneTrip) after Close began: undone, as that attempt would have undone it.
 			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, e.undoFresh(ctx, req, row.rec.Token))
 		}
+		if err == nil && row.outcome == "own" {
+			// Our claim, which an attempt whose reply was lost committed: a session sees it
+			// even if the primary made it alone (its wait for the standby cancelled), so it is
+			// handed out only once confirmed, else undone.
+			if derr := e.confirmDurable(ctx); derr != nil {
+				token, tookOver := row.rec.Token, row.rec.Attempts > 1
+				e.settleLater(ctx, func(ctx context.Context) { e.undoClaim(ctx, req.Key, token, tookOver) })
+				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: its reply was lost; it landed, but %w", derr)
+			}
+		}
 		if err == nil && row.outcome != "busy" {
 			return e.claimResult(req, row)
 		}
@@ -210,10 +220,20 @@ func (e *engine) claimInTx(ctx context.Context, req driver.ClaimRequest, nonce [
 		end = "COMMIT"
 	}
 	pc := conn.Conn().PgConn()
-	if _, cerr := conn.Exec(ctx, end); err == nil && cerr != nil {
+	cerr := e.checkedCommit(pc, func() error {
+		_, err := conn.Exec(ctx, end)
+		return err
+	})
+	switch {
+	case err != nil:
+		return row, false, err
+	case errors.Is(cerr, ErrNotReplicated): // committed on the primary only: not handed out
+		e.settleLater(ctx, func(ctx context.Context) { e.undoClaim(ctx, req.Key, row.rec.Token, row.outcome == "took_over") })
+		return claimRow{}, false, fmt.Errorf("pgstore: claim: %w", cerr)
+	case cerr != nil:
 		return claimRow{}, false, sent(cerr, pc)
 	}
-	return row, err == nil && end == "COMMIT", err
+	return row, end == "COMMIT", nil
 }
 
 // ensureCurrent creates the partitions around the estimated current epoch (after a claim found

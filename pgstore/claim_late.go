@@ -21,6 +21,9 @@ import (
 // claim took more than a third of the lease, Claim renews it first (a fenced write, so it
 // fails if another caller took the key over meanwhile; the key is then claimed afresh).
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	if err := e.requireSyncStandby(); err != nil {
+		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+	}
 	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim batch, no read before it
 		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read (replayfast.go)
 			return res, nil

@@ -122,10 +122,13 @@ func (e *engine) abandonBound(ctx context.Context, t *txConn, k driver.Key, toke
 	if _, _, err := e.write(ctx, t.tx, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil); err != nil {
 		return fmt.Errorf("pgstore: dotx: %w", err)
 	}
-	err := t.tx.Commit(ctx)
+	err := e.checkedCommit(t.c.Conn().PgConn(), func() error { return t.tx.Commit(ctx) })
 	if err == nil {
 		e.wake(k)
 		return nil
+	}
+	if errors.Is(err, ErrNotReplicated) {
+		return fmt.Errorf("pgstore: dotx: abandon: %w", err)
 	}
 	if !lostReply(ctx, err) {
 		return fmt.Errorf("pgstore: dotx: abandon: commit: %w", err)

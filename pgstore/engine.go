@@ -81,6 +81,9 @@ type engineOptions struct {
 	// stored epoch width) once meta is read, before anything is written (driver.Config.Check);
 	// its error is returned wrapped.
 	Check func(inForce driver.Config) error
+	// RequireSyncStandby refuses to open, and to claim, while a commit might not survive a
+	// failover (Options.RequireSyncStandby).
+	RequireSyncStandby bool
 	// Closing, if set, reports whether the DB's Close has begun (driver.Config.Closing):
 	// from then on Claim hands out no lease (driver.ErrClosed). It is asked after a claim's
 	// statement has answered (its time was taken) and before the claim's transaction commits.
@@ -218,6 +221,10 @@ type engine struct {
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
 	// (hint.go).
 	hint finishedHint
+
+	// What survives a failover (syncrep.go): the replication state last read, whether the
+	// pool's notice handler tells a COMMIT made on the primary only, and how many were.
+	durabilityState
 }
 
 // newEngine creates or migrates the schema and starts the background goroutines (notifier,
@@ -234,6 +241,9 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 	id := make([]byte, 12)
 	_, _ = rand.Read(id)
 	e.me = hex.EncodeToString(id)
+	if err := e.checkDurability(ctx); err != nil { // before anything is written
+		return nil, err
+	}
 	if err := e.migrate(ctx); err != nil {
 		return nil, err
 	}
@@ -253,9 +263,10 @@ func newEngine(ctx context.Context, pool *pgxpool.Pool, o engineOptions) (*engin
 	e.hub.init()
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.notifier.init(e)
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.notifier.run()
 	go e.poll()
+	go e.watchReplication()
 	if o.ListenConn != nil {
 		e.wg.Add(1)
 		go e.listen()
@@ -518,9 +529,10 @@ func lostReply(ctx context.Context, err error) bool {
 
 // mayHaveLanded reports whether a send that carried a COMMIT failed without the server's
 // answer: what it would have committed may or may not have been (ctx aside: a send whose
-// own context ended has lost its reply too).
+// own context ended has lost its reply too). A COMMIT made on the primary only
+// (ErrNotReplicated) was answered: its sender undoes what it decided.
 func mayHaveLanded(err error) bool {
-	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+	if err == nil || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, ErrNotReplicated) {
 		return false
 	}
 	c := pgCode(err)
@@ -553,7 +565,7 @@ func (e *engine) Metrics() []driver.Metric {
 	ps := e.pool.Stat()
 	batches := e.claims.batches.Load() + e.finishes.batches.Load() + e.lookups.batches.Load()
 	batched := e.claims.batched.Load() + e.finishes.batched.Load() + e.lookups.batched.Load()
-	return []driver.Metric{
+	ms := []driver.Metric{
 		{Name: "postgres_listener_up", Help: "1 while the LISTEN session for cross-node wake-ups is up, 0 while waiters poll.", Value: up},
 		{Name: "postgres_listener_reconnects_total", Help: "LISTEN sessions opened after the first (each one a reconnect).", Value: float64(listens - min(listens, 1)), Counter: true},
 		{Name: "postgres_notify_flushes_total", Help: "NOTIFY statements sent to wake waiters on other nodes (each carries many keys).", Value: float64(e.flushes.Load()), Counter: true},
@@ -565,4 +577,48 @@ func (e *engine) Metrics() []driver.Metric {
 		{Name: "postgres_batched_calls_total", Help: "Calls those batches carried (divided by postgres_batches_total: the mean batch size).", Value: float64(batched), Counter: true},
 		{Name: "postgres_batch_failures_total", Help: "Batches that failed (a server error, a lost reply); their calls went on one by one.", Value: float64(e.batchFailures.Load()), Counter: true},
 	}
+	return append(ms, e.durabilityMetrics()...)
+}
+
+// durabilityMetrics are the figures of what survives a failover (syncrep.go), as the engine
+// read them last (every second).
+func (e *engine) durabilityMetrics() []driver.Metric {
+	r := e.repl.Load()
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return []driver.Metric{
+		{Name: "postgres_sync_standby_up", Help: "1 while synchronous_standby_names is set and a synchronous standby is streaming (pg_stat_replication, as this node read it in the last second); 0 otherwise, also when the role may not read pg_stat_replication. Alert on 0: commits then wait, or, with asynchronous replication, a failover can lose them.", Value: b(r.standbyUp() && r.visible)},
+		{Name: "postgres_sync_standby_configured", Help: "1 while synchronous_standby_names is set on the server.", Value: b(r.err == nil && strings.TrimSpace(r.standbyNames) != "")},
+		{Name: "postgres_synchronous_commit", Help: "synchronous_commit of the engine's sessions: 0 off, 1 local, 2 remote_write, 3 on, 4 remote_apply (-1 unknown). Below 3 a failover can lose acknowledged receipts.", Value: r.syncCommitLevel()},
+		{Name: "postgres_primary", Help: "1 while the engine's sessions are on a primary (pg_is_in_recovery is false).", Value: b(r.err == nil && r.primary)},
+		{Name: "postgres_replication_visible", Help: "1 if the engine's role may read pg_stat_replication's details (superuser, pg_monitor or pg_read_all_stats); 0: postgres_sync_standby_up cannot tell.", Value: b(r.err == nil && r.visible)},
+		{Name: "postgres_commit_check", Help: "1 if the pool's notice handler is in place (pgstore.Configure): a COMMIT whose wait for the synchronous standby was cancelled is then told, and its outcome treated as unknown.", Value: b(e.commitCheck.Load())},
+		{Name: "postgres_commits_unconfirmed_total", Help: "COMMITs PostgreSQL made on the primary only (it warned that the wait for the synchronous standby was cancelled); each was reported as unknown, never as durable.", Value: float64(e.unconfirmed.Load()), Counter: true},
+	}
+}
+
+// checkDurability reads, at Open, whether the pool has the notice handler and the server's
+// replication state, logs them, and refuses to open when Options.RequireSyncStandby is set
+// and a commit might not survive a failover.
+func (e *engine) checkDurability(ctx context.Context) error {
+	on, err := e.commitCheckOn(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: open: %w", err)
+	}
+	e.commitCheck.Store(on)
+	r := e.readReplication(ctx)
+	e.repl.Store(r)
+	if r.err != nil {
+		return fmt.Errorf("pgstore: open: replication state: %w", r.err)
+	}
+	e.o.Logger.Info("pgstore: durability", "synchronous_commit", r.syncCommit, "synchronous_standby_names", r.standbyNames,
+		"sync_standbys_streaming", r.syncUp, "replication_visible", r.visible, "primary", r.primary, "commit_check", on)
+	if !on {
+		e.o.Logger.Warn("pgstore: the pool was built without pgstore.Configure: a COMMIT whose wait for a synchronous standby is cancelled cannot be told from a durable one")
+	}
+	return e.requireSyncStandby()
 }

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -62,32 +63,48 @@ func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishC
 		tokens[i], states[i], results[i], traces[i] = int64(c.v.token), int16(c.v.state), c.v.result, c.v.trace
 	}
 	sql := e.finishManyText.get(ep, func() string { return e.q.finishManyInSQL(ep, e.markerEpoch(ep)) })
-	rows, err := e.pool.Query(ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
-	if err != nil {
-		e.batchFailures.Add(1)
-		return // nothing answered: the parent's statement decides for each
-	}
 	type wrote struct {
 		rec driver.Record
 		now time.Time
 	}
 	got := make([]*wrote, n)
-	for rows.Next() {
-		w := &wrote{}
-		var xid string
-		var i int64
-		if err = scanRecord(rows, &w.rec, &w.now, &xid, &i); err != nil {
-			break
-		}
-		if i < 1 || i > int64(n) || got[i-1] != nil {
-			err = fmt.Errorf("pgstore: finish batch: row for key %d of %d", i, n)
-			break
-		}
-		got[i-1] = w
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		e.batchFailures.Add(1)
+		return // nothing sent: the parent's statement decides for each
 	}
-	rows.Close()
-	if err == nil {
-		err = rows.Err()
+	defer conn.Release()
+	err = e.checkedCommit(conn.Conn().PgConn(), func() error {
+		rows, err := conn.Query(ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			w := &wrote{}
+			var xid string
+			var i int64
+			if err = scanRecord(rows, &w.rec, &w.now, &xid, &i); err != nil {
+				break
+			}
+			if i < 1 || i > int64(n) || got[i-1] != nil {
+				err = fmt.Errorf("pgstore: finish batch: row for key %d of %d", i, n)
+				break
+			}
+			got[i-1] = w
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		return err
+	})
+	if errors.Is(err, ErrNotReplicated) { // written, on the primary only: an unknown outcome for each
+		for i, c := range in {
+			if got[i] != nil {
+				c.v.done, c.v.err = true, fmt.Errorf("pgstore: finish: %w", err)
+			}
+		}
+		return
 	}
 	if err != nil || (e.testLoseBatch != nil && e.testLoseBatch()) {
 		e.batchFailures.Add(1)

@@ -123,8 +123,20 @@ func (e *engine) freshAlone(ctx context.Context, req driver.ClaimRequest, nonce 
 	}
 	defer conn.Release()
 	pc := conn.Conn().PgConn()
-	row, got, err := e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
-	if err != nil && pc.TxStatus() != 'I' {                    // the batch failed inside its transaction
+	var row claimRow
+	var got freshGot
+	err = e.checkedCommit(pc, func() (err error) {
+		row, got, err = e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
+		return err
+	})
+	if errors.Is(err, ErrNotReplicated) { // committed on the primary only: not handed out
+		if got == freshClaimed {
+			token := row.rec.Token
+			e.settleLater(ctx, func(ctx context.Context) { e.undoClaim(ctx, req.Key, token, false) })
+		}
+		return claimRow{}, freshNone, fmt.Errorf("pgstore: claim: %w", err)
+	}
+	if err != nil && pc.TxStatus() != 'I' { // the batch failed inside its transaction
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 	}
 	return row, got, sent(err, pc)
@@ -183,51 +195,60 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 	b.Queue(e.q.lockMany, lockClass, locks)
 	b.Queue(e.q.freshMany, args...)
 	b.Queue("COMMIT")
-	br := conn.SendBatch(ctx, b)
 	got := make([]bool, n)
 	locked := make([]bool, n)
-	if _, err = br.Exec(); err == nil {
-		var list string
-		if err = br.QueryRow().Scan(&list); err == nil {
-			for _, f := range strings.Split(list, ",") {
-				if i, perr := strconv.Atoi(f); perr == nil && i >= 1 && i <= n {
-					locked[i-1] = true
+	err = e.checkedCommit(conn.Conn().PgConn(), func() (err error) {
+		br := conn.SendBatch(ctx, b)
+		if _, err = br.Exec(); err == nil {
+			var list string
+			if err = br.QueryRow().Scan(&list); err == nil {
+				for _, f := range strings.Split(list, ",") {
+					if i, perr := strconv.Atoi(f); perr == nil && i >= 1 && i <= n {
+						locked[i-1] = true
+					}
 				}
 			}
 		}
-	}
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			for rows.Next() {
-				var row claimRow
-				var claimed bool
-				var i int64
-				if err = scanRecord(rows, &row.rec, &row.now, &claimed, &i); err != nil {
-					break
+		if err == nil {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				for rows.Next() {
+					var row claimRow
+					var claimed bool
+					var i int64
+					if err = scanRecord(rows, &row.rec, &row.now, &claimed, &i); err != nil {
+						break
+					}
+					if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
+						err = fmt.Errorf("pgstore: claim batch: row for key %d of %d", i, n)
+						break
+					}
+					got[i-1] = true
+					c := &batch[i-1].v
+					c.row, c.got = row, freshExisting
+					if claimed {
+						c.got = freshClaimed
+					}
 				}
-				if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
-					err = fmt.Errorf("pgstore: claim batch: row for key %d of %d", i, n)
-					break
+				rows.Close()
+				if err == nil {
+					err = rows.Err()
 				}
-				got[i-1] = true
-				c := &batch[i-1].v
-				c.row, c.got = row, freshExisting
-				if claimed {
-					c.got = freshClaimed
-				}
-			}
-			rows.Close()
-			if err == nil {
-				err = rows.Err()
 			}
 		}
-	}
-	if err == nil {
-		_, err = br.Exec() // COMMIT
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+		if err == nil {
+			_, err = br.Exec() // COMMIT
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	unconfirmed := err
+	if errors.Is(err, ErrNotReplicated) { // its claims are undone below; the other answers stand
+		err = nil
+	} else {
+		unconfirmed = nil
 	}
 	if err == nil && e.testLoseBatch != nil && e.testLoseBatch() {
 		err = errBatchLost // as if the connection broke after the COMMIT
@@ -260,5 +281,23 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 		} else {
 			c.row.now = e.saw(c.row.now, now)
 		}
+	}
+	if unconfirmed != nil { // committed on the primary only: no claim of it is handed out
+		type grant struct {
+			k     driver.Key
+			token uint64
+		}
+		var undo []grant
+		for _, bc := range batch {
+			if c := &bc.v; c.got == freshClaimed {
+				undo = append(undo, grant{bc.key, c.row.rec.Token})
+				c.row, c.got, c.err = claimRow{}, freshNone, fmt.Errorf("pgstore: claim: %w", unconfirmed)
+			}
+		}
+		e.settleLater(ctx, func(ctx context.Context) {
+			for _, g := range undo {
+				e.undoClaim(ctx, g.k, g.token, false)
+			}
+		})
 	}
 }

@@ -40,6 +40,16 @@ type Options struct {
 	// PollInterval is how often this node's waiters re-read when no LISTEN session is up
 	// (poll-only mode, or while the listener reconnects). Default 1s.
 	PollInterval time.Duration
+
+	// RequireSyncStandby refuses to open, and to claim (an error wrapping ErrNoSyncStandby),
+	// while a commit might not survive a failover: unless the session is on a primary with
+	// synchronous_commit on (or remote_apply), synchronous_standby_names set and a
+	// synchronous standby streaming (pg_stat_replication, which the role must be allowed to
+	// read: pg_monitor), and the pool was built with Configure. The state is read at Open and
+	// every second. Off by default; recommended in production with a standby
+	// (docs/postgresql-ha.md). It refuses new claims only: a lease already held still
+	// commits, and its COMMIT waits for the standby as PostgreSQL makes it.
+	RequireSyncStandby bool
 }
 
 // Open opens the store in opts.Schema of pool's database, creating the schema if it is
@@ -84,6 +94,7 @@ func openPG(ctx context.Context, pool *pgxpool.Pool, cfg driver.Config, o Option
 		Now:                   cfg.Now,
 		ListenConn:            o.ListenConn,
 		PollInterval:          o.PollInterval,
+		RequireSyncStandby:    o.RequireSyncStandby,
 		Logger:                cfg.Logger,
 		Check:                 cfg.Check,
 		Closing:               cfg.Closing,

@@ -181,6 +181,9 @@ const effectSavepoint = "receipts_effect"
 // back (tx nil). Busy rows, lost replies, serialization failures and missing partitions are
 // retried in a new transaction with the same nonce, as Claim does.
 func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (*txConn, driver.ClaimResult, error) {
+	if err := e.requireSyncStandby(); err != nil {
+		return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+	}
 	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim transaction (its claim statement answers a finished record too)
 		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read, no transaction
 			return nil, res, nil
@@ -290,32 +293,37 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	}
 	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result, driver.TraceOf(ctx))...)
 	b.Queue("COMMIT")
-	br := tx.tx.SendBatch(ctx, b)
-	if batched {
-		if _, ferr = br.Exec(); ferr != nil {
-			ferr = fmt.Errorf("roll back the effect: %w", ferr)
-		}
-	}
 	var fin driver.Record
-	if ferr == nil {
-		var now time.Time
-		var xid string
-		if ferr = scanRecord(br.QueryRow(), &fin, &now, &xid); ferr == nil {
-			fin.Key = li.Key
-			e.fill(&fin)
-			e.saw(now, nil)
-		} else if divisionByZero(ferr) { // finishMust: the fence did not hold
-			ferr = driver.ErrLeaseLost
+	err := e.checkedCommit(tx.c.Conn().PgConn(), func() error {
+		br := tx.tx.SendBatch(ctx, b)
+		if batched {
+			if _, ferr = br.Exec(); ferr != nil {
+				ferr = fmt.Errorf("roll back the effect: %w", ferr)
+			}
 		}
-	}
-	_, err := br.Exec() // COMMIT (skipped by the server after a failed statement: its error again)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+		if ferr == nil {
+			var now time.Time
+			var xid string
+			if ferr = scanRecord(br.QueryRow(), &fin, &now, &xid); ferr == nil {
+				fin.Key = li.Key
+				e.fill(&fin)
+				e.saw(now, nil)
+			} else if divisionByZero(ferr) { // finishMust: the fence did not hold
+				ferr = driver.ErrLeaseLost
+			}
+		}
+		_, err := br.Exec() // COMMIT (skipped by the server after a failed statement: its error again)
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 	if err == nil && tx.c.Conn().PgConn().TxStatus() != 'I' { // pgx would have said, but be sure
 		err = errors.New("the transaction is still open after COMMIT")
 	}
 	switch {
+	case errors.Is(err, ErrNotReplicated): // committed on the primary only: the outcome is unknown
+		return driver.Record{}, fmt.Errorf("pgstore: dotx: outcome unknown: %w", err)
 	case err == nil && ferr == nil:
 		e.wakeFinished(li.Key, fin)
 		return fin, nil
@@ -333,6 +341,9 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	cur, found, _, lerr := e.Lookup(ctx, li.Key)
 	switch {
 	case found && finished(li.Token, state, result)(cur):
+		if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
+			return driver.Record{}, fmt.Errorf("pgstore: dotx: outcome unknown: the receipt was read back, but %w", derr)
+		}
 		e.wakeFinished(li.Key, cur)
 		return cur, nil
 	case err == nil: // committed without its receipt: the claim stays Pending until its lease ends

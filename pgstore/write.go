@@ -32,7 +32,12 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 		var rec driver.Record
 		var now time.Time
 		var xid string
-		err := scanRecord(q.QueryRow(ctx, sql, args...), &rec, &now, &xid)
+		var err error
+		if inTx {
+			err = scanRecord(q.QueryRow(ctx, sql, args...), &rec, &now, &xid)
+		} else { // the statement commits on its own
+			err = e.commitRow(ctx, sql, args, func(r pgx.Row) error { return scanRecord(r, &rec, &now, &xid) })
+		}
 		if err == nil && !inTx && e.testLoseReply != nil {
 			err = e.testLoseReply()
 		}
@@ -45,6 +50,9 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 		if errors.Is(err, pgx.ErrNoRows) {
 			if lost && verify != nil {
 				if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
+					if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
+						return driver.Record{}, "", fmt.Errorf("pgstore: %s: the reply was lost; it landed, but %w", op, derr)
+					}
 					return cur, "", nil
 				}
 			}
@@ -69,6 +77,17 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 	}
 }
 
+// commitRow runs sql, a statement that commits on its own, on one of the pool's connections,
+// and scans its row with scan; the COMMIT goes through checkedCommit.
+func (e *engine) commitRow(ctx context.Context, sql string, args []any, scan func(pgx.Row) error) error {
+	c, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return e.checkedCommit(c.Conn().PgConn(), func() error { return scan(c.QueryRow(ctx, sql, args...)) })
+}
+
 // finished reports whether rec is the outcome a lost Finish of token would have written.
 func finished(token uint64, state driver.State, result []byte) func(driver.Record) bool {
 	return func(r driver.Record) bool {
@@ -76,8 +95,19 @@ func finished(token uint64, state driver.State, result []byte) func(driver.Recor
 	}
 }
 
+// The engine's writes run uncancelled (unCancelled): a caller whose context ends while one is
+// in flight gets its context's error at once, and the write goes on, so neither pgx's deadline
+// nor its cancel request reaches its COMMIT (detach.go, syncrep.go).
+
 // Renew implements driver.Engine.
-func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
+func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (rec driver.Record, err error) {
+	if !e.unCancelled(ctx, func(ctx context.Context) { rec, err = e.renew(ctx, k, token, ttl) }) {
+		return driver.Record{}, fmt.Errorf("pgstore: renew: %w", ctx.Err())
+	}
+	return rec, err
+}
+
+func (e *engine) renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
 	if e.bound.get(token) != nil { // DoTx's transaction holds the row: nobody can take it over
 		return driver.Record{}, nil
 	}
@@ -91,7 +121,14 @@ func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time
 }
 
 // Finish implements driver.Engine: one statement, committed before it returns.
-func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (driver.Record, error) {
+func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (rec driver.Record, err error) {
+	if !e.unCancelled(ctx, func(ctx context.Context) { rec, err = e.finish(ctx, k, token, state, result) }) {
+		return driver.Record{}, fmt.Errorf("pgstore: finish: %w", ctx.Err())
+	}
+	return rec, err
+}
+
+func (e *engine) finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (driver.Record, error) {
 	if state != driver.Succeeded && state != driver.Failed {
 		return driver.Record{}, errBadState
 	}
@@ -132,6 +169,9 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 	if aimed && errors.Is(err, driver.ErrLeaseLost) {
 		if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
 			rec, err = cur, nil
+			if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
+				rec, err = driver.Record{}, fmt.Errorf("pgstore: finish: the reply was lost; it landed, but %w", derr)
+			}
 		}
 	}
 	if err == nil {
@@ -141,7 +181,14 @@ func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 }
 
 // Abandon implements driver.Engine.
-func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
+func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) (err error) {
+	if !e.unCancelled(ctx, func(ctx context.Context) { err = e.abandon(ctx, k, token) }) {
+		return fmt.Errorf("pgstore: abandon: %w", ctx.Err())
+	}
+	return err
+}
+
+func (e *engine) abandon(ctx context.Context, k driver.Key, token uint64) error {
 	if t := e.bound.get(token); t != nil {
 		return e.abandonBound(ctx, t, k, token)
 	}
@@ -156,7 +203,14 @@ func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) error 
 // Release implements driver.Engine: a lease that never took over deletes the record; a
 // recovered one keeps it as an abandoned claim (the earlier attempt's outcome is still
 // unknown, so the next claim must be Recovered too).
-func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
+func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) (err error) {
+	if !e.unCancelled(ctx, func(ctx context.Context) { err = e.release(ctx, k, token, recovered) }) {
+		return fmt.Errorf("pgstore: release: %w", ctx.Err())
+	}
+	return err
+}
+
+func (e *engine) release(ctx context.Context, k driver.Key, token uint64, recovered bool) error {
 	if t := e.bound.get(token); t != nil {
 		e.releaseBound(ctx, t, k, token)
 		return nil
@@ -173,12 +227,15 @@ func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recove
 }
 
 // Forget implements driver.Engine.
-func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
+func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) (err error) {
 	if e.bound.get(token) != nil {
 		return errBoundForget
 	}
 	e.leases.drop(token)
-	return e.delete(ctx, "forget", k, token)
+	if !e.unCancelled(ctx, func(ctx context.Context) { err = e.delete(ctx, "forget", k, token) }) {
+		return fmt.Errorf("pgstore: forget: %w", ctx.Err())
+	}
+	return err
 }
 
 func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint64) error {
@@ -189,7 +246,7 @@ func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint
 		if e.q.tombs {
 			args = append(args, e.markerBottom()) // its markers go too
 		}
-		err := e.pool.QueryRow(ctx, e.q.del, args...).Scan(&now)
+		err := e.commitRow(ctx, e.q.del, args, func(r pgx.Row) error { return r.Scan(&now) })
 		if err == nil && e.testLoseReply != nil {
 			err = e.testLoseReply()
 		}

@@ -44,6 +44,7 @@ type Cluster struct {
 	Port   int
 	runAs  string // "" = as this process
 	cfg    Config
+	extra  string // more server options (a standby's primary_conninfo)
 }
 
 // Config tunes a cluster.
@@ -114,14 +115,7 @@ func StartWith(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			c.remove()
-			return nil, fmt.Errorf("pgtest: running as root needs the postgres system user: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
+		if err := chownTo(dir, "postgres"); err != nil {
 			c.remove()
 			return nil, err
 		}
@@ -145,12 +139,23 @@ func StartWith(ctx context.Context, cfg Config) (*Cluster, error) {
 
 func (c *Cluster) data() string { return filepath.Join(c.Dir, "data") }
 
+// chownTo gives dir to the system user name (the server runs as it when the tests run as root).
+func chownTo(dir, name string) error {
+	u, err := user.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("pgtest: running as root needs the %s system user: %w", name, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return os.Chown(dir, uid, gid)
+}
+
 func (c *Cluster) opts() string {
 	fsync := "off"
 	if c.cfg.Durable {
 		fsync = "on"
 	}
-	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200 -c fsync=%s", c.Port, c.Dir, fsync)
+	return fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=200 -c fsync=%s", c.Port, c.Dir, fsync) + c.extra
 }
 
 func (c *Cluster) start(ctx context.Context) error {

@@ -1,0 +1,214 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A primary with a streaming standby, for tests of replication and failover. Unlike the
+// cluster the package's tests share, each Pair belongs to one test: its tests stop the
+// standby, kill the primary and promote the standby.
+
+// Pair is a primary and one streaming standby of it, started for one test (StartPair).
+type Pair struct {
+	Primary, Standby *Cluster
+	// StandbyName is the standby's application_name, which synchronous_standby_names
+	// names (SetSynchronous).
+	StandbyName string
+}
+
+// StartPair starts a primary (fsync on: a promotion must find what the primary flushed, and
+// tests compare the two) and a streaming standby of it, both stopped and removed when t ends.
+// With sync, the primary's synchronous_standby_names names the standby, and StartPair returns
+// once it streams as the synchronous standby; otherwise replication is asynchronous (the
+// default). Without server binaries it skips t (fails it with CI=true), as the shared cluster
+// does. The package's TestMain must call Main.
+func StartPair(t testing.TB, sync bool) *Pair {
+	t.Helper()
+	if !mainRan {
+		t.Fatal("pgtest: the package's TestMain must call pgtest.Main(m)")
+	}
+	if _, err := FindBinDir(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL tests must run in CI: %v", err)
+		}
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	primary, err := StartWith(ctx, Config{Durable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = primary.Stop() })
+	const name = "standby1"
+	standby, err := primary.StartStandby(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = standby.Stop() })
+	p := &Pair{Primary: primary, Standby: standby, StandbyName: name}
+	if sync {
+		if err := primary.SetSynchronous(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if err := primary.WaitStandby(ctx, name, "sync"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// MultiHostDSN is the DSN of the primary and the standby in that order, with
+// target_session_attrs=read-write, for database db: pgx connects to whichever of the two is
+// the primary (the first, until the standby is promoted).
+func (p *Pair) MultiHostDSN(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
+		p.Primary.Port, p.Standby.Port, db)
+}
+
+// DSNFor is c's superuser DSN for database db.
+func (c *Cluster) DSNFor(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.Port, db)
+}
+
+// StartStandby makes a streaming standby of c named name: a base backup of c (pg_basebackup,
+// its WAL streamed), started on a port of its own, streaming from c under application_name
+// name. It returns once c lists it in pg_stat_replication. Its settings are c's as of the
+// backup (postgresql.auto.conf included): set c's synchronous_standby_names after it.
+func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", clusterPrefix)
+	if err != nil {
+		return nil, err
+	}
+	s := &Cluster{Dir: dir, BinDir: c.BinDir, runAs: c.runAs, cfg: c.cfg}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		s.remove()
+		return nil, err
+	}
+	if c.runAs != "" {
+		if err := chownTo(dir, c.runAs); err != nil {
+			s.remove()
+			return nil, err
+		}
+	}
+	if out, err := s.run(ctx, "pg_basebackup", "-D", s.data(), "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres",
+		"-X", "stream", "-R", "--no-sync"); err != nil {
+		s.remove()
+		return nil, fmt.Errorf("pgtest: pg_basebackup: %w\n%s", err, out)
+	}
+	if s.Port, err = freePort(); err != nil {
+		s.remove()
+		return nil, err
+	}
+	// On the command line, primary_conninfo takes precedence over the one -R wrote.
+	s.extra = fmt.Sprintf(" -c primary_conninfo='host=127.0.0.1 port=%d user=postgres application_name=%s'", c.Port, name)
+	if err := s.start(ctx); err != nil {
+		s.remove()
+		return nil, err
+	}
+	s.DSN = s.DSNFor("postgres")
+	if err := c.WaitStandby(ctx, name, ""); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// SetSynchronous sets c's synchronous_standby_names (ALTER SYSTEM, then a reload): a standby's
+// name, or a list ("ANY 1 (a, b)"); "" makes replication asynchronous again (commits waiting
+// for a standby are released).
+func (c *Cluster) SetSynchronous(ctx context.Context, names string) error {
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quoteLiteral(names)); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
+	return err
+}
+
+// WaitStandby waits until c's pg_stat_replication lists the standby name streaming, with
+// sync_state syncState if it is not "" ("sync", "async", "quorum").
+func (c *Cluster) WaitStandby(ctx context.Context, name, syncState string) error {
+	var last error
+	for {
+		conn, err := pgx.Connect(ctx, c.DSN)
+		if err == nil {
+			var state string
+			err = conn.QueryRow(ctx, `SELECT sync_state FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, name).Scan(&state)
+			_ = conn.Close(ctx)
+			if err == nil && (syncState == "" || state == syncState) {
+				return nil
+			}
+			if err == nil {
+				err = fmt.Errorf("sync_state %s", state)
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: standby %s not streaming (%s): %w", name, syncState, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Kill SIGKILLs c's postmaster: no shutdown, its backends exit as they notice, and the data
+// directory is as after a crash of the machine's PostgreSQL (what a failover manager's
+// fencing or a dead host leaves).
+func (c *Cluster) Kill() error {
+	b, err := os.ReadFile(filepath.Join(c.data(), "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("pgtest: kill: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("pgtest: kill: postmaster.pid: %q", first)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("pgtest: kill %d: %w", pid, err)
+	}
+	for processAlive(pid) { // a zombie until its parent reaps it; pg_ctl's parent is init
+		time.Sleep(5 * time.Millisecond)
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && strings.Contains(string(b), ") Z ") {
+			break
+		}
+	}
+	return nil
+}
+
+// Promote promotes c, a standby, to a primary (pg_ctl promote, waiting until it accepts
+// writes).
+func (c *Cluster) Promote(ctx context.Context) error {
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-w", "-t", "60", "promote"); err != nil {
+		return fmt.Errorf("pgtest: pg_ctl promote: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Shutdown stops c's server (pg_ctl stop -m fast) and keeps its files: Start starts it again.
+func (c *Cluster) Shutdown(ctx context.Context) error {
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-m", "fast", "-w", "-t", "60", "stop"); err != nil {
+		return fmt.Errorf("pgtest: pg_ctl stop: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Start starts c's server again after Shutdown.
+func (c *Cluster) Start(ctx context.Context) error { return c.start(ctx) }
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
