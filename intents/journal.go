@@ -153,7 +153,7 @@ func (j *Journal) Approve(ctx context.Context, a Approval) (*Action, error) {
 		return stored, nil
 	}
 	j.notify()
-	return act.clone(), nil
+	return stored, nil
 }
 
 // checkApproval validates a and returns its arguments as compact JSON.

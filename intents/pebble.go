@@ -44,6 +44,17 @@ func Open(dir string, opts *Options) (*Journal, error) {
 	return New(s, &o)
 }
 
+// OpenPebble opens the Pebble store in dir, for New: Open(dir, opts) is
+// New(OpenPebble(dir, opts), opts). Only opts.Pebble and opts.Logger
+// apply to the store.
+func OpenPebble(dir string, opts *Options) (Store, error) {
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return openPebble(dir, &o)
+}
+
 // pebbleStore is the Pebble Store.
 type pebbleStore struct {
 	db    *pebble.DB
