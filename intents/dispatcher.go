@@ -166,21 +166,22 @@ func (d *Dispatcher) scan() {
 		d.active[a.Key] = true
 		d.mu.Unlock()
 		d.wg.Add(1)
-		go d.deliver(a)
+		go d.deliver(a.Key)
 	}
 }
 
 // deliver delivers a until it is answered, turns Uncertain, or d closes.
-func (d *Dispatcher) deliver(a *Action) {
+func (d *Dispatcher) deliver(key string) {
 	defer d.wg.Done()
 	defer func() {
 		d.mu.Lock()
-		delete(d.active, a.Key)
+		delete(d.active, key)
 		d.mu.Unlock()
 	}()
 	// Read it again: scan's copy may predate an answer this Dispatcher
-	// just recorded.
-	a, err := d.j.Get(d.ctx, a.Key)
+	// just recorded. On an error (the store is restarting), the next scan
+	// starts it again.
+	a, err := d.j.Get(d.ctx, key)
 	if err != nil || a.State != Approved {
 		return
 	}

@@ -107,6 +107,13 @@ func (j *Journal) Now() time.Time { return j.opts.Now() }
 // is the same approval seen again; with another request it fails with
 // ErrRefConflict.
 //
+// An error that is not bad input leaves the approval unknown only on a
+// store that can lose a commit's reply (PostgreSQL: the connection broke
+// as it committed): call Approve again with the same Ref (and a deadline
+// still in the future), which returns the action if it was recorded, with
+// its own deadline, and records it if not. Without a Ref, a second Approve
+// is a second action.
+//
 // Bad input fails with an error wrapping ErrInvalid and one of
 // ErrEmptyTarget, ErrEmptyOperation, ErrNoApprover, ErrBadArguments,
 // ErrDeadlinePassed or ErrTooLong, and records nothing.
