@@ -295,12 +295,11 @@ func (d *Dispatcher) giveUp(a *Action, attempts uint32, last error) {
 // from MinBackoff with full jitter, capped at MaxBackoff, and at least the
 // service's Retry-After.
 func (d *Dispatcher) backoff(n uint32, err error) time.Duration {
-	ceil := d.o.MaxBackoff
-	if n < 32 {
-		if c := d.o.MinBackoff << (n - 1); c > 0 && c < ceil {
-			ceil = c
-		}
+	ceil := d.o.MinBackoff
+	for i := uint32(1); i < n && ceil < d.o.MaxBackoff; i++ {
+		ceil *= 2 // at most MaxBackoff*2 <= 2*maxDuration: no overflow
 	}
+	ceil = min(ceil, d.o.MaxBackoff)
 	w := d.o.MinBackoff + rand.N(ceil-d.o.MinBackoff+1)
 	if h := retryAfter(err); h > w {
 		w = h + rand.N(h/10+1)

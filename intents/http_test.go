@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -151,7 +152,8 @@ type host struct {
 
 func newHost(t *testing.T, svc *httpService) *host {
 	t.Helper()
-	j, err := intents.Open("host", &intents.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}, PollInterval: 50 * time.Millisecond})
+	j, err := intents.Open("host", &intents.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}, PollInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

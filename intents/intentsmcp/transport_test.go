@@ -55,6 +55,7 @@ type service struct {
 	dropped map[string]bool
 
 	dropFirst atomic.Bool   // lose the first response of each intent, after it is recorded
+	stripMeta atomic.Bool   // drop results' _meta, as some client frameworks do
 	slow      chan struct{} // when set, charges wait on it
 }
 
@@ -117,10 +118,21 @@ func (s *service) restart() {
 	server := mcp.NewServer(&mcp.Implementation{Name: "billing"}, nil)
 	s.servers = append(s.servers, server)
 	mcp.AddTool(server, &mcp.Tool{Name: "charge"}, s.charge)
-	server.AddReceivingMiddleware(s.logKeys, receiptmcp.Middleware(s.db, receiptmcp.Config{FixedScope: "host-1", Wait: -1}))
+	server.AddReceivingMiddleware(s.strip, s.logKeys, receiptmcp.Middleware(s.db, receiptmcp.Config{FixedScope: "host-1", Wait: -1}))
 	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{JSONResponse: true})
 	s.h.Store(&h)
+}
+
+// strip drops the _meta of tool results when stripMeta is set.
+func (s *service) strip(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if r, ok := res.(*mcp.CallToolResult); ok && s.stripMeta.Load() {
+			r.Meta = nil
+		}
+		return res, err
+	}
 }
 
 // logKeys records the key each tools/call arrives with.
@@ -364,5 +376,24 @@ func call(t *testing.T, svc *service, key string, in chargeIn) {
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: in, Meta: mcp.Meta{receiptmcp.DefaultMetaKey: key}})
 	if err != nil || res.IsError {
 		t.Fatalf("call: %v %+v", err, res)
+	}
+}
+
+// TestReplayMarkDropped: with the results' _meta dropped on the way (as
+// some client frameworks do), a lost response is still fetched again and
+// recorded once; only Answer.Replayed, for people, is lost.
+func TestReplayMarkDropped(t *testing.T) {
+	svc := newService(t)
+	svc.dropFirst.Store(true)
+	svc.stripMeta.Store(true)
+	h := newHost(t, svc, intents.DispatcherOptions{})
+	h.start(intents.DispatcherOptions{})
+	a := h.approve("i9", 5)
+	got := h.wait(a.Key)
+	if got.State != intents.Succeeded || structured(t, got) != "ch_i9_1" || got.Answer.Replayed {
+		t.Fatalf("%+v %s", got.Answer, got.Answer.Body)
+	}
+	if e, k := svc.count("i9"); e != 1 || k != 1 {
+		t.Fatalf("%d effects under %d keys", e, k)
 	}
 }
