@@ -20,12 +20,14 @@ type Journal struct {
 	store Store
 	opts  Options
 
-	// life is held shared by every call into the store and exclusively by
-	// Close, so that Close waits for calls in progress.
-	life sync.RWMutex
-	mu   sync.Mutex // protects closed and changed
-	// closed is set by Close.
+	mu sync.Mutex // protects closed, calls and changed
+	// closed is set by Close; calls counts the calls into the store in
+	// progress, which Close waits for (idle is signalled when it drops to
+	// zero). A call that starts after Close began gets ErrClosed, also
+	// inside a List loop: nothing waits for Close while Close waits for it.
 	closed bool
+	calls  int
+	idle   *sync.Cond
 	// changed is closed (and replaced) whenever this Journal changes an
 	// action: it wakes Wait and the Dispatcher.
 	changed chan struct{}
@@ -41,7 +43,9 @@ func New(s Store, opts *Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Journal{store: s, opts: o, changed: make(chan struct{})}, nil
+	j := &Journal{store: s, opts: o, changed: make(chan struct{})}
+	j.idle = sync.NewCond(&j.mu)
+	return j, nil
 }
 
 // Close closes the journal and its store, after the calls in progress.
@@ -54,26 +58,31 @@ func (j *Journal) Close() error {
 	}
 	j.closed = true
 	close(j.changed) // wake every Wait: it sees ErrClosed
+	for j.calls > 0 {
+		j.idle.Wait()
+	}
 	j.mu.Unlock()
-	j.life.Lock()
-	defer j.life.Unlock()
 	return j.store.Close()
 }
 
 // enter starts a call into the store; leave ends it.
 func (j *Journal) enter() error {
-	j.life.RLock()
 	j.mu.Lock()
-	closed := j.closed
-	j.mu.Unlock()
-	if closed {
-		j.life.RUnlock()
+	defer j.mu.Unlock()
+	if j.closed {
 		return ErrClosed
 	}
+	j.calls++
 	return nil
 }
 
-func (j *Journal) leave() { j.life.RUnlock() }
+func (j *Journal) leave() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.calls--; j.calls == 0 {
+		j.idle.Broadcast()
+	}
+}
 
 // changes returns a channel that is closed at the next change made through
 // j (or when j closes).

@@ -274,3 +274,40 @@ func TestClosed(t *testing.T) {
 		t.Fatalf("Wait after Close: %v", err)
 	}
 }
+
+// TestCloseDuringList: Close waits for a List in progress, and a call made
+// inside the loop after Close began gets ErrClosed instead of waiting.
+func TestCloseDuringList(t *testing.T) {
+	ctx := context.Background()
+	j := openMem(t, vfs.NewMem(), receiptstest.NewClock(t0))
+	for range 2 {
+		if _, err := j.Approve(ctx, approval(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed := make(chan error, 1)
+	n := 0
+	for a, err := range j.List(ctx, 0) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if n == 1 {
+			go func() { closed <- j.Close() }()
+			for {
+				if _, err := j.Get(ctx, a.Key); errors.Is(err, intents.ErrClosed) {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			select {
+			case err := <-closed:
+				t.Fatalf("Close returned (%v) while List was running", err)
+			default:
+			}
+		}
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
