@@ -2,11 +2,11 @@ package receiptmcp
 
 import (
 	"context"
-	"crypto/rand"
 	"maps"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/receiptstore/receipts/internal/uuidv7"
 )
 
 type operationKeyCtx struct{}
@@ -18,28 +18,7 @@ type operationKeyCtx struct{}
 // send it with every attempt of that action. A store opened with
 // receipts.Options{KeyTime: receipts.UUIDv7Time} answers a key minted more
 // than Retention + TombstoneWindow ago with ErrExpired, without a lookup.
-func NewOperationKey() string { return newUUIDv7(time.Now()) }
-
-// newUUIDv7 mints a UUIDv7 for the time t.
-func newUUIDv7(t time.Time) string {
-	var b [16]byte
-	_, _ = rand.Read(b[6:]) // never fails (crypto/rand)
-	ms := uint64(t.UnixMilli())
-	for i := range 6 {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f // version 7
-	b[8] = 0x80 | b[8]&0x3f // variant 10
-	const digits = "0123456789abcdef"
-	out := make([]byte, 0, 36)
-	for i, c := range b {
-		if i == 4 || i == 6 || i == 8 || i == 10 {
-			out = append(out, '-')
-		}
-		out = append(out, digits[c>>4], digits[c&0xf])
-	}
-	return string(out)
-}
+func NewOperationKey() string { return uuidv7.New(time.Now()) }
 
 // WithOperationKey returns a context that makes ClientMiddleware send key
 // as the operation key of the tools/call requests made with it. Derive the

@@ -105,6 +105,19 @@
 // (Fingerprint), so that the store alone tells its keys apart (Owns);
 // receiptctl reconcile refuses to store a raw result for one.
 //
+// # params.idempotencyKey (SEP-3182)
+//
+// MCP's closed idempotency proposal, SEP-3182, put the key in
+// params.idempotencyKey of tools/call. The middleware takes it as the same
+// key as the _meta entry; a call that carries both with different values
+// is refused (invalid params, data.type "idempotency_key_invalid"). The Go
+// SDK decodes params into mcp.CallToolParamsRaw, which has no such field,
+// before any middleware runs, so the middleware cannot see the field
+// itself: wrap the streamable HTTP handler with AcceptIdempotencyKeyParam
+// (or a transport you connect yourself with
+// AcceptIdempotencyKeyParamTransport), which moves it into
+// params._meta[ParamsKeyMetaKey] on the raw message.
+//
 // # Fencing downstream writes
 //
 // A tool call's claim can be taken over while its handler still runs: its

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -72,9 +73,18 @@ func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *
 		return next(ctx, methodCallTool, req)
 	}
 	id, present, err := operationKey(req.Params.Meta, c.MetaKey)
+	alias, aliased, aerr := operationKey(req.Params.Meta, ParamsKeyMetaKey)
 	switch {
 	case err != nil:
 		return nil, errKeyInvalid(c, tool, err.Error())
+	case aerr != nil:
+		return nil, errKeyInvalid(c, tool, "params.idempotencyKey: "+aerr.Error())
+	case present && aliased && id != alias:
+		return nil, errKeyInvalid(c, tool, "params.idempotencyKey and params._meta["+strconv.Quote(c.MetaKey)+"] hold different keys")
+	case !present && aliased:
+		id, present = alias, true
+	}
+	switch {
 	case !present && policy == Required:
 		return nil, errKeyMissing(c, tool)
 	case !present:

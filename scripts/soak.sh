@@ -8,6 +8,8 @@
 #   TestFaultRandomReadErrors   200 rounds per read-error probability
 #   TestFaultOpenAtK, TestFaultWALSync*  (same as CI)
 #   TestLinearizability, TestModel, TestScopeIsolation (their own soak sizes)
+#   TestHostKill, TestHostKillPostgres  500 host SIGKILL cycles per transport and engine
+#                               (the intents host against receipthttp/receiptmcp; RECEIPTS_HOST_KILLS=n)
 #   internal/pgnodes TestCrossNode*  10 minutes each: Pebble 600 SIGKILLs; PostgreSQL 3 nodes,
 #                               400 SIGKILLs, 20 server restarts (RECEIPTS_PGNODES_SECONDS,
 #                               _KILLS, _RESTARTS, _NODES override; PGNODES_SKIP=1 skips them)
@@ -19,7 +21,7 @@ set -u
 cd "$(dirname "$0")/.."
 
 race=""
-run='^(TestCrashPowerLoss|TestKillProcess|TestFault.*|TestLinearizability.*|TestModel.*|TestScopeIsolation.*)$'
+run='^(TestCrashPowerLoss|TestKillProcess|TestFault.*|TestLinearizability.*|TestModel.*|TestScopeIsolation.*|TestHostKill.*)$'
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-race) race="-race" ;;
@@ -36,7 +38,7 @@ pkgs="./internal/harness/..."
 echo "soak: go test $race -p 1 -run '$run' $pkgs (log: $log)" >&2
 start=$(date +%s)
 RECEIPTS_SOAK=1 go test $race -count=1 -p 1 -timeout 6h -v -run "$run" $pkgs 2>&1 | tee "$log" |
-	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation)_test\.go:[0-9]+: '
+	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation|hostkill)_test\.go:[0-9]+: '
 rc=${PIPESTATUS[0]}
 if [ -z "${PGNODES_SKIP:-}" ]; then
 	RECEIPTS_SOAK=1 go test $race -count=1 -timeout 2h -v -run '^TestCrossNode(Pebble|Postgres)$' ./internal/pgnodes 2>&1 | tee -a "$log" |

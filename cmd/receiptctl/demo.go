@@ -41,6 +41,7 @@ type demoReport struct {
 	CallsAttempted   int64            `json:"calls_attempted"`
 	EffectsPerformed int              `json:"effects_performed"`
 	DuplicateEffects int              `json:"duplicate_effects"`
+	HostRestarts     int              `json:"host_restarts"`
 	Receipts         map[string]int64 `json:"receipts"` // by state
 	LsCommand        string           `json:"ls_command"`
 	Took             string           `json:"took"`
@@ -92,10 +93,15 @@ crashes mid-action: a child process claims the key, makes the provider
 perform the effect and is killed with SIGKILL before it records it. After
 the restart the next attempt recovers the claim, asks the provider whether
 the effect happened (by the lease's ProviderKey) and commits it without
-performing it again.
+performing it again. Then the agent host crashes: a host process (package
+intents) approves a refund, its journal keeps the new operation key with the
+request, and it is killed after the service (receipthttp, on 127.0.0.1)
+performed the refund but before the answer reached it; the restarted host
+approves the same tool call again, gets the same action and key back, and
+the service answers from its receipt.
 
 It ends with a report: calls attempted, effects performed, duplicate effects
-(0, or exit code 1), and receipts by state. The store is kept: look at it with
+(0, or exit code 1), host restarts, and receipts by state. The store is kept: look at it with
 the ls command the report prints. The directory is new, under the system's
 temporary directory, unless --dir names one (which must not exist or be empty).
 
@@ -177,7 +183,15 @@ func (a *app) demo(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	restarts, err := d.hostCrash(ctx, db)
+	if err != nil {
+		_ = db.Close()
+		return err
+	}
 	rep, err := d.report(ctx, db, start)
+	if rep != nil {
+		rep.HostRestarts = restarts
+	}
 	if cerr := db.Close(); err == nil {
 		err = cerr
 	}
@@ -458,11 +472,13 @@ func (d *demo) printReport(rep *demoReport) {
 	fmt.Fprintf(tw, "  calls attempted\t%d\n", rep.CallsAttempted)
 	fmt.Fprintf(tw, "  effects performed\t%d\t(lines in the provider's log)\n", rep.EffectsPerformed)
 	fmt.Fprintf(tw, "  duplicate effects\t%d\n", rep.DuplicateEffects)
+	fmt.Fprintf(tw, "  host restarts\t%d\t(the agent host, resumed with the keys in its journal)\n", rep.HostRestarts)
 	fmt.Fprintf(tw, "  receipts\t%d succeeded, %d failed, %d pending\n",
 		rep.Receipts["succeeded"], rep.Receipts["failed"], rep.Receipts["pending"])
 	fmt.Fprintf(tw, "  took\t%s\n", rep.Took)
 	_ = tw.Flush()
 	d.say("\nLook at them: %s\n", rep.LsCommand)
+	d.say("and at the host's journal: receiptctl actions %s\n", shellQuote(filepath.Join(rep.Dir, demoHostDir)))
 	d.say("(from the repository: go run ./cmd/receiptctl --dir %s ls)\n", shellQuote(rep.Dir))
 }
 

@@ -14,24 +14,34 @@ import (
 func checkDemoReport(t *testing.T, rep demoReport, dir string) {
 	t.Helper()
 	require.Equal(t, dir, rep.Dir)
-	require.Equal(t, int64(13), rep.CallsAttempted)
-	require.Equal(t, 3, rep.EffectsPerformed)
+	require.Equal(t, int64(15), rep.CallsAttempted)
+	require.Equal(t, 4, rep.EffectsPerformed)
 	require.Equal(t, 0, rep.DuplicateEffects)
-	require.Equal(t, map[string]int64{"succeeded": 3, "failed": 1, "pending": 0}, rep.Receipts)
+	require.Equal(t, 1, rep.HostRestarts)
+	require.Equal(t, map[string]int64{"succeeded": 4, "failed": 1, "pending": 0}, rep.Receipts)
 	require.Equal(t, "receiptctl --dir "+dir+" ls", rep.LsCommand)
 
 	// The store holds what the report says, and nothing is left to reconcile.
-	require.ElementsMatch(t, []string{"trip-1", "pay-1", "mail-1", "xfer-1"}, lsIDs(t, "--dir", dir))
+	ids := lsIDs(t, "--dir", dir)
+	require.Len(t, ids, 5)
+	require.Subset(t, ids, []string{"trip-1", "pay-1", "mail-1", "xfer-1"})
 	require.Empty(t, lsIDs(t, "--dir", dir, "--abandoned"))
 	r := cli(t, "--dir", dir, "get", demoScope, "xfer-1").requireCode(t, exitOK)
 	require.Contains(t, r.out, "attempts       2\n") // the crashed attempt, then the recovery
 	require.Contains(t, r.out, "result         conf-0003\n")
 	cli(t, "--dir", dir, "verify").requireCode(t, exitOK)
 
+	// The host's journal: the refund, answered, under the key of the fifth
+	// receipt.
+	r = cli(t, "actions", filepath.Join(dir, demoHostDir)).requireCode(t, exitOK)
+	require.Contains(t, r.out, "1 action: 1 succeeded")
+	require.Contains(t, r.out, "POST /v1/refunds")
+	require.Regexp(t, `201 conf-0004\n`, r.out)
+
 	// The provider performed each effect once.
 	effects, err := (&provider{path: filepath.Join(dir, providerLog)}).effects()
 	require.NoError(t, err)
-	require.Len(t, effects, 3)
+	require.Len(t, effects, 4)
 	seen := map[string]bool{}
 	for _, e := range effects {
 		require.False(t, seen[e.IdempotencyKey], "duplicate effect %+v", e)
@@ -86,10 +96,14 @@ func TestDemoBinary(t *testing.T) {
 		`(?m)^   restart: xfer-1 is pending \(attempt 1, lease runs out in`,
 		`took the claim over \(attempt 2, Recovered\)`,
 		`(?m)^           asked the provider by ProviderKey: it already has conf-0003; committed that, not performed again$`,
-		`(?m)^  calls attempted\s+13$`,
-		`(?m)^  effects performed\s+3\s`,
+		`(?m)^6\. A host crash: the agent host approves refund\(amount_cents=5000, currency=EUR\)`,
+		`and the host is killed \(signal: killed\) before the answer reaches it`,
+		`(?m)the same action, key [0-9a-f-]{36}; delivered under it, the service answers from its receipt -> conf-0004$`,
+		`(?m)^  calls attempted\s+15$`,
+		`(?m)^  effects performed\s+4\s`,
 		`(?m)^  duplicate effects\s+0$`,
-		`(?m)^  receipts\s+3 succeeded, 1 failed, 0 pending$`,
+		`(?m)^  host restarts\s+1\s`,
+		`(?m)^  receipts\s+4 succeeded, 1 failed, 0 pending$`,
 		`(?m)^Look at them: receiptctl --dir ` + regexp.QuoteMeta(dir) + ` ls$`,
 	} {
 		require.Regexp(t, want, story)

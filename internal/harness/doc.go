@@ -3,6 +3,9 @@
 // failing when the engine is broken on purpose:
 //
 //   - crash: power loss (Pebble's crashable in-memory FS, crash images)
+//   - hostkill: the host half (package intents) and the service half
+//     (receipthttp, receiptmcp) in processes SIGKILLed at random, on Pebble
+//     and PostgreSQL
 //   - fault: I/O faults (errorfs: write errors at every k, random read
 //     errors, fail-stop on a failed WAL write or sync)
 //   - isolation: adversarial scopes and IDs never reach each other

@@ -65,13 +65,21 @@ func pebbleOptions(opts *pebble.Options, logger *slog.Logger) *pebble.Options {
 		// Open fails before the engine is up (a locked directory, say).
 		po.FS = vfs.Default
 	}
-	if po.Logger == nil && po.LoggerAndTracer == nil {
-		po.Logger = pebbleLogger{logger}
-	} else if po.Logger != nil {
-		po.Logger = failStopLogger{po.Logger}
+	if po.Logger != nil || po.LoggerAndTracer == nil {
+		po.Logger = Logger(po.Logger, logger)
 	}
 	po.EnsureDefaults()
 	return po
+}
+
+// Logger returns the Pebble logger of a Pebble database of this module
+// (the engine's, the intents journal's): user wrapped in failStopLogger,
+// or, when user is nil, Pebble's messages sent to l.
+func Logger(user pebble.Logger, l *slog.Logger) pebble.Logger {
+	if user != nil {
+		return failStopLogger{user}
+	}
+	return pebbleLogger{l}
 }
 
 // pebbleLogger sends Pebble's messages to the store's slog.Logger. Fatalf

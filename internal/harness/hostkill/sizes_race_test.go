@@ -1,0 +1,6 @@
+//go:build race
+
+package hostkill_test
+
+// hostKillCycles is the number of host processes per variant under -race.
+const hostKillCycles = 8
