@@ -35,6 +35,7 @@ type result struct {
 	RatioToFloor float64       `json:"ratio_to_floor,omitempty"`
 	RatioToPG    float64       `json:"ratio_to_postgres,omitempty"`
 	RatioToPGFl  float64       `json:"ratio_to_pg_floor,omitempty"`
+	RatioToPGTx  float64       `json:"ratio_to_pg_tx_floor,omitempty"`
 	FirstCalls   uint64        `json:"first_calls,omitempty"`
 	Error        string        `json:"error,omitempty"`
 }
@@ -143,6 +144,8 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = stores.OpenPostgres(ctx, dsn, maxConc)
 		case "pg-floor":
 			s, err = stores.OpenPGFloor(ctx, pool)
+		case "pg-tx-floor":
+			s, err = stores.OpenPGTxFloor(ctx, pool)
 		case "fgi-style":
 			s, err = stores.OpenFGIStyle(ctx, pool)
 		case "receipts-pg":
@@ -373,12 +376,14 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 	return out
 }
 
-// ratios fills RatioToFloor and RatioToPG: each row's ops/s over the floor's (and
-// PostgreSQL's) in the same workload and concurrency.
+// ratios fills RatioToFloor, RatioToPG, RatioToPGFl and RatioToPGTx: each row's ops/s over
+// the floor's (and PostgreSQL's, pg-floor's, pg-tx-floor's) in the same workload and
+// concurrency.
 func ratios(rs []result) {
 	floor := map[string]float64{}
 	pg := map[string]float64{}
 	pgFloor := map[string]float64{}
+	pgTxFloor := map[string]float64{}
 	for _, r := range rs {
 		if r.Error != "" {
 			continue
@@ -390,6 +395,8 @@ func ratios(rs []result) {
 			pg[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		case "pg-floor":
 			pgFloor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
+		case "pg-tx-floor":
+			pgTxFloor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		}
 	}
 	for i := range rs {
@@ -405,6 +412,9 @@ func ratios(rs []result) {
 		}
 		if p := pgFloor[g]; p > 0 {
 			rs[i].RatioToPGFl = rs[i].OpsPerSec / p
+		}
+		if p := pgTxFloor[g]; p > 0 {
+			rs[i].RatioToPGTx = rs[i].OpsPerSec / p
 		}
 	}
 }

@@ -104,7 +104,7 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
+var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
 
 // defaultStores run unless -stores names others: all but receipts-pg-lookup (a measurement
 // of pgstore's plain read, not a path a retry takes) and receipts-pg-notomb (pgstore with
@@ -112,7 +112,7 @@ var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgre
 var defaultStores = allStores[:len(allStores)-2]
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
-var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {

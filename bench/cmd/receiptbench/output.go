@@ -66,6 +66,10 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 	if hasPGFloor {
 		t.header = append(t.header, "x pg-floor")
 	}
+	hasPGTx := slices.ContainsFunc(rows, func(r result) bool { return r.RatioToPGTx > 0 })
+	if hasPGTx {
+		t.header = append(t.header, "x tx-floor")
+	}
 	prev := ""
 	for _, r := range rows {
 		group := r.Workload + "/" + fmt.Sprint(r.Conc)
@@ -84,6 +88,9 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 		if hasPGFloor {
 			row = append(row, ratioString(r.RatioToPGFl))
+		}
+		if hasPGTx {
+			row = append(row, ratioString(r.RatioToPGTx))
 		}
 		t.rows = append(t.rows, row)
 	}
