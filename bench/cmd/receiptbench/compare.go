@@ -37,7 +37,12 @@ type result struct {
 	RatioToPGFl  float64       `json:"ratio_to_pg_floor,omitempty"`
 	RatioToPGTx  float64       `json:"ratio_to_pg_tx_floor,omitempty"`
 	FirstCalls   uint64        `json:"first_calls,omitempty"`
-	Error        string        `json:"error,omitempty"`
+	// CPUPerOp is this process's CPU time (user + system, background work included) over
+	// the measured run, per operation; ServerCPUPerOp is the PostgreSQL server's (its
+	// processes read from /proc: a local server only), per operation.
+	CPUPerOp       time.Duration `json:"cpu_per_op_ns,omitempty"`
+	ServerCPUPerOp time.Duration `json:"server_cpu_per_op_ns,omitempty"`
+	Error          string        `json:"error,omitempty"`
 }
 
 type report struct {
@@ -177,7 +182,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	rep.Results = runAll(ctx, cfg, rep, open)
+	rep.Results = runAll(ctx, cfg, rep, open, newServerCPU(pool))
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -195,11 +200,31 @@ func runCompare(ctx context.Context, cfg *config) error {
 // runAll runs every selected workload. Each configuration (workload, concurrency) runs
 // on every store back to back, so that a ratio compares runs minutes apart at most, not
 // a whole store's run apart: on a shared machine the disk and the CPUs drift.
-func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) []result {
+func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store, srv *serverCPU) []result {
 	var out []result
+	// measured runs workload.Run, noting the CPU time it took, this process's and the
+	// PostgreSQL server's (for the PostgreSQL stores), in cpu.
+	var cpu struct{ self, server time.Duration }
+	measured := func(s stores.Store, conc int, d time.Duration, op workload.Op) *workload.Result {
+		cpu.self, cpu.server = 0, 0
+		pg := slices.Contains(pgStores, s.Name())
+		s0, ok0 := srv.total(ctx)
+		c0 := processCPU()
+		r := workload.Run(ctx, conc, d, 0, op)
+		cpu.self = processCPU() - c0
+		if s1, ok1 := srv.total(ctx); pg && ok0 && ok1 {
+			cpu.server = s1 - s0
+		}
+		return r
+	}
 	add := func(wl, name string, conc int, r *workload.Result, firsts uint64) {
 		row := result{Workload: wl, Store: name, Conc: conc, Ops: r.Ops, Seconds: r.Elapsed.Seconds(),
 			OpsPerSec: r.OpsPerSec(), P50: r.Hist.Quantile(0.50), P99: r.Hist.Quantile(0.99), Mean: r.Hist.Mean(), FirstCalls: firsts}
+		if r.Ops > 0 {
+			row.CPUPerOp = cpu.self / time.Duration(r.Ops)
+			row.ServerCPUPerOp = cpu.server / time.Duration(r.Ops)
+		}
+		cpu.self, cpu.server = 0, 0
 		if r.FirstErr != nil {
 			row.Error = r.FirstErr.Error()
 			progress("%-9s %-12s conc=%-3d ERROR %v", wl, name, conc, r.FirstErr)
@@ -230,7 +255,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 						continue
 					}
 				}
-				r := workload.Run(ctx, conc, cfg.duration, 0, newKeys(workload.RunID()))
+				r := measured(s, conc, cfg.duration, newKeys(workload.RunID()))
 				add("new", s.Name(), conc, r, 0)
 			}
 		}
@@ -306,7 +331,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 						continue
 					}
 				}
-				r := workload.Run(ctx, conc, cfg.duration, 0, replay)
+				r := measured(s, conc, cfg.duration, replay)
 				add("replay", s.Name(), conc, r, 0)
 			}
 		}

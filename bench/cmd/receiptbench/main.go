@@ -26,6 +26,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	_ "net/http/pprof" // -pprof
 	"os"
 	"os/signal"
 	"runtime"
@@ -56,6 +58,7 @@ type config struct {
 	replayN   int
 	memStore  string
 	cpuProf   string
+	pprofAddr string // -pprof: serve net/http/pprof here during the run
 	memProf   string // -memprofile: a heap profile where -scale measures the RSS
 	cacheMiB  int
 	fromJSON  string
@@ -84,6 +87,15 @@ func main() {
 		}
 		defer f.Close()
 		defer pprof.StopCPUProfile()
+	}
+	if cfg.pprofAddr != "" {
+		runtime.SetBlockProfileRate(10_000) // one blocking event per 10 µs blocked
+		runtime.SetMutexProfileFraction(10)
+		go func() {
+			if err := http.ListenAndServe(cfg.pprofAddr, nil); err != nil {
+				progress("pprof: %v", err)
+			}
+		}()
 	}
 	switch {
 	case cfg.fromJSON != "":
@@ -135,6 +147,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
 	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&cfg.pprofAddr, "pprof", "", "serve net/http/pprof at this address during the run (say localhost:6061): goroutine dumps, block and mutex profiles mid-run")
 	fs.StringVar(&cfg.memProf, "memprofile", "", "scale mode: write a heap profile to this file where the RSS is measured (after a GC)")
 	fs.Var(&cfg.purge, "purge", "PostgreSQL purge mode: N expired receipts (-purge alone: 1M) reclaimed by pgstore's GC vs a batched DELETE: time and WAL bytes")
 	fs.BoolVar(&cfg.wake, "wake", false, "PostgreSQL wake mode: how soon a waiter on node B returns after node A commits, with LISTEN and poll-only (p50/p99)")

@@ -70,6 +70,14 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 	if hasPGTx {
 		t.header = append(t.header, "x tx-floor")
 	}
+	hasCPU := slices.ContainsFunc(rows, func(r result) bool { return r.CPUPerOp > 0 })
+	if hasCPU {
+		t.header = append(t.header, "cpu-µs/op")
+	}
+	hasSrv := slices.ContainsFunc(rows, func(r result) bool { return r.ServerCPUPerOp > 0 })
+	if hasSrv {
+		t.header = append(t.header, "srv-cpu-µs/op")
+	}
 	prev := ""
 	for _, r := range rows {
 		group := r.Workload + "/" + fmt.Sprint(r.Conc)
@@ -91,6 +99,12 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 		if hasPGTx {
 			row = append(row, ratioString(r.RatioToPGTx))
+		}
+		if hasCPU {
+			row = append(row, cpuString(r.CPUPerOp))
+		}
+		if hasSrv {
+			row = append(row, cpuString(r.ServerCPUPerOp))
 		}
 		t.rows = append(t.rows, row)
 	}
@@ -147,6 +161,14 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 	}
 	fmt.Fprintln(w, strings.Join(notes, "\n"))
+}
+
+// cpuString is a CPU time per operation in µs ("-": not measured).
+func cpuString(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(d)/1e3)
 }
 
 func signedBytes(b int64) string {
