@@ -163,6 +163,12 @@ func runCompare(ctx context.Context, cfg *config) error {
 				ps.Label = "receipts-pg-notomb"
 				s = ps
 			}
+		case "receipts-pg-tx-notomb": // DoTx with tombstones off
+			var ps *engine.PGStore
+			if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_tx_notomb", true, func(o *pgstore.Options) { o.TombstoneWindow = -1 }); err == nil {
+				ps.Label = "receipts-pg-tx-notomb"
+				s = ps
+			}
 		case "receipts-pg-lookup":
 			var ps *engine.PGStore
 			if ps, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_lookup", false); err == nil {

@@ -116,15 +116,16 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
+var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
 
 // defaultStores run unless -stores names others: all but receipts-pg-lookup (a measurement
-// of pgstore's plain read, not a path a retry takes) and receipts-pg-notomb (pgstore with
-// tombstones off: a measurement of what they cost).
-var defaultStores = allStores[:len(allStores)-2]
+// of pgstore's plain read, not a path a retry takes), receipts-pg-notomb and
+// receipts-pg-tx-notomb (pgstore's Do and DoTx with tombstones off: a measurement of what
+// they cost).
+var defaultStores = allStores[:len(allStores)-3]
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
-var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {
