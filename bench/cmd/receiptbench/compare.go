@@ -40,7 +40,11 @@ type result struct {
 	// CPUPerOp is this process's CPU time (user + system, background work included) over
 	// the measured run, per operation; ServerCPUPerOp is the PostgreSQL server's (its
 	// processes read from /proc: a local server only), per operation.
-	CPUPerOp       time.Duration `json:"cpu_per_op_ns,omitempty"`
+	CPUPerOp time.Duration `json:"cpu_per_op_ns,omitempty"`
+	// SyncsPerOp is the WAL syncs Pebble issued over the measured run, per operation (the
+	// Pebble stores): a first call writes two durable records, so 2/SyncsPerOp records
+	// share a sync.
+	SyncsPerOp     float64       `json:"wal_syncs_per_op,omitempty"`
 	ServerCPUPerOp time.Duration `json:"server_cpu_per_op_ns,omitempty"`
 	Error          string        `json:"error,omitempty"`
 }
@@ -106,6 +110,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 
 	maxConc := slices.Max(append(slices.Clone(cfg.concs), hotGoroutines))
 	var open []stores.Store
+	syncs := map[string]*stores.SyncCounter{} // the Pebble stores' WAL syncs
 	defer func() {
 		for _, s := range open {
 			if err := s.Close(); err != nil {
@@ -136,11 +141,21 @@ func runCompare(ctx context.Context, cfg *config) error {
 		var s stores.Store
 		switch name {
 		case "pebble-floor":
-			s, err = stores.OpenFloor(dir, cfg.pebbleOptions())
-		case "receipts":
+			o := cfg.pebbleOptions()
+			syncs[name] = stores.CountSyncs(o)
+			s, err = stores.OpenFloor(dir, o)
+		case "receipts", "receipts-notomb":
 			opts := engine.Options(nil)
 			opts.Pebble = cfg.pebbleOptions()
-			s, err = engine.Open(dir, opts, engine.ModeDo)
+			syncs[name] = stores.CountSyncs(opts.Pebble)
+			if name == "receipts-notomb" { // tombstones off: the cost of tombstones is receipts next to it
+				opts.TombstoneWindow = -1
+			}
+			var es *engine.Store
+			if es, err = engine.Open(dir, opts, engine.ModeDo); err == nil {
+				es.Label = name
+				s = es
+			}
 		case "bbolt":
 			s, err = stores.OpenBolt(dir)
 		case "sqlite":
@@ -188,7 +203,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	rep.Results = runAll(ctx, cfg, rep, open, newServerCPU(pool))
+	rep.Results = runAll(ctx, cfg, rep, open, newServerCPU(pool), syncs)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -206,18 +221,30 @@ func runCompare(ctx context.Context, cfg *config) error {
 // runAll runs every selected workload. Each configuration (workload, concurrency) runs
 // on every store back to back, so that a ratio compares runs minutes apart at most, not
 // a whole store's run apart: on a shared machine the disk and the CPUs drift.
-func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store, srv *serverCPU) []result {
+func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store, srv *serverCPU, syncs map[string]*stores.SyncCounter) []result {
 	var out []result
 	// measured runs workload.Run, noting the CPU time it took, this process's and the
-	// PostgreSQL server's (for the PostgreSQL stores), in cpu.
-	var cpu struct{ self, server time.Duration }
+	// PostgreSQL server's (for the PostgreSQL stores), and the WAL syncs of a Pebble
+	// store, in cpu.
+	var cpu struct {
+		self, server time.Duration
+		syncs        uint64
+	}
 	measured := func(s stores.Store, conc int, d time.Duration, op workload.Op) *workload.Result {
-		cpu.self, cpu.server = 0, 0
+		cpu.self, cpu.server, cpu.syncs = 0, 0, 0
 		pg := slices.Contains(pgStores, s.Name())
 		s0, ok0 := srv.total(ctx)
+		var w0 uint64
+		sc := syncs[s.Name()]
+		if sc != nil {
+			w0 = sc.WAL()
+		}
 		c0 := processCPU()
 		r := workload.Run(ctx, conc, d, 0, op)
 		cpu.self = processCPU() - c0
+		if sc != nil {
+			cpu.syncs = sc.WAL() - w0
+		}
 		if s1, ok1 := srv.total(ctx); pg && ok0 && ok1 {
 			cpu.server = s1 - s0
 		}
@@ -229,8 +256,9 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store, s
 		if r.Ops > 0 {
 			row.CPUPerOp = cpu.self / time.Duration(r.Ops)
 			row.ServerCPUPerOp = cpu.server / time.Duration(r.Ops)
+			row.SyncsPerOp = float64(cpu.syncs) / float64(r.Ops)
 		}
-		cpu.self, cpu.server = 0, 0
+		cpu.self, cpu.server, cpu.syncs = 0, 0, 0
 		if r.FirstErr != nil {
 			row.Error = r.FirstErr.Error()
 			progress("%-9s %-12s conc=%-3d ERROR %v", wl, name, conc, r.FirstErr)
@@ -346,7 +374,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store, s
 	// "in progress" instead (they have no waiting), so only the engine and the floor run them.
 	var hot []stores.Store
 	for _, s := range all {
-		if s.Name() == "receipts" || s.Name() == "pebble-floor" {
+		if slices.Contains(pebbleStores, s.Name()) {
 			hot = append(hot, s)
 		}
 	}

@@ -74,6 +74,10 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 	if hasCPU {
 		t.header = append(t.header, "cpu-µs/op")
 	}
+	hasSyncs := slices.ContainsFunc(rows, func(r result) bool { return r.SyncsPerOp > 0 })
+	if hasSyncs {
+		t.header = append(t.header, "syncs/op")
+	}
 	hasSrv := slices.ContainsFunc(rows, func(r result) bool { return r.ServerCPUPerOp > 0 })
 	if hasSrv {
 		t.header = append(t.header, "srv-cpu-µs/op")
@@ -102,6 +106,9 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 		if hasCPU {
 			row = append(row, cpuString(r.CPUPerOp))
+		}
+		if hasSyncs {
+			row = append(row, syncsString(r.SyncsPerOp))
 		}
 		if hasSrv {
 			row = append(row, cpuString(r.ServerCPUPerOp))
@@ -169,6 +176,14 @@ func cpuString(d time.Duration) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f", float64(d)/1e3)
+}
+
+// syncsString is WAL syncs per operation ("-": none counted).
+func syncsString(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
 }
 
 func signedBytes(b int64) string {
