@@ -18,11 +18,18 @@ type GCStats struct {
 	// TombstoneEpochsDropped is how many epochs of tombstone markers were
 	// dropped (past Retention + TombstoneWindow), with one range deletion.
 	TombstoneEpochsDropped int
-	// Writes is how many writes GC issued: one range deletion for all the
-	// dead epochs, one for the dead epochs of tombstone markers, plus the
-	// persisted floor, whatever the number of records (at most 3, in one
-	// synced batch).
+	// Writes is how many writes GC issued, whatever the number of records:
+	// with tombstones on, one sstable of the dropped records' tombstone
+	// markers (ingested first), then, in one synced batch, one range
+	// deletion for all the dead epochs, one for the dead epochs of tombstone
+	// markers, plus the persisted floor (at most 4).
 	Writes int
+	// MarkersWritten is how many tombstone markers GC wrote, one for each
+	// record it dropped whose tombstone can still be in force, and
+	// MarkerBytes the size of the sstable that holds them (Pebble; zero
+	// while tombstones are off).
+	MarkersWritten int
+	MarkerBytes    int64
 	// Compacted reports that the dropped range was compacted at once.
 	Compacted bool
 	// Duration is how long GC took (wall time).
@@ -57,6 +64,8 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 		TombstoneEpochsDropped: ds.TombstoneEpochsDropped,
 		BytesFreed:             ds.BytesFreed,
 		Writes:                 ds.Writes,
+		MarkersWritten:         ds.MarkersWritten,
+		MarkerBytes:            ds.MarkerBytes,
 		Compacted:              ds.Compacted,
 		Duration:               ds.Duration,
 	}

@@ -43,8 +43,7 @@ func gcFillRaw(tb testing.TB, db *receipts.DB, fs vfs.FS, dir string, width time
 	fp := encoding.EncodeUint64(42) // any non-empty bytes
 	result := []byte(`{"status":"ok","id":"ch_3Nq8Xc2eZvKYlo2C0XjM"}`)
 	type kv struct{ k, v []byte }
-	recs := make([]kv, n)
-	markers := make([]kv, n) // the records' tombstone markers
+	recs := make([]kv, n) // no tombstone markers: GC writes them when it drops the records
 	var arena []byte
 	var id []byte
 	for i := range n {
@@ -67,15 +66,8 @@ func gcFillRaw(tb testing.TB, db *receipts.DB, fs vfs.FS, dir string, width time
 		mid := len(arena)
 		arena = encoding.AppendRecord(arena, &rec)
 		recs[i] = kv{arena[start:mid:mid], arena[mid:len(arena):len(arena)]}
-		mstart := len(arena)
-		arena = keys.AppendMarker(arena, uint64(at/int64(width)), "bulk", string(id))
-		mmid := len(arena)
-		arena = encoding.AppendUint64(arena, uint64(at))
-		markers[i] = kv{arena[mstart:mmid:mmid], arena[mmid:len(arena):len(arena)]}
 	}
 	slices.SortFunc(recs, func(a, b kv) int { return bytes.Compare(a.k, b.k) })
-	slices.SortFunc(markers, func(a, b kv) int { return bytes.Compare(a.k, b.k) })
-	recs = append(recs, markers...) // markers sort after records
 
 	name := fs.PathJoin(dir, fmt.Sprintf("fill-%d.sst", gcFillSeq.Add(1)))
 	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
@@ -107,7 +99,10 @@ func gcRecordCount(t *testing.T, db *receipts.DB) int {
 // TestGCWritesDoNotGrowWithReceipts drops 10k and then 100k expired
 // receipts spread over 4 epochs, and checks GC's writes three ways: GCStats,
 // the bytes Pebble logged to its WAL during GC (Pebble's own metric,
-// independent of GCStats), and the record keys Pebble shows afterwards.
+// independent of GCStats), and the record keys Pebble shows afterwards. The
+// tombstone markers GC writes for the records it drops are read from those
+// records and ingested as sstables, one per epoch, in one write: they grow
+// with the records (their bytes are logged), the writes and the WAL do not.
 func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 	type result struct {
 		writes   int
@@ -118,6 +113,11 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 		tombWrites   int
 		tombWALBytes uint64
 		markerBytes  float64
+		// The markers GC wrote for the records it dropped (one sstable per
+		// epoch, ingested), their bytes and GC's time.
+		markers       int
+		gcMarkerBytes int64
+		gcTime        time.Duration
 	}
 	run := func(t *testing.T, n int) result {
 		s := newTestStore(t, nil)
@@ -168,7 +168,9 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 		require.Zero(t, counts.Expired)
 		require.Equal(t, st, db.Stats().LastGC)
 		require.Zero(t, st.TombstoneEpochsDropped, "tombstones outlive their receipts")
-		res := result{writes: st.Writes, walBytes: after.WAL.BytesIn - before.WAL.BytesIn, dropped: st.EpochsDropped}
+		res := result{writes: st.Writes, walBytes: after.WAL.BytesIn - before.WAL.BytesIn, dropped: st.EpochsDropped,
+			markers: st.MarkersWritten, gcMarkerBytes: st.MarkerBytes, gcTime: st.Duration}
+		require.Equal(t, n+4, st.MarkersWritten, "a marker for every record dropped")
 
 		// Tombstones: every key is ErrExpired for the window, then GC
 		// drops the 4 epochs of markers with one range deletion.
@@ -194,11 +196,11 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 	small := run(t, 10_000)
 	large := run(t, 100_000)
 	t.Logf("10k receipts: %+v; 100k receipts: %+v", small, large)
-	require.LessOrEqual(t, large.writes, 2, "one range deletion + the floor")
+	require.LessOrEqual(t, large.writes, 3, "the markers' sstables (one ingestion), one range deletion, the floor")
 	require.Equal(t, small.writes, large.writes, "GC's writes grew with the number of receipts")
 	require.Equal(t, small.walBytes, large.walBytes, "GC logged more bytes for more receipts")
 	require.Less(t, large.walBytes, uint64(256), "GC logged %d bytes: more than a range deletion and a counter", large.walBytes)
-	require.LessOrEqual(t, large.tombWrites, 3, "tombstones: a range deletion (+ the other and the floor)")
+	require.LessOrEqual(t, large.tombWrites, 4, "tombstones: a range deletion (+ the survivor's marker, the records' range deletion and the floor)")
 	require.Equal(t, small.tombWrites, large.tombWrites, "GC's writes grew with the number of tombstones")
 	require.Equal(t, small.tombWALBytes, large.tombWALBytes, "GC logged more bytes for more tombstones")
 }
@@ -217,7 +219,9 @@ func TestGCWithNothingToDrop(t *testing.T) {
 	retGone(t, s.db, k)
 	st = retGC(t, s.db)
 	require.Equal(t, 1, st.EpochsDropped)
-	require.Equal(t, 2, st.Writes)
+	require.Equal(t, 3, st.Writes, "the record's tombstone marker (an ingested sstable), the range deletion, the floor")
+	require.Equal(t, 1, st.MarkersWritten)
+	require.Positive(t, st.MarkerBytes)
 	// Later, with nothing left to drop, only the floor moves (one write).
 	s.clock.Advance(retW)
 	st = retGC(t, s.db)
@@ -278,8 +282,10 @@ func TestGCCompactOnGC(t *testing.T) {
 			if compact {
 				require.Less(t, after, before/10, "less than 90%% of the space returned")
 			}
-			// Either way, GC's own writes are the same.
-			require.Equal(t, 2, st.Writes)
+			// Either way, GC's own writes are the same: the markers' sstables
+			// (one ingestion), the range deletion, the floor.
+			require.Equal(t, 3, st.Writes)
+			require.Equal(t, 10_000, st.MarkersWritten)
 			require.Zero(t, gcRecordCount(t, db))
 		})
 	}
@@ -404,7 +410,7 @@ func TestGCStatsReportsEpochsStatesAndLastGC(t *testing.T) {
 	require.NoError(t, db.Pebble().Flush())
 	gst := retGC(t, db)
 	require.Equal(t, 1, gst.EpochsDropped)
-	require.Equal(t, 2, gst.Writes)
+	require.Equal(t, 3, gst.Writes, "the markers, the range deletion, the floor")
 	require.Positive(t, gst.BytesFreed)
 	require.Equal(t, s.clock.Now(), gst.At)
 	require.False(t, gst.Compacted)
@@ -565,24 +571,7 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, tables, 5)
-	// Tombstone markers too: no sstable holds markers of two epochs, or
-	// markers and other keys.
-	markerTables := 0
-	for _, level := range levels {
-		for _, tb := range level {
-			lo, hi := tb.Smallest.UserKey, tb.Largest.UserKey
-			if bytes.Compare(hi, keys.MarkersStart) < 0 || bytes.Compare(lo, keys.MarkersEnd) >= 0 {
-				continue
-			}
-			markerTables++
-			require.True(t, bytes.Compare(lo, keys.MarkersStart) >= 0 && bytes.Compare(hi, keys.MarkersEnd) < 0,
-				"sstable %s holds markers and other keys: %q..%q", tb.FileNum, lo, hi)
-			elo, _ := keys.MarkerEpoch(lo)
-			ehi, _ := keys.MarkerEpoch(hi)
-			require.Equal(t, elo, ehi, "sstable %s spans marker epochs %d..%d", tb.FileNum, elo, ehi)
-		}
-	}
-	require.GreaterOrEqual(t, markerTables, 5)
+	require.Zero(t, countMarkers(t, db), "no marker is written with a record")
 
 	// The records' sstables (markers outlive them by the tombstone window).
 	sst := func() uint64 {
@@ -600,4 +589,28 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 		"Pebble's delete-only compactions returned less than 90%%: %d of %d bytes left", sst(), before)
 	retVisible(t, db, live, receipts.Succeeded)
 	require.Equal(t, 1, gcRecordCount(t, db))
+
+	// The markers GC wrote for the dropped records: one sstable per epoch,
+	// holding markers only, so that GC's later range deletion of an epoch
+	// of markers covers whole sstables too.
+	require.Equal(t, 1200, st.MarkersWritten)
+	require.Equal(t, 1200, countMarkers(t, db))
+	levels, err = db.Pebble().SSTables()
+	require.NoError(t, err)
+	markerTables := 0
+	for _, level := range levels {
+		for _, tb := range level {
+			lo, hi := tb.Smallest.UserKey, tb.Largest.UserKey
+			if bytes.Compare(hi, keys.MarkersStart) < 0 || bytes.Compare(lo, keys.MarkersEnd) >= 0 {
+				continue
+			}
+			markerTables++
+			require.True(t, bytes.Compare(lo, keys.MarkersStart) >= 0 && bytes.Compare(hi, keys.MarkersEnd) < 0,
+				"sstable %s holds markers and other keys: %q..%q", tb.FileNum, lo, hi)
+			elo, _ := keys.MarkerEpoch(lo)
+			ehi, _ := keys.MarkerEpoch(hi)
+			require.Equal(t, elo, ehi, "sstable %s spans marker epochs %d..%d", tb.FileNum, elo, ehi)
+		}
+	}
+	require.Equal(t, 4, markerTables)
 }

@@ -140,8 +140,12 @@ type GCStats struct {
 	// TombstoneEpochsDropped counts the epochs (partitions) of tombstone
 	// markers dropped, past Retention + TombstoneWindow.
 	TombstoneEpochsDropped int
-	Compacted              bool // Pebble CompactOnGC: the dropped range was compacted at once
-	Duration               time.Duration
+	// MarkersWritten is the tombstone markers GC wrote for the records it dropped (Pebble:
+	// one ingested sstable of MarkerBytes bytes); zero while tombstones are off.
+	MarkersWritten int
+	MarkerBytes    int64
+	Compacted      bool // Pebble CompactOnGC: the dropped range was compacted at once
+	Duration       time.Duration
 }
 
 // Stats are an engine's gauges for receipts.DB.Stats, read without a scan and without a

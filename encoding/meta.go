@@ -25,7 +25,17 @@ import (
 // move them with their records, so it must refuse a format-3 store. A
 // store of format 1 or 2 is migrated by the first writable open: a marker
 // is written for every record it holds, then the meta as format 3.
-const StoreFormat = 3
+//
+// Format 4 writes markers in bulk, off the write path: no record write
+// writes a marker; GC, before it drops an epoch's records, writes a marker
+// for every one of them (an sstable ingested into Pebble), so a dropped
+// epoch's keys keep their tombstones. A version that reads formats up to 3
+// would drop epochs without writing their markers, so it must refuse a
+// format-4 store. A store of format 3 is opened as it is (the markers it
+// keeps beside live records are moved and deleted with them, as format 3
+// does, and GC writes them again), and one of format 1 or 2 needs nothing
+// written: GC writes its markers when it drops its epochs.
+const StoreFormat = 4
 
 // MinStoreFormat is the oldest store format this version reads.
 const MinStoreFormat = 1

@@ -35,15 +35,34 @@ const (
 // claimFresh returns, with or without a claim: the caller reads the closing gate after the
 // claim is committed and undoes it (undoFresh) if Close began meanwhile.
 func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte, commit bool) (row claimRow, got freshGot, err error) {
+	tail := ""
+	if commit {
+		tail = "COMMIT"
+	}
+	row, got, _, err = e.sendFresh(ctx, conn, req, nonce, false, tail)
+	return row, got, err
+}
+
+// sendFresh is claimFresh with the batch's last statement given: tail ("COMMIT", DoTx's
+// "SAVEPOINT …", or none). The batch is [BEGIN; lock; fresh; tail]. With wantTx the
+// transaction it begins is pgx's (Batch.BeginTx) and returned, for DoTx's fn: conn must then
+// be a connection (a pool's batch that begins a transaction keeps its connection until the
+// transaction ends).
+func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte, wantTx bool, tail string) (row claimRow, got freshGot, tx pgx.Tx, err error) {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	if wantTx {
+		b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	} else {
+		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	}
 	b.Queue(e.q.lock, lockClass, lockID(keyHash(req.Key)))
 	now := e.nowArg()
 	b.Queue(e.q.fresh, e.claimArgs(req, nonce, now)...)
-	if commit {
-		b.Queue("COMMIT")
+	if tail != "" {
+		b.Queue(tail)
 	}
 	br := conn.SendBatch(ctx, b)
+	tx = br.Tx()
 	if _, err = br.Exec(); err == nil {
 		_, err = br.Exec()
 	}
@@ -59,14 +78,14 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 			err = nil
 		}
 	}
-	if commit && err == nil {
+	if tail != "" && err == nil {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil || got == freshNone {
-		return claimRow{}, freshNone, err
+		return claimRow{}, freshNone, tx, err
 	}
 	row.rec.Key = req.Key
 	e.fill(&row.rec)
@@ -76,7 +95,7 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 	} else {
 		row.now = e.saw(row.now, now)
 	}
-	return row, got, nil
+	return row, got, tx, nil
 }
 
 // replayable is the answer to a claim whose fresh statement found a finished record that is

@@ -17,6 +17,8 @@
 #   histshard  receiptsprom's histograms sum only their first stripe at scrape
 #   unknownfree the outcome protocol releases the claim of an unknown outcome
 #              (the conformance kit, on Pebble and on PostgreSQL, catches it)
+#   nogcmarkers GC drops an epoch's records without writing their tombstone
+#              markers (the tombstone crash tests catch it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -62,6 +64,7 @@ suites=(
 	"./receiptsprom ^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"
 	". ^TestConformance$"
 	"./pgstore ^TestConformance$"
+	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
 )
 
 harnesses=()      # test names
@@ -97,7 +100,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

@@ -28,6 +28,8 @@
 //	           and the next attempt is not Recovered
 //	histshard  receiptsprom: a duration histogram's scrape reads only its first
 //	           stripe (the counts other goroutines added elsewhere are lost)
+//	nogcmarkers Pebble's GC drops an epoch's records without writing their
+//	           tombstone markers first
 package mutate
 
 // Mutation names.
@@ -60,4 +62,6 @@ const (
 	UnknownFree = "unknownfree"
 	// HistShard: receiptsprom's striped histograms sum only their first stripe at scrape.
 	HistShard = "histshard"
+	// NoGCMarkers: Pebble's GC drops epochs without writing their records' tombstone markers.
+	NoGCMarkers = "nogcmarkers"
 )

@@ -55,20 +55,26 @@ type Config struct {
 // concurrent use.
 type Engine struct {
 	// Set in Open, read-only after.
-	cfg         driver.Config // Now never nil; EpochWidth as stored
-	pdb         *pebble.DB
-	dirLock     *pebble.Lock
-	locks       *locktable.Table
-	cache       *rcache.Cache // recently finished receipts; nil if disabled
-	memo        *pendingMemo  // the Pending records last written, for the next write (memo.go)
-	width       int64         // epoch width, ns
-	retention   int64         // ns
-	window      int64         // TombstoneWindow, ns; <= 0: no tombstones
-	secret      []byte
-	loc         *time.Location // of Config.Now's times: records report times in it
-	readOnly    bool           // Pebble.ReadOnly: inspection only
+	cfg       driver.Config // Now never nil; EpochWidth as stored
+	pdb       *pebble.DB
+	dirLock   *pebble.Lock
+	locks     *locktable.Table
+	cache     *rcache.Cache // recently finished receipts; nil if disabled
+	memo      *pendingMemo  // the Pending records last written, for the next write (memo.go)
+	width     int64         // epoch width, ns
+	retention int64         // ns
+	window    int64         // TombstoneWindow, ns; <= 0: no tombstones
+	secret    []byte
+	loc       *time.Location // of Config.Now's times: records report times in it
+	readOnly  bool           // Pebble.ReadOnly: inspection only
+	// liveMarkers: the store held tombstone markers at or above the GC floor
+	// when it was opened (format 3 wrote one beside every record), which
+	// writes move and delete with their records (tombstone.go).
+	liveMarkers bool
 	compactOnGC bool
 	tokenFn     func() (uint64, error) // e.newToken, bound once (a method value allocates)
+	dir         string                 // the store's directory, on po.FS
+	po          *pebble.Options        // the options Pebble runs with (GC's marker sstables are written with them)
 
 	// hot.Clock is the store's time high-water mark; hot.CacheHits counts
 	// replay-cache answers.

@@ -6,19 +6,27 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
+	"github.com/cockroachdb/pebble/v2/sstable"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/machine"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // GC drops every epoch whose records are all past retention, with one range
 // deletion, every epoch of tombstone markers past Retention +
 // TombstoneWindow with another, plus the persisted floor, in one synced
-// batch: at most three writes, whatever the number of records.
+// batch. With tombstones on, it first writes the markers of the records it
+// is about to drop (ingestMarkers: one sstable, read from those epochs in
+// order), durable before that batch: at most four writes, whatever the
+// number of records.
 //
 // An epoch e (records last written in [e*W, (e+1)*W), W the epoch width) is
 // dead once (e+1)*W + Retention <= now. Writes never land in a dropped epoch,
@@ -55,6 +63,18 @@ func (e *Engine) GC(ctx context.Context) (driver.GCStats, error) {
 		// dropped may not be reclaimed yet, and is not counted again.
 		if st.BytesFreed, err = e.pdb.EstimateDiskUsage(keys.EpochStart(first), end); err != nil {
 			st.BytesFreed = 0 // an estimate only
+		}
+	}
+	if dropped > 0 && e.window > 0 && mutate.Name != mutate.NoGCMarkers {
+		// The markers first, durable before the records go (tombstone.go):
+		// those of the epochs whose tombstones can still be in force.
+		n, size, err := e.ingestMarkers(ctx, max(first, markerFloor), newFloor)
+		if err != nil {
+			return st, err
+		}
+		if n > 0 {
+			st.Writes++
+			st.MarkersWritten, st.MarkerBytes = n, size
 		}
 	}
 	if dropped > 0 || markersDropped > 0 || newFloor > e.floor.Load() {
@@ -104,6 +124,114 @@ func (e *Engine) GC(ctx context.Context) (driver.GCStats, error) {
 	}
 	st.Duration = time.Since(start)
 	return st, nil
+}
+
+// gcMarkersFile is the prefix of the sstables GC writes markers into, in
+// the store's directory, before Pebble ingests them (and links them under
+// names of its own).
+const gcMarkersFile = "receipts-gc-markers-"
+
+// ingestMarkers writes a tombstone marker for every record of the epochs
+// [lo, hi), under the same key in the markers prefix (same epoch), holding
+// the record's UpdatedAt, and ingests them into Pebble in one call: one
+// write, atomic, durable when it returns (Pebble syncs the tables and its
+// manifest). One sstable per epoch, as Pebble's own flushes and compactions
+// split them (epochSpans), so that the range deletion that drops an epoch
+// of markers later covers whole tables. The records are read in key order,
+// which is the markers' order, with one iterator; nothing else writes
+// those epochs (they are dead: no write lands there). A record that does
+// not decode gets a marker at its epoch's last instant, the latest its last
+// write can have been: its key stays refused at least as long as it should.
+// It returns the markers written and the tables' size.
+func (e *Engine) ingestMarkers(ctx context.Context, lo, hi uint64) (n int, size int64, err error) {
+	if lo >= hi {
+		return 0, 0, nil
+	}
+	it, err := e.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.EpochStart(lo), UpperBound: keys.EpochStart(hi)})
+	if err != nil {
+		return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+	}
+	defer it.Close()
+	fs := e.po.FS
+	var paths []string
+	defer func() {
+		for _, p := range paths {
+			_ = fs.Remove(p) // Pebble has linked (or copied) them by then
+		}
+	}()
+	var w *sstable.Writer // the current epoch's table
+	defer func() {
+		if w != nil {
+			_ = w.Close()
+		}
+	}()
+	finish := func() error {
+		err := w.Close() // finishes the table: written and synced
+		w = nil
+		return err
+	}
+	var rec encoding.Record
+	var mk, val []byte
+	cur := uint64(0)
+	for valid := it.First(); valid; valid = it.Next() {
+		if n%4096 == 4095 {
+			if err := ctx.Err(); err != nil {
+				return 0, 0, err
+			}
+		}
+		key := it.Key()
+		ep, ok := keys.Epoch(key)
+		if !ok {
+			return 0, 0, fmt.Errorf("%w: malformed record key %q", driver.ErrCorrupt, key)
+		}
+		if w == nil || ep != cur {
+			if w != nil {
+				if err := finish(); err != nil {
+					return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+				}
+			}
+			path := fs.PathJoin(e.dir, gcMarkersFile+strconv.FormatUint(ep, 10)+".sst")
+			f, err := fs.Create(path, vfs.WriteCategoryUnspecified)
+			if err != nil {
+				return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+			}
+			paths = append(paths, path)
+			w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), e.po.MakeWriterOptions(0, e.pdb.TableFormat()))
+			cur = ep
+		}
+		usedAt := int64(ep+1)*e.width - 1
+		if v, err := it.ValueAndErr(); err != nil {
+			return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+		} else if encoding.DecodeRecordInto(&rec, v) == nil {
+			usedAt = rec.UpdatedAt
+		}
+		mk = keys.MarkerOf(append(mk[:0], key...))
+		val = encoding.AppendUint64(val[:0], uint64(usedAt))
+		if err := w.Set(mk, val); err != nil {
+			return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+		}
+		n++
+	}
+	if err := it.Error(); err != nil {
+		return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+	}
+	if w != nil {
+		if err := finish(); err != nil {
+			return 0, 0, fmt.Errorf("receipts: gc: markers: %w", err)
+		}
+	}
+	if n == 0 {
+		return 0, 0, nil
+	}
+	for _, p := range paths {
+		if st, err := fs.Stat(p); err == nil {
+			size += st.Size()
+		}
+	}
+	if err := e.pdb.Ingest(ctx, paths); err != nil {
+		return 0, 0, fmt.Errorf("receipts: gc: ingest markers: %w", err)
+	}
+	return n, size, nil
 }
 
 // countEpochs counts the epochs that hold records (or markers: epochOf and

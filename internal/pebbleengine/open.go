@@ -54,6 +54,8 @@ func Open(dir string, cfg Config) (*Engine, error) {
 		readOnly:    po.ReadOnly,
 		compactOnGC: cfg.CompactOnGC,
 		hot:         cfg.Hot,
+		dir:         dir,
+		po:          po,
 	}
 	if e.hot == nil {
 		e.hot = new(hot.Line)
@@ -120,6 +122,9 @@ func (e *Engine) load() error {
 		markerMin = min(markerMin, first)
 	}
 	e.markerMin.Store(min(markerMin, e.minEpoch.Load()))
+	if e.liveMarkers, err = e.markersFrom(floor); err != nil {
+		return err
+	}
 	e.hot.Clock.Store(hwm)
 	return nil
 }
@@ -127,8 +132,9 @@ func (e *Engine) load() error {
 // loadMeta reads the meta record, creating it for a new store: the epoch
 // width, the ProviderKey secret, and the Retention, LeaseTTL and
 // TombstoneWindow in force (the recorded ones for the options left zero),
-// checked by Config.Check. A store of a format before 3 is migrated
-// (migrateMarkers).
+// checked by Config.Check. A store of an earlier format needs nothing
+// written but its meta (encoding.StoreFormat: GC writes the markers of the
+// epochs it drops).
 // The meta is rewritten, synced, when the settings in force differ from
 // what it records, or when it is of the previous format (which records
 // neither); not on a read-only store.
@@ -178,14 +184,6 @@ func (e *Engine) loadMeta(now int64) error {
 	}
 	if !write || (e.readOnly && !create) { // a read-only open of no store fails to write
 		return nil
-	}
-	if !create && meta.Format < 3 {
-		// A store from before tombstones: every record gets its marker
-		// before the meta says format 3 (a crash in between migrates
-		// again).
-		if err := e.migrateMarkers(); err != nil {
-			return err
-		}
 	}
 	next := *meta
 	next.Format, next.Retention, next.LeaseTTL, next.TombstoneWindow = encoding.StoreFormat, e.retention, ttl, e.window

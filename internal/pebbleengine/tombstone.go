@@ -1,7 +1,9 @@
 package pebbleengine
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -15,23 +17,33 @@ import (
 
 // Tombstones.
 //
-// Every write of a record (claim, renewal, takeover, commit, abandon) also
-// writes the key's marker (keys.AppendMarker) in the same batch, in the
-// same epoch, holding the record's UpdatedAt; the write that moves a record
-// to a newer epoch deletes the old epoch's marker with the old record, and
-// the deletion of a record (a first attempt released, a Forget) deletes
-// its marker. So, for every epoch GC has not dropped, a key has a marker
-// in an epoch exactly when it has a record there, with the same time.
-// GC drops records at epoch end + Retention and markers at epoch end +
-// Retention + TombstoneWindow, each with one range deletion.
+// A key's tombstone is the time of its newest record (usedAt), kept after
+// the record expires and after GC drops it, while machine.Tombstoned(usedAt,
+// now, Retention, TombstoneWindow). Nothing is written for it when a record
+// is: while an epoch is not dropped, its records are their own tombstones
+// (an expired record in a live epoch is what readInto finds; one in a dead
+// epoch GC has not dropped yet is probed by tombstone). GC, before it drops
+// an epoch's records, writes a marker (keys.AppendMarker, the record's key
+// under the markers prefix, holding its UpdatedAt) for each of them, in the
+// same epoch, as one sstable ingested into Pebble (ingestMarkers): durable
+// before the synced batch that deletes the records and raises the GC floor.
+// So at every moment, and in every crash image, a record GC dropped has its
+// marker, and one it has not dropped is still there: for an epoch at or
+// above the floor (read before the probes' snapshot is taken), the record
+// is read first, then the marker (GC may have dropped the epoch since);
+// below it, the marker. GC drops markers at epoch end + Retention +
+// TombstoneWindow with one range deletion, and writes markers only while
+// TombstoneWindow > 0.
 //
-// A key without a visible record is tombstoned while
-// machine.Tombstoned(usedAt, now, Retention, TombstoneWindow), usedAt
-// being the time of its newest record: the expired record itself if a
-// lookup finds one in the live epochs, or else the newest marker in the
-// older epochs (by the invariant above, the live epochs hold no marker
-// without its record). Tombstones are written only while TombstoneWindow
-// > 0; the deletions that keep the invariant always are.
+// A store of format 3 also holds a marker beside each live record, written
+// with it. While any marker is left at or above the GC floor when the store
+// is opened (liveMarkers), those are deleted with their records when a
+// write moves or deletes them (put, and rmw's deletions), so that none is
+// left with an older time, or for a key forgotten; they are read only once
+// GC has dropped their epoch, and written again by GC (with the same time)
+// before it does. A marker GC wrote lies in an epoch it dropped, or was
+// about to (a crash before the drop): its record is dead and no write
+// touches it.
 
 var _ driver.Tombstones = (*Engine)(nil)
 
@@ -67,6 +79,7 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 		return 0, false, nil
 	}
 	bottom := e.markerBottom(now)
+	floor := e.floor.Load() // before the prober's snapshot: an epoch below it has its markers in it
 	key := keys.AppendMarker(buf[:0], lo, k.Scope, k.ID)
 	p := prober{db: e.pdb}
 	defer p.closeInto(&err, "read the tombstone")
@@ -77,6 +90,19 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 			}
 		}
 		keys.SetEpoch(key, ep)
+		if ep >= floor { // not dropped when the floor was read: the record, if it is still there
+			v, found, err := p.get(keys.MarkerOf(key))
+			keys.MarkerOf(key) // back to the marker's key
+			if err != nil {
+				return 0, false, fmt.Errorf("receipts: read the tombstone: %w", err)
+			}
+			if found {
+				if derr := encoding.DecodeRecordInto(rec, v); derr != nil {
+					return 0, false, fmt.Errorf("%w: %s: %w", driver.ErrCorrupt, k, derr)
+				}
+				return rec.UpdatedAt, machine.Tombstoned(rec.UpdatedAt, now, e.retention, e.window), nil
+			}
+		}
 		v, found, err := p.get(key)
 		if err != nil {
 			return 0, false, fmt.Errorf("receipts: read the tombstone: %w", err)
@@ -96,25 +122,12 @@ func (e *Engine) tombstone(ctx context.Context, k driver.Key, now int64, rec *en
 	return 0, false, nil
 }
 
-// putMarker adds k's marker for a record last written at usedAt, in epoch,
-// to b (nothing while tombstones are off).
-func (e *Engine) putMarker(b *pebble.Batch, k driver.Key, epoch uint64, usedAt int64) error {
-	if e.window <= 0 {
+// deleteMarker adds the deletion of the marker that goes with the record
+// key stored to b, if the store may hold one (liveMarkers).
+func (e *Engine) deleteMarker(b *pebble.Batch, stored []byte) error {
+	if !e.liveMarkers {
 		return nil
 	}
-	bp := keyBufs.Get().(*[]byte)
-	defer keyBufs.Put(bp)
-	mk := keys.AppendMarker((*bp)[:0], epoch, k.Scope, k.ID)
-	mk = encoding.AppendUint64(mk, uint64(usedAt))
-	n := len(mk) - 12
-	err := b.Set(mk[:n], mk[n:], nil)
-	*bp = mk[:0]
-	return err
-}
-
-// deleteMarker adds the deletion of the marker that goes with the record
-// key stored to b.
-func deleteMarker(b *pebble.Batch, stored []byte) error {
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
 	mk := keys.MarkerOf(append((*bp)[:0], stored...))
@@ -154,8 +167,10 @@ func satAdd(t, d int64) int64 {
 }
 
 // ScanTombstones yields the tombstones in force (scope "" = every scope),
-// oldest epoch first, from the markers of the epochs older than the live
-// ones; each is checked against a fresh read of its key.
+// oldest epoch first: from the markers of the epochs GC dropped and the
+// expired records of the others (tombstone.go), read on one snapshot taken
+// after the GC floor is read. Each is checked against a fresh read of its
+// key.
 func (e *Engine) ScanTombstones(ctx context.Context, scope string, limit int) iter.Seq2[driver.Tombstone, error] {
 	return func(yield func(driver.Tombstone, error) bool) {
 		if e.window <= 0 {
@@ -163,40 +178,42 @@ func (e *Engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 		}
 		now := e.now()
 		bottom := e.markerBottom(now)
-		it, err := e.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.MarkerEpochStart(bottom), UpperBound: keys.MarkersEnd})
+		floor := e.floor.Load() // before the snapshot: an epoch below it has its markers in it
+		snap := e.pdb.NewSnapshot()
+		defer snap.Close()
+		mit, err := snap.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.MarkerEpochStart(bottom), UpperBound: keys.MarkersEnd})
 		if err != nil {
 			yield(driver.Tombstone{}, fmt.Errorf("receipts: scan tombstones: %w", err))
 			return
 		}
-		defer it.Close()
+		defer mit.Close()
+		rit, err := snap.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.EpochStart(max(bottom, floor)), UpperBound: keys.RecordsEnd})
+		if err != nil {
+			yield(driver.Tombstone{}, fmt.Errorf("receipts: scan tombstones: %w", err))
+			return
+		}
+		defer rit.Close()
 		if err := e.syncVisible(); err != nil {
 			yield(driver.Tombstone{}, err)
 			return
 		}
+		var rec encoding.Record
 		n := 0
-		for valid := it.First(); valid; valid = it.Next() {
+		mok, rok := mit.First(), rit.First()
+		for mok || rok {
 			if err := ctx.Err(); err != nil {
 				yield(driver.Tombstone{}, err)
 				return
 			}
-			_, s, id, kerr := keys.ParseMarker(it.Key())
-			if kerr != nil {
-				if !yield(driver.Tombstone{}, fmt.Errorf("%w: marker key %q: %w", driver.ErrCorrupt, it.Key(), kerr)) {
-					return
-				}
-				continue
-			}
-			if scope != "" && s != scope {
-				continue
-			}
-			k := driver.Key{Scope: s, ID: id}
-			v, err := it.ValueAndErr()
-			var t uint64
-			if err == nil {
-				t, err = encoding.DecodeUint64(v)
-				if err != nil {
-					err = fmt.Errorf("%w: tombstone of %s: %w", driver.ErrCorrupt, k, err)
-				}
+			var k driver.Key
+			var usedAt int64
+			var err error
+			if mok && (!rok || markerEpochOf(mit.Key()) <= recordEpochOf(rit.Key())) { // the older epoch first
+				k, usedAt, err = e.scannedMarker(snap, mit, floor)
+				mok = mit.Next()
+			} else {
+				k, usedAt, err = scannedRecord(rit, &rec)
+				rok = rit.Next()
 			}
 			if err != nil {
 				if !yield(driver.Tombstone{}, err) {
@@ -204,13 +221,15 @@ func (e *Engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 				}
 				continue
 			}
-			usedAt := int64(t)
+			if k == (driver.Key{}) || (scope != "" && k.Scope != scope) {
+				continue
+			}
 			if !machine.Tombstoned(usedAt, now, e.retention, e.window) || !machine.Expired(usedAt, now, e.retention) {
 				continue
 			}
-			// The newest record of k decides (a marker of an older
-			// generation, or one whose record is still visible, is not a
-			// tombstone): the same check a claim makes.
+			// The newest record of k decides (a marker or record of an
+			// older generation, or one whose key has a visible record, is
+			// not a tombstone): the same check a claim makes.
 			cur, found, err := e.tombstoneNow(ctx, k, now)
 			if err != nil {
 				if !yield(driver.Tombstone{}, err) {
@@ -228,10 +247,78 @@ func (e *Engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 				return
 			}
 		}
-		if err := it.Error(); err != nil {
-			yield(driver.Tombstone{}, fmt.Errorf("receipts: scan tombstones: %w", err))
+		for _, it := range []*pebble.Iterator{mit, rit} {
+			if err := it.Error(); err != nil {
+				yield(driver.Tombstone{}, fmt.Errorf("receipts: scan tombstones: %w", err))
+				return
+			}
 		}
 	}
+}
+
+// markerEpochOf and recordEpochOf are a key's epoch (MaxUint64 if
+// malformed: it sorts last, and is reported when its turn comes).
+func markerEpochOf(key []byte) uint64 {
+	ep, ok := keys.MarkerEpoch(key)
+	if !ok {
+		return math.MaxUint64
+	}
+	return ep
+}
+
+func recordEpochOf(key []byte) uint64 {
+	ep, ok := keys.Epoch(key)
+	if !ok {
+		return math.MaxUint64
+	}
+	return ep
+}
+
+// scannedMarker is the key and time of the marker at it. A marker of an
+// epoch at or above floor whose record is beside it on snap (a store of
+// format 3, a GC under way) is skipped (a zero key): the record is scanned.
+func (e *Engine) scannedMarker(snap *pebble.Snapshot, it *pebble.Iterator, floor uint64) (driver.Key, int64, error) {
+	ep, s, id, err := keys.ParseMarker(it.Key())
+	if err != nil {
+		return driver.Key{}, 0, fmt.Errorf("%w: marker key %q: %w", driver.ErrCorrupt, it.Key(), err)
+	}
+	k := driver.Key{Scope: s, ID: id}
+	if ep >= floor {
+		_, closer, err := snap.Get(keys.MarkerOf(bytes.Clone(it.Key())))
+		switch {
+		case err == nil:
+			_ = closer.Close()
+			return driver.Key{}, 0, nil
+		case !errors.Is(err, pebble.ErrNotFound):
+			return driver.Key{}, 0, fmt.Errorf("receipts: scan tombstones: %w", err)
+		}
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return driver.Key{}, 0, fmt.Errorf("receipts: scan tombstones: %w", err)
+	}
+	t, err := encoding.DecodeUint64(v)
+	if err != nil {
+		return driver.Key{}, 0, fmt.Errorf("%w: tombstone of %s: %w", driver.ErrCorrupt, k, err)
+	}
+	return k, int64(t), nil
+}
+
+// scannedRecord is the key and time of the record at it, decoded into rec.
+func scannedRecord(it *pebble.Iterator, rec *encoding.Record) (driver.Key, int64, error) {
+	_, s, id, err := keys.ParseRecord(it.Key())
+	if err != nil {
+		return driver.Key{}, 0, fmt.Errorf("%w: record key %q: %w", driver.ErrCorrupt, it.Key(), err)
+	}
+	k := driver.Key{Scope: s, ID: id}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return driver.Key{}, 0, fmt.Errorf("receipts: scan tombstones: %w", err)
+	}
+	if err := encoding.DecodeRecordInto(rec, v); err != nil {
+		return driver.Key{}, 0, fmt.Errorf("%w: %s: %w", driver.ErrCorrupt, k, err)
+	}
+	return k, rec.UpdatedAt, nil
 }
 
 // tombstoneNow reads k (without its lock: for reporting only) and returns
@@ -252,48 +339,15 @@ func (e *Engine) tombstoneNow(ctx context.Context, k driver.Key, now int64) (int
 	return usedAt, ok, err
 }
 
-// migrateMarkers writes a marker for every record of a store of a format
-// before tombstones (in batches, unsynced: the meta record written after
-// them is synced, and the WAL is synced in order).
-func (e *Engine) migrateMarkers() error {
-	if e.window <= 0 {
-		return nil
-	}
-	it, err := e.pdb.NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+// markersFrom reports whether a marker lives in epoch floor or later.
+func (e *Engine) markersFrom(floor uint64) (bool, error) {
+	it, err := e.pdb.NewIter(&pebble.IterOptions{LowerBound: keys.MarkerEpochStart(floor), UpperBound: keys.MarkersEnd})
 	if err != nil {
-		return fmt.Errorf("receipts: migrate: %w", err)
+		return false, fmt.Errorf("receipts: open iterator: %w", err)
 	}
 	defer it.Close()
-	b := e.pdb.NewBatch()
-	defer func() { _ = b.Close() }()
-	for valid := it.First(); valid; valid = it.Next() {
-		v, err := it.ValueAndErr()
-		if err != nil {
-			return fmt.Errorf("receipts: migrate: %w", err)
-		}
-		rec, derr := encoding.DecodeRecord(v)
-		if derr != nil {
-			continue // reported as corrupt on every read; never read as absent
-		}
-		mk := keys.MarkerOf(append([]byte(nil), it.Key()...))
-		if err := b.Set(mk, encoding.EncodeUint64(uint64(rec.UpdatedAt)), nil); err != nil {
-			return err
-		}
-		if b.Len() > 1<<20 {
-			if err := b.Commit(pebble.NoSync); err != nil {
-				return fmt.Errorf("receipts: migrate: %w", err)
-			}
-			_ = b.Close()
-			b = e.pdb.NewBatch()
-		}
-	}
-	if err := it.Error(); err != nil {
-		return fmt.Errorf("receipts: migrate: %w", err)
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return fmt.Errorf("receipts: migrate: %w", err)
-	}
-	return nil
+	found := it.First()
+	return found, it.Error()
 }
 
 // firstMarkerEpoch returns the oldest epoch holding markers.

@@ -131,7 +131,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	var epoch uint64
 	if del {
 		if err = b.Delete(stored, nil); err == nil {
-			if err = deleteMarker(b, stored); err == nil {
+			if err = e.deleteMarker(b, stored); err == nil {
 				err = e.commitWithClock(b)
 			}
 		}
@@ -157,9 +157,10 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 func (e *Engine) closing() bool { return e.cfg.Closing != nil && e.cfg.Closing() }
 
 // put adds the write of next (last written at now) to b, moving the record
-// to the current epoch: the stored key, if any other, is deleted, with its
-// tombstone marker; the record's marker is written beside it (tombstone.go).
-// It returns the key written, its epoch and the value.
+// to the current epoch: the stored key, if any other, is deleted, with the
+// tombstone marker a store of format 3 keeps beside it (deleteMarker; none
+// is written with a record). It returns the key written, its epoch and the
+// value.
 func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, enc []byte, err error) {
 	epoch = e.epochOf(now)
 	key = keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), epoch, k.Scope, k.ID)
@@ -167,7 +168,7 @@ func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encodin
 		if err := b.Delete(stored, nil); err != nil {
 			return nil, 0, nil, err
 		}
-		if err := deleteMarker(b, stored); err != nil {
+		if err := e.deleteMarker(b, stored); err != nil {
 			return nil, 0, nil, err
 		}
 	}
@@ -175,7 +176,7 @@ func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encodin
 	if err := b.Set(key, enc, nil); err != nil {
 		return nil, 0, nil, err
 	}
-	return key, epoch, enc, e.putMarker(b, k, epoch, next.UpdatedAt)
+	return key, epoch, enc, nil
 }
 
 // commitWithClock adds the store's clock to b and commits it, synced; the

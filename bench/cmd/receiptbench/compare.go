@@ -35,8 +35,18 @@ type result struct {
 	RatioToFloor float64       `json:"ratio_to_floor,omitempty"`
 	RatioToPG    float64       `json:"ratio_to_postgres,omitempty"`
 	RatioToPGFl  float64       `json:"ratio_to_pg_floor,omitempty"`
+	RatioToPGTx  float64       `json:"ratio_to_pg_tx_floor,omitempty"`
 	FirstCalls   uint64        `json:"first_calls,omitempty"`
-	Error        string        `json:"error,omitempty"`
+	// CPUPerOp is this process's CPU time (user + system, background work included) over
+	// the measured run, per operation; ServerCPUPerOp is the PostgreSQL server's (its
+	// processes read from /proc: a local server only), per operation.
+	CPUPerOp time.Duration `json:"cpu_per_op_ns,omitempty"`
+	// SyncsPerOp is the WAL syncs Pebble issued over the measured run, per operation (the
+	// Pebble stores): a first call writes two durable records, so 2/SyncsPerOp records
+	// share a sync.
+	SyncsPerOp     float64       `json:"wal_syncs_per_op,omitempty"`
+	ServerCPUPerOp time.Duration `json:"server_cpu_per_op_ns,omitempty"`
+	Error          string        `json:"error,omitempty"`
 }
 
 type report struct {
@@ -100,6 +110,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 
 	maxConc := slices.Max(append(slices.Clone(cfg.concs), hotGoroutines))
 	var open []stores.Store
+	syncs := map[string]*stores.SyncCounter{} // the Pebble stores' WAL syncs
 	defer func() {
 		for _, s := range open {
 			if err := s.Close(); err != nil {
@@ -130,11 +141,21 @@ func runCompare(ctx context.Context, cfg *config) error {
 		var s stores.Store
 		switch name {
 		case "pebble-floor":
-			s, err = stores.OpenFloor(dir, cfg.pebbleOptions())
-		case "receipts":
+			o := cfg.pebbleOptions()
+			syncs[name] = stores.CountSyncs(o)
+			s, err = stores.OpenFloor(dir, o)
+		case "receipts", "receipts-notomb":
 			opts := engine.Options(nil)
 			opts.Pebble = cfg.pebbleOptions()
-			s, err = engine.Open(dir, opts, engine.ModeDo)
+			syncs[name] = stores.CountSyncs(opts.Pebble)
+			if name == "receipts-notomb" { // tombstones off: the cost of tombstones is receipts next to it
+				opts.TombstoneWindow = -1
+			}
+			var es *engine.Store
+			if es, err = engine.Open(dir, opts, engine.ModeDo); err == nil {
+				es.Label = name
+				s = es
+			}
 		case "bbolt":
 			s, err = stores.OpenBolt(dir)
 		case "sqlite":
@@ -143,6 +164,8 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = stores.OpenPostgres(ctx, dsn, maxConc)
 		case "pg-floor":
 			s, err = stores.OpenPGFloor(ctx, pool)
+		case "pg-tx-floor":
+			s, err = stores.OpenPGTxFloor(ctx, pool)
 		case "fgi-style":
 			s, err = stores.OpenFGIStyle(ctx, pool)
 		case "receipts-pg":
@@ -153,6 +176,12 @@ func runCompare(ctx context.Context, cfg *config) error {
 			var ps *engine.PGStore
 			if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_notomb", false, func(o *pgstore.Options) { o.TombstoneWindow = -1 }); err == nil {
 				ps.Label = "receipts-pg-notomb"
+				s = ps
+			}
+		case "receipts-pg-tx-notomb": // DoTx with tombstones off
+			var ps *engine.PGStore
+			if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_tx_notomb", true, func(o *pgstore.Options) { o.TombstoneWindow = -1 }); err == nil {
+				ps.Label = "receipts-pg-tx-notomb"
 				s = ps
 			}
 		case "receipts-pg-lookup":
@@ -174,7 +203,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 			return err
 		}
 	}
-	rep.Results = runAll(ctx, cfg, rep, open)
+	rep.Results = runAll(ctx, cfg, rep, open, newServerCPU(pool), syncs)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -195,11 +224,44 @@ func runCompare(ctx context.Context, cfg *config) error {
 // runAll runs every selected workload. Each configuration (workload, concurrency) runs
 // on every store back to back, so that a ratio compares runs minutes apart at most, not
 // a whole store's run apart: on a shared machine the disk and the CPUs drift.
-func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) []result {
+func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store, srv *serverCPU, syncs map[string]*stores.SyncCounter) []result {
 	var out []result
+	// measured runs workload.Run, noting the CPU time it took, this process's and the
+	// PostgreSQL server's (for the PostgreSQL stores), and the WAL syncs of a Pebble
+	// store, in cpu.
+	var cpu struct {
+		self, server time.Duration
+		syncs        uint64
+	}
+	measured := func(s stores.Store, conc int, d time.Duration, op workload.Op) *workload.Result {
+		cpu.self, cpu.server, cpu.syncs = 0, 0, 0
+		pg := slices.Contains(pgStores, s.Name())
+		s0, ok0 := srv.total(ctx)
+		var w0 uint64
+		sc := syncs[s.Name()]
+		if sc != nil {
+			w0 = sc.WAL()
+		}
+		c0 := processCPU()
+		r := workload.Run(ctx, conc, d, 0, op)
+		cpu.self = processCPU() - c0
+		if sc != nil {
+			cpu.syncs = sc.WAL() - w0
+		}
+		if s1, ok1 := srv.total(ctx); pg && ok0 && ok1 {
+			cpu.server = s1 - s0
+		}
+		return r
+	}
 	add := func(wl, name string, conc int, r *workload.Result, firsts uint64) {
 		row := result{Workload: wl, Store: name, Conc: conc, Ops: r.Ops, Seconds: r.Elapsed.Seconds(),
 			OpsPerSec: r.OpsPerSec(), P50: r.Hist.Quantile(0.50), P99: r.Hist.Quantile(0.99), Mean: r.Hist.Mean(), FirstCalls: firsts}
+		if r.Ops > 0 {
+			row.CPUPerOp = cpu.self / time.Duration(r.Ops)
+			row.ServerCPUPerOp = cpu.server / time.Duration(r.Ops)
+			row.SyncsPerOp = float64(cpu.syncs) / float64(r.Ops)
+		}
+		cpu.self, cpu.server, cpu.syncs = 0, 0, 0
 		if r.FirstErr != nil {
 			row.Error = r.FirstErr.Error()
 			progress("%-9s %-12s conc=%-3d ERROR %v", wl, name, conc, r.FirstErr)
@@ -230,7 +292,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 						continue
 					}
 				}
-				r := workload.Run(ctx, conc, cfg.duration, 0, newKeys(workload.RunID()))
+				r := measured(s, conc, cfg.duration, newKeys(workload.RunID()))
 				add("new", s.Name(), conc, r, 0)
 			}
 		}
@@ -306,7 +368,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 						continue
 					}
 				}
-				r := workload.Run(ctx, conc, cfg.duration, 0, replay)
+				r := measured(s, conc, cfg.duration, replay)
 				add("replay", s.Name(), conc, r, 0)
 			}
 		}
@@ -315,7 +377,7 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 	// "in progress" instead (they have no waiting), so only the engine and the floor run them.
 	var hot []stores.Store
 	for _, s := range all {
-		if s.Name() == "receipts" || s.Name() == "pebble-floor" {
+		if slices.Contains(pebbleStores, s.Name()) {
 			hot = append(hot, s)
 		}
 	}
@@ -376,12 +438,14 @@ func runAll(ctx context.Context, cfg *config, rep *report, all []stores.Store) [
 	return out
 }
 
-// ratios fills RatioToFloor and RatioToPG: each row's ops/s over the floor's (and
-// PostgreSQL's) in the same workload and concurrency.
+// ratios fills RatioToFloor, RatioToPG, RatioToPGFl and RatioToPGTx: each row's ops/s over
+// the floor's (and PostgreSQL's, pg-floor's, pg-tx-floor's) in the same workload and
+// concurrency.
 func ratios(rs []result) {
 	floor := map[string]float64{}
 	pg := map[string]float64{}
 	pgFloor := map[string]float64{}
+	pgTxFloor := map[string]float64{}
 	for _, r := range rs {
 		if r.Error != "" {
 			continue
@@ -393,6 +457,8 @@ func ratios(rs []result) {
 			pg[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		case "pg-floor":
 			pgFloor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
+		case "pg-tx-floor":
+			pgTxFloor[r.Workload+"/"+strconv.Itoa(r.Conc)] = r.OpsPerSec
 		}
 	}
 	for i := range rs {
@@ -408,6 +474,9 @@ func ratios(rs []result) {
 		}
 		if p := pgFloor[g]; p > 0 {
 			rs[i].RatioToPGFl = rs[i].OpsPerSec / p
+		}
+		if p := pgTxFloor[g]; p > 0 {
+			rs[i].RatioToPGTx = rs[i].OpsPerSec / p
 		}
 	}
 }

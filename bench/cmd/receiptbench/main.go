@@ -26,6 +26,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	_ "net/http/pprof" // -pprof
 	"os"
 	"os/signal"
 	"runtime"
@@ -57,6 +59,7 @@ type config struct {
 	replayN   int
 	memStore  string
 	cpuProf   string
+	pprofAddr string // -pprof: serve net/http/pprof here during the run
 	memProf   string // -memprofile: a heap profile where -scale measures the RSS
 	cacheMiB  int
 	fromJSON  string
@@ -86,6 +89,15 @@ func main() {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
+	if cfg.pprofAddr != "" {
+		runtime.SetBlockProfileRate(10_000) // one blocking event per 10 µs blocked
+		runtime.SetMutexProfileFraction(10)
+		go func() {
+			if err := http.ListenAndServe(cfg.pprofAddr, nil); err != nil {
+				progress("pprof: %v", err)
+			}
+		}()
+	}
 	switch {
 	case cfg.fromJSON != "":
 		err = printSaved(cfg)
@@ -105,15 +117,18 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
+var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
 
-// defaultStores run unless -stores names others: all but receipts-pg-lookup (a measurement
-// of pgstore's plain read, not a path a retry takes) and receipts-pg-notomb (pgstore with
+// defaultStores run unless -stores names others: all but receipts-notomb,
+// receipts-pg-lookup (a measurement of pgstore's plain read, not a path a retry takes),
+// receipts-pg-notomb and receipts-pg-tx-notomb (the engine's, pgstore's Do and DoTx with
 // tombstones off: a measurement of what they cost).
-var defaultStores = allStores[:len(allStores)-2]
+var defaultStores = slices.DeleteFunc(slices.Clone(allStores), func(s string) bool {
+	return s == "receipts-notomb" || s == "receipts-pg-lookup" || s == "receipts-pg-notomb" || s == "receipts-pg-tx-notomb"
+})
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
-var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb"}
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {
@@ -137,6 +152,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
 	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&cfg.pprofAddr, "pprof", "", "serve net/http/pprof at this address during the run (say localhost:6061): goroutine dumps, block and mutex profiles mid-run")
 	fs.StringVar(&cfg.memProf, "memprofile", "", "scale mode: write a heap profile to this file where the RSS is measured (after a GC)")
 	fs.Var(&cfg.purge, "purge", "PostgreSQL purge mode: N expired receipts (-purge alone: 1M) reclaimed by pgstore's GC vs a batched DELETE: time and WAL bytes")
 	fs.BoolVar(&cfg.wake, "wake", false, "PostgreSQL wake mode: how soon a waiter on node B returns after node A commits, with LISTEN and poll-only (p50/p99)")
@@ -209,6 +225,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	return cfg, nil
 }
+
+// pebbleStores are the stores that run on Pebble: their WAL syncs are counted.
+var pebbleStores = []string{"pebble-floor", "receipts", "receipts-notomb"}
 
 // scaleStores are the stores -scale populates: the engine and its floor.
 var scaleStores = []string{"pebble-floor", "receipts"}

@@ -259,6 +259,9 @@ func TestComparePG(t *testing.T) {
 		if r.RatioToPGFl <= 0 {
 			t.Errorf("%s %s conc=%d: no ratio to pg-floor", r.Workload, r.Store, r.Conc)
 		}
+		if r.RatioToPGTx <= 0 {
+			t.Errorf("%s %s conc=%d: no ratio to pg-tx-floor", r.Workload, r.Store, r.Conc)
+		}
 		seen[r.Store]++
 	}
 	for _, s := range pgStores {

@@ -96,6 +96,22 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 	if hasPGFloor {
 		t.header = append(t.header, "x pg-floor")
 	}
+	hasPGTx := slices.ContainsFunc(rows, func(r result) bool { return r.RatioToPGTx > 0 })
+	if hasPGTx {
+		t.header = append(t.header, "x tx-floor")
+	}
+	hasCPU := slices.ContainsFunc(rows, func(r result) bool { return r.CPUPerOp > 0 })
+	if hasCPU {
+		t.header = append(t.header, "cpu-µs/op")
+	}
+	hasSyncs := slices.ContainsFunc(rows, func(r result) bool { return r.SyncsPerOp > 0 })
+	if hasSyncs {
+		t.header = append(t.header, "syncs/op")
+	}
+	hasSrv := slices.ContainsFunc(rows, func(r result) bool { return r.ServerCPUPerOp > 0 })
+	if hasSrv {
+		t.header = append(t.header, "srv-cpu-µs/op")
+	}
 	prev := ""
 	for _, r := range rows {
 		group := r.Workload + "/" + fmt.Sprint(r.Conc)
@@ -114,6 +130,18 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 		if hasPGFloor {
 			row = append(row, ratioString(r.RatioToPGFl))
+		}
+		if hasPGTx {
+			row = append(row, ratioString(r.RatioToPGTx))
+		}
+		if hasCPU {
+			row = append(row, cpuString(r.CPUPerOp))
+		}
+		if hasSyncs {
+			row = append(row, syncsString(r.SyncsPerOp))
+		}
+		if hasSrv {
+			row = append(row, cpuString(r.ServerCPUPerOp))
 		}
 		t.rows = append(t.rows, row)
 	}
@@ -170,6 +198,22 @@ func printTable(w io.Writer, rep *report, cfg *config) {
 		}
 	}
 	fmt.Fprintln(w, strings.Join(notes, "\n"))
+}
+
+// cpuString is a CPU time per operation in µs ("-": not measured).
+func cpuString(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(d)/1e3)
+}
+
+// syncsString is WAL syncs per operation ("-": none counted).
+func syncsString(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
 }
 
 func signedBytes(b int64) string {

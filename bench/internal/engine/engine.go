@@ -38,6 +38,8 @@ type Store struct {
 	Mode Mode
 	// Firsts counts operations whose fn (or lease) ran: first calls, not replays.
 	Firsts atomic.Uint64
+	// Label, if set, is the row label (Name).
+	Label string
 }
 
 // Options returns the engine options benchmarks use: Pebble on disk with the same
@@ -67,7 +69,12 @@ func Open(dir string, opts *receipts.Options, mode Mode) (*Store, error) {
 }
 
 // Name is the row label in reports.
-func (s *Store) Name() string { return "receipts" }
+func (s *Store) Name() string {
+	if s.Label != "" {
+		return s.Label
+	}
+	return "receipts"
+}
 
 // Close closes the engine.
 func (s *Store) Close() error { return s.DB.Close() }

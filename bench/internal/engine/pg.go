@@ -21,7 +21,7 @@ import (
 type PGStore struct {
 	DB *receipts.DB
 	// Tx: first calls and retries go through pgstore.DoTx (claim, effect and receipt in
-	// one transaction); otherwise through DB.Do (a claim and a commit, two flushes).
+	// one transaction; fn writes one effect row, as pg-tx-floor does); otherwise through DB.Do (a claim and a commit, two flushes).
 	Tx bool
 	// LookupReplay: Replay reads with DB.Lookup (pgstore's plain MVCC read) instead of
 	// DB.Do. Not a path callers take for a retry: it measures what a lookup-first claim
@@ -31,6 +31,8 @@ type PGStore struct {
 	Firsts atomic.Uint64
 	// Label, if set, is the row label (Name).
 	Label string
+
+	effects string // Tx: the table fn writes its effect row to (quoted)
 }
 
 // PGOptions are the options PostgreSQL benchmarks open pgstore with: a 1h retention,
@@ -68,7 +70,15 @@ func OpenPGWith(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool,
 	if err != nil {
 		return nil, err
 	}
-	return &PGStore{DB: db, Tx: tx}, nil
+	s := &PGStore{DB: db, Tx: tx}
+	if tx { // fn writes the caller's effect row in DoTx's transaction, as pg-tx-floor does
+		s.effects = pgx.Identifier{schema, "effects"}.Sanitize()
+		if _, err := pool.Exec(ctx, "CREATE TABLE "+s.effects+" ("+stores.EffectColumns+")"); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // Name is the row label in reports.
@@ -94,9 +104,12 @@ func (s *PGStore) Do(ctx context.Context, k workload.Key, fp, result []byte) (bo
 	ran := false
 	var err error
 	if s.Tx {
-		_, err = pgstore.DoTx(ctx, s.DB, key, fp, func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+		_, err = pgstore.DoTx(ctx, s.DB, key, fp, func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
 			ran = true
 			s.Firsts.Add(1)
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s.effects+" (scope, id, payload) VALUES ($1, $2, $3)", k.Scope, k.ID, result); err != nil {
+				return nil, err
+			}
 			return result, nil
 		})
 	} else {

@@ -55,6 +55,13 @@ func TestStores(t *testing.T) {
 			}
 			return s
 		},
+		"pg-tx-floor": func(t *testing.T) Store {
+			s, err := OpenPGTxFloor(context.Background(), pgPool(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
 		"fgi-style": func(t *testing.T) Store {
 			s, err := OpenFGIStyle(context.Background(), pgPool(t))
 			if err != nil {
@@ -63,7 +70,7 @@ func TestStores(t *testing.T) {
 			return s
 		},
 	}
-	for _, name := range []string{"pebble-floor", "bbolt", "sqlite", "postgres", "pg-floor", "fgi-style"} {
+	for _, name := range []string{"pebble-floor", "bbolt", "sqlite", "postgres", "pg-floor", "pg-tx-floor", "fgi-style"} {
 		t.Run(name, func(t *testing.T) {
 			s := open[name](t)
 			defer func() {
@@ -97,6 +104,44 @@ func TestStores(t *testing.T) {
 				t.Errorf("Replay with another fingerprint: %v, want ErrMismatch", err)
 			}
 		})
+	}
+}
+
+// TestPGTxFloorEffect checks that pg-tx-floor's first call writes its effect row in the
+// claim's transaction, once: a replay and a mismatched call write none, and no connection is
+// left in a transaction.
+func TestPGTxFloorEffect(t *testing.T) {
+	pool := pgPool(t)
+	ctx := context.Background()
+	s, err := OpenPGTxFloor(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := workload.NewKey("fx", 1, 1)
+	fp := workload.Fingerprint(k)
+	for range 3 {
+		if _, err := s.Do(ctx, k, fp, workload.ResultFor(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Do(ctx, k, workload.Fingerprint(workload.NewKey("other", 0, 0)), nil); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("Do with another fingerprint: %v, want ErrMismatch", err)
+	}
+	var n int
+	var payload []byte
+	if err := pool.QueryRow(ctx, `SELECT count(*), (array_agg(payload))[1] FROM pg_tx_floor_effects WHERE scope = $1 AND id = $2`, k.Scope, k.ID).Scan(&n, &payload); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || string(payload) != string(workload.ResultFor(k)) {
+		t.Errorf("effect rows: %d (payload %q), want one holding the result", n, payload)
+	}
+	var state int16
+	if err := pool.QueryRow(ctx, `SELECT state FROM pg_tx_floor WHERE scope = $1 AND id = $2`, k.Scope, k.ID).Scan(&state); err != nil || state != stateSucceeded {
+		t.Errorf("claim row: state %d, err %v; want finished", state, err)
+	}
+	var open int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&open); err != nil || open != 0 {
+		t.Errorf("%d connections idle in a transaction (err %v), want 0", open, err)
 	}
 }
 
