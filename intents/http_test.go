@@ -423,3 +423,21 @@ func TestNewDispatcherBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestNoTransport: an action whose target has no Transport is not sent,
+// stays approved until its deadline, then turns uncertain (an earlier
+// process might have sent it), saying why.
+func TestNoTransport(t *testing.T) {
+	svc := newHTTPService(t)
+	h := newHost(t, svc)
+	h.start(intents.DispatcherOptions{})
+	a, err := h.j.Approve(context.Background(), intents.Approval{Target: "nowhere", Operation: "POST /v1/charges",
+		Arguments: charge{Intent: "n1", Amount: 1}, ApprovedBy: "alice", Deadline: time.Now().Add(200 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := h.wait(a.Key)
+	if got.State != intents.Uncertain || !strings.Contains(got.LastError, intents.ErrNoTransport.Error()) || svc.keysOf("n1") != 0 {
+		t.Fatalf("%+v; %d keys at the service", got, svc.keysOf("n1"))
+	}
+}
