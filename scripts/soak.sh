@@ -13,6 +13,10 @@
 #   internal/pgnodes TestCrossNode*  10 minutes each: Pebble 600 SIGKILLs; PostgreSQL 3 nodes,
 #                               400 SIGKILLs, 20 server restarts (RECEIPTS_PGNODES_SECONDS,
 #                               _KILLS, _RESTARTS, _NODES override; PGNODES_SKIP=1 skips them)
+#   internal/pgnodes TestFailover   5 minutes, five failovers of a primary and its synchronous
+#                               standby (RECEIPTS_FAILOVER_SECONDS, _FAILOVERS, _NODES, _LAG_MS);
+#                               TestFailoverAsync the same with asynchronous replication, which
+#                               prints what the failovers lost and does not fail
 #
 # Usage: scripts/soak.sh [-race] [-run REGEXP] [-seed N]
 #   RECEIPTS_CRASHES=n / RECEIPTS_KILLS=n override the crash and kill counts.
@@ -41,8 +45,8 @@ RECEIPTS_SOAK=1 go test $race -count=1 -p 1 -timeout 6h -v -run "$run" $pkgs 2>&
 	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation|hostkill)_test\.go:[0-9]+: '
 rc=${PIPESTATUS[0]}
 if [ -z "${PGNODES_SKIP:-}" ]; then
-	RECEIPTS_SOAK=1 go test $race -count=1 -timeout 2h -v -run '^TestCrossNode(Pebble|Postgres)$' ./internal/pgnodes 2>&1 | tee -a "$log" |
-		grep -E '^(--- |ok|FAIL|PASS)|^ +harness_test\.go:[0-9]+: '
+	RECEIPTS_SOAK=1 go test $race -count=1 -timeout 2h -v -run '^(TestCrossNode(Pebble|Postgres)|TestFailover(Async)?)$' ./internal/pgnodes 2>&1 | tee -a "$log" |
+		grep -E '^(--- |ok|FAIL|PASS)|^ +(harness|failover)_test\.go:[0-9]+: '
 	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 echo "soak: exit $rc after $(($(date +%s) - start))s; full log in $log" >&2

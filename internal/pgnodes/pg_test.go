@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/pgstore"
 )
 
 // newPool is the connection pool of one node process (pgOpen's).
@@ -18,6 +19,7 @@ func newPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	}
 	cfg.MaxConns = 12 // 8 workers, renewals, the listener; 3 nodes stay far below max_connections
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pgstore.Configure(cfg) // a COMMIT made on the primary only is told (failover harness)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Proxy is a TCP proxy on 127.0.0.1 that forwards every accepted connection to one target and
@@ -13,6 +14,7 @@ import (
 type Proxy struct {
 	ln     net.Listener
 	target string
+	delay  time.Duration // added to every byte's way, each direction (NewDelayProxy)
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{} // live connections, both sides; guarded by mu
@@ -29,6 +31,20 @@ func NewProxy(target string) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// NewDelayProxy is NewProxy whose connections carry every byte delay later, in each
+// direction, as a link between two sites would (the failover harness streams a standby's WAL
+// through one: its replication lag).
+func NewDelayProxy(target string, delay time.Duration) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, delay: delay, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -84,7 +100,11 @@ func (p *Proxy) serve(client net.Conn) {
 	defer p.untrack(server)
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+		if p.delay > 0 {
+			delayedCopy(dst, src, p.delay)
+		} else {
+			_, _ = io.Copy(dst, src)
+		}
 		// One direction ended (EOF, error or cut): end both, so neither side hangs.
 		_ = dst.Close()
 		_ = src.Close()
@@ -135,4 +155,36 @@ func (p *Proxy) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// delayedCopy copies src to dst, each chunk written delay after it was read, until src ends
+// or dst fails.
+func delayedCopy(dst, src net.Conn, delay time.Duration) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	ch := make(chan chunk, 1024)
+	go func() {
+		defer close(ch)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				ch <- chunk{b[:n], time.Now().Add(delay)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range ch {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			_ = src.Close() // ends the reader
+			for range ch {
+			}
+			return
+		}
+	}
 }

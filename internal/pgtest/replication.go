@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -86,6 +87,21 @@ func (c *Cluster) DSNFor(db string) string {
 // name. It returns once c lists it in pg_stat_replication. Its settings are c's as of the
 // backup (postgresql.auto.conf included): set c's synchronous_standby_names after it.
 func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, error) {
+	return c.StartStandbyOn(ctx, name, 0, "")
+}
+
+// StartStandbyOn is StartStandby on port (0: a free one), streaming from upstream (host:port;
+// "": c itself), say a proxy in front of c that delays the WAL as a remote site's link would.
+// A failover harness puts the new standby of a promoted primary on the port of the primary it
+// killed, so that one multi-host DSN names both servers through any number of failovers.
+func (c *Cluster) StartStandbyOn(ctx context.Context, name string, port int, upstream string) (*Cluster, error) {
+	upHost, upPort := "127.0.0.1", strconv.Itoa(c.Port)
+	if upstream != "" {
+		var err error
+		if upHost, upPort, err = net.SplitHostPort(upstream); err != nil {
+			return nil, fmt.Errorf("pgtest: standby upstream %q: %w", upstream, err)
+		}
+	}
 	dir, err := os.MkdirTemp("", clusterPrefix)
 	if err != nil {
 		return nil, err
@@ -102,16 +118,19 @@ func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, erro
 		}
 	}
 	if out, err := s.run(ctx, "pg_basebackup", "-D", s.data(), "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres",
-		"-X", "stream", "-R", "--no-sync"); err != nil {
+		"-X", "stream", "-R", "--no-sync", "--checkpoint=fast"); err != nil {
 		s.remove()
 		return nil, fmt.Errorf("pgtest: pg_basebackup: %w\n%s", err, out)
 	}
-	if s.Port, err = freePort(); err != nil {
-		s.remove()
-		return nil, err
+	s.Port = port
+	if port == 0 {
+		if s.Port, err = freePort(); err != nil {
+			s.remove()
+			return nil, err
+		}
 	}
 	// On the command line, primary_conninfo takes precedence over the one -R wrote.
-	s.extra = fmt.Sprintf(" -c primary_conninfo='host=127.0.0.1 port=%d user=postgres application_name=%s'", c.Port, name)
+	s.extra = fmt.Sprintf(" -c primary_conninfo='host=%s port=%s user=postgres application_name=%s'", upHost, upPort, name)
 	if err := s.start(ctx); err != nil {
 		s.remove()
 		return nil, err
