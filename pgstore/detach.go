@@ -110,6 +110,10 @@ const (
 func (e *engine) detachCall(ctx context.Context, send func(ctx context.Context, gone func() bool), left func()) bool {
 	var state atomic.Int32
 	gone := func() bool { return state.Load() == detGone }
+	if ctx.Done() == nil { // the caller cannot leave: no goroutine needed
+		send(sendContext{e.ctx, ctx}, gone)
+		return true
+	}
 	done := make(chan struct{})
 	if !e.detach(ctx, func(dctx context.Context) {
 		defer close(done)

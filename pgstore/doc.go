@@ -101,6 +101,48 @@
 // is committed only with its receipt, in DoTx's transaction, so one that returns an error has
 // committed nothing of its own (TestDoTxErrorLeavesNoClaim).
 //
+// High availability (docs/postgresql-ha.md). A receipt reported committed survives a failover
+// to a standby only if the standby had its COMMIT: synchronous replication with
+// synchronous_commit = on (or remote_apply; remote_write acknowledges what the standby has
+// written but not flushed), a synchronous or quorum standby, and a failover manager that
+// promotes only a standby that has every acknowledged commit (Patroni's synchronous_mode_strict,
+// or its quorum mode). The engine adds what the server cannot: a COMMIT whose wait for the
+// standby was cancelled (pg_cancel_backend, pg_terminate_backend, a client's cancel request),
+// which PostgreSQL commits on the primary only and answers COMMIT with a warning, is never
+// reported committed: every COMMIT the engine sends goes through one check of the warning
+// (the pool's notice handler, which Configure installs), and such a commit is an unknown
+// outcome (ErrNotReplicated: a claim is undone and not handed out, Do returns
+// ErrOutcomeUnknown); what the engine reads back after a lost reply is reported only once a
+// commit of its own after it is confirmed by the standby. The engine never cancels a COMMIT it
+// sent, whatever the pool's pgx settings: its COMMITs run on contexts the caller's cannot
+// cancel (claims and writes in a goroutine of their own when the caller's context can end),
+// so neither pgx's deadline, which closes the connection and sends a cancel request, nor
+// pgx's CancelRequestContextWatcherHandler reaches one. statement_timeout does not interrupt a
+// COMMIT's wait on PostgreSQL 15, and a cancel that does is caught by the check. Open logs
+// synchronous_commit, synchronous_standby_names, the synchronous standbys streaming
+// (pg_stat_replication) and whether the session is on a primary; the engine reads them again
+// every second for its metrics (postgres_sync_standby_up and others, DB.EngineMetrics) and for
+// Options.RequireSyncStandby, which refuses to open and to claim without a streaming
+// synchronous standby. A multi-host DSN (host=a,b target_session_attrs=read-write) lets pgx
+// find the new primary; lost replies are retried, and the LISTEN session reconnects, waiters
+// polling meanwhile.
+//
+// Tokens across a promotion. token_seq cannot hand out a token twice across a promotion of a
+// synchronous standby. PostgreSQL WAL-logs a sequence ahead of its use (one record covers the
+// next 32 values, written before nextval returns the first of them), and the claim that used
+// a token commits after that record; its COMMIT is acknowledged only once the standby has
+// flushed the WAL up to the commit record, so the standby has the sequence's record covering
+// every token an acknowledged claim holds. After the promotion nextval continues above the
+// last value logged: every token of the new primary is larger than every token handed out
+// before. A token whose claim was not acknowledged may come again, but nobody holds it: the
+// engine hands out no claim it has not seen confirmed. With asynchronous replication the
+// standby may lack the sequence's newest record, and the new primary hands out again tokens
+// that acknowledged claims of the old one hold, so tokens no longer only grow, and fencing
+// that compares them (FenceTx, the effect's own fence column) can let an old holder through.
+// TestCancelledClaimWait and the failover harness (internal/pgnodes, TestFailover) check that
+// every token after a promotion is above every earlier one; TestFailoverAsync shows tokens
+// handed out twice.
+//
 // Wake-ups across nodes need a LISTEN session outside any transaction pooler (ListenConn).
 // Without one (behind PgBouncer in transaction mode, where LISTEN does not work) the engine
 // runs in poll-only mode: waiters on a node learn of other nodes' commits by re-reading every

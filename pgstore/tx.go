@@ -28,6 +28,11 @@ import (
 //
 // Do not call CommitTx inside Do's or Lease.Run's fn (they record the outcome themselves):
 // use DoTx. Stats counts the commit when CommitTx returns, whether or not tx then commits.
+//
+// tx's COMMIT is the caller's, so the engine cannot check it: with synchronous replication a
+// COMMIT whose wait for the standby is cancelled succeeds with only a warning ("canceling
+// wait for synchronous replication"), and a failover can lose it (docs/postgresql-ha.md):
+// treat such a commit as an unknown outcome, as the engine treats its own.
 func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) (*receipts.Receipt, error) {
 	if len(result) > receipts.MaxResultSize {
 		return nil, fmt.Errorf("pgstore: commit: %w: %d bytes (max %d)", receipts.ErrResultTooLarge, len(result), receipts.MaxResultSize)

@@ -29,6 +29,12 @@
 //     succeeds only for the key's newest grant (fencing), and every later read returns the
 //     finished receipt.
 //
+// The failover harness (failover_test.go, issue 34) runs the same workload on a primary and a
+// streaming standby reached through one multi-host DSN, SIGKILLs the primary's postmaster and
+// promotes the standby: with synchronous replication the checks above hold across it, and
+// every token after a promotion is above every earlier one; with asynchronous replication it
+// reports what the failover lost instead of failing.
+//
 // The harness is parameterised by an [OpenFunc], so the same code runs on the Pebble engine (one
 // process at a time, on one directory) and on PostgreSQL (several processes on one database).
 package pgnodes
