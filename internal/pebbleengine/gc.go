@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -131,6 +132,20 @@ func (e *Engine) GC(ctx context.Context) (driver.GCStats, error) {
 // names of its own).
 const gcMarkersFile = "receipts-gc-markers-"
 
+// removeMarkerFiles removes the marker sstables a GC left when it was cut
+// short before Pebble ingested them (a crash): nothing refers to them.
+func (e *Engine) removeMarkerFiles() {
+	names, err := e.po.FS.List(e.dir)
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, gcMarkersFile) {
+			_ = e.po.FS.Remove(e.po.FS.PathJoin(e.dir, name))
+		}
+	}
+}
+
 // ingestMarkers writes a tombstone marker for every record of the epochs
 // [lo, hi), under the same key in the markers prefix (same epoch), holding
 // the record's UpdatedAt, and ingests them into Pebble in one call: one
@@ -146,6 +161,9 @@ const gcMarkersFile = "receipts-gc-markers-"
 func (e *Engine) ingestMarkers(ctx context.Context, lo, hi uint64) (n int, size int64, err error) {
 	if lo >= hi {
 		return 0, 0, nil
+	}
+	if e.readOnly { // as the batch that drops the records would fail
+		return 0, 0, fmt.Errorf("receipts: gc: %w", pebble.ErrReadOnly)
 	}
 	it, err := e.pdb.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: keys.EpochStart(lo), UpperBound: keys.EpochStart(hi)})
 	if err != nil {

@@ -61,6 +61,9 @@ func Open(dir string, cfg Config) (*Engine, error) {
 		e.hot = new(hot.Line)
 	}
 	e.tokenFn = e.newToken
+	if !e.readOnly {
+		e.removeMarkerFiles()
+	}
 	if err := e.load(); err != nil {
 		_ = pdb.Close()
 		return nil, err
