@@ -51,6 +51,7 @@ func openDemoNode(ctx context.Context, name, dsn, schema string, stderr io.Write
 		return nil, usagef("--pg: %v", err)
 	}
 	cfg.MaxConns = 8
+	pgstore.Configure(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s: %w", describeDSN(dsn), err)

@@ -47,6 +47,7 @@ func openPGPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 		return nil, usagef("--pg: %v", err)
 	}
 	cfg.MaxConns = 4
+	pgstore.Configure(cfg) // a COMMIT the standby never confirmed is not reported durable
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, cfg)

@@ -106,7 +106,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			cfg.Log.Info("started a throwaway PostgreSQL cluster; it is removed at exit; a second instance can share it with -pg", "dsn", c.DSN)
 		}
 	}
-	pool, err := pgxpool.New(ctx, s.DSN)
+	pcfg, err := pgxpool.ParseConfig(s.DSN)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("PostgreSQL DSN: %w", err), s.Close())
+	}
+	pgstore.Configure(pcfg) // a COMMIT the standby never confirmed is not reported durable
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("connect to PostgreSQL: %w", err), s.Close())
 	}
