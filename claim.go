@@ -268,6 +268,10 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		}
 		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil, nil
 	case driver.Replay:
+		if isSealed(res.Record.Result) { // decrypted once BeforeReplay allows it (seal.go)
+			r, err := db.replaySealed(ctx, &res.Record)
+			return nil, r, err
+		}
 		var r *Receipt
 		if res.Shared && mutate.Name != mutate.NoCopy {
 			r = newReceiptCopy(&res.Record)

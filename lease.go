@@ -79,7 +79,11 @@ func (db *DB) providerKey(k Key) string {
 
 // info is what identifies l to its engine.
 func (l *Lease) info() driver.LeaseInfo {
-	return driver.LeaseInfo{Key: driver.Key(l.key), Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
+	li := driver.LeaseInfo{Key: driver.Key(l.key), Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
+	if l.db.seal.kr != nil {
+		li.Seal = l.sealResult
+	}
+	return li
 }
 
 // Renew extends the lease to now + TTL (LeaseFor's length, or
@@ -162,8 +166,11 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	} else {
 		effect = l.stagedEffect().then(effect)
 	}
+	stored, err := l.sealResult(ctx, driver.State(state), result)
+	if err != nil {
+		return nil, err
+	}
 	var rec driver.Record
-	var err error
 	start := l.db.traceStart(ctx)
 	ctx = l.db.withTrace(ctx)
 	k := driver.Key(l.key)
@@ -173,14 +180,15 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 		if effect != nil {
 			write = func(b *pebble.Batch) error { return effect(ctx, b) }
 		}
-		rec, err = l.db.peb.FinishBatch(ctx, k, l.token, driver.State(state), result, b, write)
+		rec, err = l.db.peb.FinishBatch(ctx, k, l.token, driver.State(state), stored, b, write)
 	case effect == nil:
-		rec, err = l.db.eng.Finish(ctx, k, l.token, driver.State(state), result)
+		rec, err = l.db.eng.Finish(ctx, k, l.token, driver.State(state), stored)
 	case ok:
-		rec, err = fx.FinishWith(ctx, k, l.token, driver.State(state), result, effect)
+		rec, err = fx.FinishWith(ctx, k, l.token, driver.State(state), stored, effect)
 	default:
 		err = fmt.Errorf("%w: effects that commit with the receipt on the %s engine", ErrUnsupported, l.db.eng.Name())
 	}
+	rec.Result = result // the plaintext (stored may be its envelope)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			l.observeFinish(ctx, OutcomeLeaseLost, start)
@@ -226,6 +234,9 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 		l.observeFinish(ctx, OutcomeLeaseLost, start)
 	}
 	if err != nil || rec == nil {
+		return nil, err
+	}
+	if err := l.db.seal.open(ctx, rec); err != nil { // the result as recorded, in the clear
 		return nil, err
 	}
 	r := l.db.finished(l, rec)

@@ -66,6 +66,12 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 				}
 				continue
 			}
+			if err := db.seal.open(ctx, &rec); err != nil {
+				if !yield(nil, err) {
+					return
+				}
+				continue
+			}
 			if !yield(newReceipt(&rec), nil) {
 				return
 			}

@@ -45,6 +45,11 @@ func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) 
 		if err != nil {
 			return nil, err
 		}
+		if li.Seal != nil { // Options.Keyring: the result is stored encrypted
+			if result, err = li.Seal(ctx, driver.Succeeded, result); err != nil {
+				return nil, err
+			}
+		}
 		rec, err := pe.finishTx(ctx, tx, li.Key, li.Token, driver.Succeeded, result)
 		if err != nil {
 			return nil, err

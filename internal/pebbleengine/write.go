@@ -20,6 +20,10 @@ type writeOpts struct {
 	// tombstone; if one is in force it is reported here and decide is not
 	// called (nothing is written).
 	tomb *tombOut
+	// erased, if not nil (a claim): when k's scope is erased (privacy.go), the end of
+	// the erasure is reported here and nothing is written. A write without it returns
+	// driver.ErrLeaseLost then.
+	erased *int64
 }
 
 var (
@@ -71,6 +75,16 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		// start of Close is handed out (nor would its Commit succeed and
 		// leave a synced claim).
 		return nil, 0, driver.ErrClosed
+	}
+	if until, erased := e.erasedAt(k.Scope, now); erased {
+		// Checked under the key lock: EraseScope publishes the erasure, then waits
+		// for every holder of a key lock of the scope, so no write of the scope
+		// that did not see it lands after its deletions.
+		if wo.erased == nil {
+			return nil, 0, fmt.Errorf("%w: the key's scope is erased", driver.ErrLeaseLost)
+		}
+		*wo.erased = until
+		return nil, now, nil
 	}
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
