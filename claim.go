@@ -284,6 +284,8 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		return nil, nil, db.mismatch(k)
 	case driver.Expired:
 		return nil, nil, db.expired(k, res.Record.ExpiresAt)
+	case driver.Erased:
+		return nil, nil, db.erased(k, &res.Record)
 	}
 	return nil, nil, fmt.Errorf("receipts: claim %s: the %s engine answered outcome %d", db.keyName(k), db.eng.Name(), res.Outcome)
 }

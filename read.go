@@ -67,11 +67,17 @@ func (db *DB) lookupSealed(ctx context.Context, k Key) (r *Receipt, sealed *driv
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	rec, found, _, err := db.eng.Lookup(ctx, driver.Key(k))
+	rec, found, now, err := db.eng.Lookup(ctx, driver.Key(k))
 	if err != nil {
 		return nil, nil, err
 	}
 	if !found {
+		if e, err := db.erasedScope(ctx, k, now); err != nil || e != nil {
+			if e != nil {
+				return nil, nil, e
+			}
+			return nil, nil, err
+		}
 		if t, err := db.tombstone(ctx, k); err != nil {
 			return nil, nil, err
 		} else if t != nil {

@@ -95,6 +95,7 @@ func isSealed(b []byte) bool { return len(b) >= SealOverhead && [4]byte(b[:4]) =
 type sealer struct {
 	kr     Keyring         // nil: results are stored as given; sealed ones cannot be opened
 	dk     driver.DataKeys // the engine's, or nil
+	er     driver.Eraser   // the engine's, or nil
 	secret []byte
 
 	mu   sync.RWMutex
@@ -195,8 +196,8 @@ func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, 
 	}
 	var raw []byte
 	if found {
-		if raw, err = s.kr.UnwrapKey(ctx, id, wrapped); err != nil {
-			return nil, fmt.Errorf("receipts: unwrap the data key of scope %x: %w", id, err)
+		if raw, err = s.unwrap(ctx, id, wrapped); err != nil {
+			return nil, err
 		}
 	} else {
 		if !create {
@@ -206,17 +207,27 @@ func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, 
 		if _, err := rand.Read(raw); err != nil {
 			return nil, fmt.Errorf("receipts: make a data key: %w", err)
 		}
-		w, err := s.kr.WrapKey(ctx, id, raw)
+		var gen uint32 // the scope's erasures so far: each erasure destroyed a generation
+		if s.er != nil {
+			e, found, err := s.er.Erasure(ctx, id)
+			if err != nil {
+				return nil, fmt.Errorf("receipts: read the erasures of scope %x: %w", id, err)
+			}
+			if found {
+				gen = e.Count
+			}
+		}
+		w, err := s.wrap(ctx, id, gen, raw)
 		if err != nil {
-			return nil, fmt.Errorf("receipts: wrap the data key of scope %x: %w", id, err)
+			return nil, err
 		}
 		stored, err := s.dk.PutDataKey(ctx, id, w)
 		if err != nil {
 			return nil, fmt.Errorf("receipts: store the data key of scope %x: %w", id, err)
 		}
 		if !bytes.Equal(stored, w) { // another node's (or call's) key won
-			if raw, err = s.kr.UnwrapKey(ctx, id, stored); err != nil {
-				return nil, fmt.Errorf("receipts: unwrap the data key of scope %x: %w", id, err)
+			if raw, err = s.unwrap(ctx, id, stored); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -254,6 +265,51 @@ func newDataKey(raw []byte) (*dataKey, error) {
 	return dk, nil
 }
 
+// A data key is stored as generation (4 bytes, big-endian) | what the Keyring wrapped. The
+// generation counts the scope's erasures before the key was made: each erasure destroys, in
+// a KeyDestroyer, the key of one generation for good, and the scope's next data key (once
+// the erasure is no longer in force) is wrapped for the next one (keyringID).
+
+// keyringID is the name a Keyring knows generation gen of the scope named id by: id itself
+// for the first, a keyed hash of both after an erasure.
+func (s *sealer) keyringID(id []byte, gen uint32) []byte {
+	if gen == 0 {
+		return id
+	}
+	mac := hmac.New(sha256.New, s.secret)
+	mac.Write([]byte("receipts keyring id\x00"))
+	mac.Write(id)
+	mac.Write(binary.BigEndian.AppendUint32(nil, gen))
+	return mac.Sum(nil)[:driver.ScopeIDLen]
+}
+
+func (s *sealer) wrap(ctx context.Context, id []byte, gen uint32, raw []byte) ([]byte, error) {
+	w, err := s.kr.WrapKey(ctx, s.keyringID(id, gen), raw)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: wrap the data key of scope %x: %w", id, err)
+	}
+	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(w)), gen), w...), nil
+}
+
+func (s *sealer) unwrap(ctx context.Context, id, stored []byte) ([]byte, error) {
+	gen, w, err := splitWrapped(stored)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: the data key of scope %x: %w", id, err)
+	}
+	raw, err := s.kr.UnwrapKey(ctx, s.keyringID(id, gen), w)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: unwrap the data key of scope %x: %w", id, err)
+	}
+	return raw, nil
+}
+
+func splitWrapped(stored []byte) (gen uint32, wrapped []byte, err error) {
+	if len(stored) < 4 {
+		return 0, nil, fmt.Errorf("%w: a stored data key of %d bytes", ErrCorrupt, len(stored))
+	}
+	return binary.BigEndian.Uint32(stored), stored[4:], nil
+}
+
 // forget drops the stored scope's data key from memory.
 func (s *sealer) forget(scope string) {
 	s.mu.Lock()
@@ -267,7 +323,11 @@ func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byt
 	if l.db.seal.kr == nil {
 		return result, nil
 	}
-	return l.db.seal.seal(ctx, driver.Key(l.key), l.token, state, result)
+	sealed, err := l.db.seal.seal(ctx, driver.Key(l.key), l.token, state, result)
+	if errors.Is(err, ErrErased) { // the scope was erased under the lease: its record is gone
+		return nil, fmt.Errorf("%w: the key's scope is erased: %w", ErrLeaseLost, err)
+	}
+	return sealed, err
 }
 
 // replaySealed is replay for a record whose result is sealed: Options.BeforeReplay sees the
@@ -301,6 +361,7 @@ func newSealer(kr Keyring, eng driver.Engine) (*sealer, error) {
 		return s, nil
 	}
 	var ok bool
+	s.er, _ = eng.(driver.Eraser)
 	if s.dk, ok = eng.(driver.DataKeys); !ok {
 		return nil, fmt.Errorf("%w: Options.Keyring: the %s engine keeps no data keys", ErrUnsupported, eng.Name())
 	}
@@ -327,13 +388,14 @@ func (db *DB) RewrapKeys(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		raw, err := s.kr.UnwrapKey(ctx, k.ID, k.Wrapped)
+		raw, err := s.unwrap(ctx, k.ID, k.Wrapped)
 		if err != nil {
-			return n, fmt.Errorf("receipts: rewrap: unwrap the data key of scope %x: %w", k.ID, err)
+			return n, fmt.Errorf("receipts: rewrap: %w", err)
 		}
-		w, err := s.kr.WrapKey(ctx, k.ID, raw)
+		gen, _, _ := splitWrapped(k.Wrapped)
+		w, err := s.wrap(ctx, k.ID, gen, raw)
 		if err != nil {
-			return n, fmt.Errorf("receipts: rewrap: wrap the data key of scope %x: %w", k.ID, err)
+			return n, fmt.Errorf("receipts: rewrap: %w", err)
 		}
 		ok, err := s.dk.SwapDataKey(ctx, k.ID, k.Wrapped, w)
 		if err != nil {

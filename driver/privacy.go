@@ -77,6 +77,10 @@ type Erasure struct {
 	// KeyDestroyed: the root destroyed the scope's key in the application's Keyring too
 	// (MarkKeyDestroyed), so no copy of its wrapped data key can be opened again.
 	KeyDestroyed bool
+	// Count is how many times the scope was erased: an erasure of a scope whose erasure is
+	// in force does not count again. The root names each generation of a scope's data key
+	// by it.
+	Count uint32
 }
 
 // InForce reports whether e is in force at now.

@@ -37,7 +37,8 @@ func privacySQL(schema string) []string {
   erased_at     timestamptz NOT NULL,
   until         timestamptz NOT NULL,   -- claims of the scope answer erased until then
   records       bigint      NOT NULL,   -- records deleted
-  key_destroyed boolean     NOT NULL DEFAULT false
+  key_destroyed boolean     NOT NULL DEFAULT false,
+  erasures      int         NOT NULL    -- times erased: an erasure while one is in force does not count
 )`,
 	}
 }
@@ -84,10 +85,17 @@ ins AS (
 SELECT coalesce((SELECT wrapped FROM ins), (SELECT wrapped FROM `+e.q.schema+`.data_keys WHERE scope_id = $1)),
        EXISTS (SELECT 1 FROM `+e.q.schema+`.erasures x, t WHERE x.scope_id = $1 AND x.until > t.now)`,
 			id, wrapped, e.nowArg()).Scan(&out, &erased)
-		if err == nil && out == nil && erased {
+		switch {
+		case err != nil:
+			return err
+		case out == nil && erased:
 			return fmt.Errorf("%w: scope %x", driver.ErrErased, id)
+		case out == nil:
+			// Another transaction inserted the key after this statement's snapshot (its
+			// INSERT waited for it, then did nothing): a new statement sees it.
+			return tx.QueryRow(ctx, `SELECT wrapped FROM `+e.q.schema+`.data_keys WHERE scope_id = $1`, id).Scan(&out)
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		if errors.Is(err, driver.ErrErased) {

@@ -219,6 +219,9 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 		}
 		tx.end(ctx)
 		switch {
+		case erasedCode(err): // the scope's check: an erasure in force (erase.go)
+			res, err := e.erasedClaim(ctx, req)
+			return nil, res, err
 		case err == nil: // busy: a writer holds the row
 			if busy++; busy > maxBusy {
 				return nil, driver.ClaimResult{Outcome: driver.InProgress, Record: row.rec, Now: row.now}, nil

@@ -82,6 +82,8 @@ func topics() []struct {
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
 		{"Observe", observeTests},
+		{"Encryption", encryptionTests},
+		{"Erasure", erasureTests},
 	}
 }
 

@@ -31,18 +31,20 @@ var (
 )
 
 // erasedSet maps the ScopeID (as a string) of every scope whose erasure is in force, or
-// being written, to the end of its erasure (Unix ns).
-type erasedSet map[string]int64
+// being written, to its time and end (Unix ns).
+type erasedSet map[string]erasedSpan
 
-// erasedAt reports whether a write of scope at now falls under an erasure, and until when.
-// It costs one atomic load while no erasure is in force.
-func (e *Engine) erasedAt(scope string, now int64) (until int64, ok bool) {
+type erasedSpan struct{ at, until int64 }
+
+// erasedAt reports whether a write of scope at now falls under an erasure, and which. It
+// costs one atomic load while no erasure is in force.
+func (e *Engine) erasedAt(scope string, now int64) (erasedSpan, bool) {
 	m := e.erased.Load()
 	if m == nil || len(*m) == 0 {
-		return 0, false
+		return erasedSpan{}, false
 	}
-	until, ok = (*m)[string(driver.ScopeID(e.secret, scope))]
-	return until, ok && now < until
+	sp, ok := (*m)[string(driver.ScopeID(e.secret, scope))]
+	return sp, ok && now < sp.until
 }
 
 // loadErasures fills the in-memory set from the erasure records in force at now.
@@ -52,8 +54,8 @@ func (e *Engine) loadErasures(now int64) error {
 		if err != nil {
 			return err
 		}
-		if u := er.until; now < u {
-			m[string(er.id)] = u
+		if now < er.until {
+			m[string(er.id)] = erasedSpan{er.at, er.until}
 		}
 	}
 	e.erased.Store(&m)
@@ -82,7 +84,7 @@ func (e *Engine) PutDataKey(ctx context.Context, id, wrapped []byte) ([]byte, er
 		return cur, err
 	}
 	if m := e.erased.Load(); m != nil {
-		if until, ok := (*m)[string(id)]; ok && e.now() < until {
+		if sp, ok := (*m)[string(id)]; ok && e.now() < sp.until {
 			return nil, fmt.Errorf("%w: scope %x", driver.ErrErased, id)
 		}
 	}
@@ -142,15 +144,16 @@ func (e *Engine) ScanDataKeys(ctx context.Context) iter.Seq2[driver.DataKey, err
 
 // erasure is an erasure record as stored:
 //
-//	version (1) | at (8) | until (8) | records (8) | flags (1) | CRC-32C of the rest (4)
+//	version (1) | at (8) | until (8) | records (8) | count (4) | flags (1) | CRC-32C of the rest (4)
 type erasure struct {
 	id           []byte
 	at, until    int64
 	records      int64
+	count        uint32
 	keyDestroyed bool
 }
 
-const erasureLen = 1 + 8 + 8 + 8 + 1 + 4
+const erasureLen = 1 + 8 + 8 + 8 + 4 + 1 + 4
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -160,6 +163,7 @@ func (r *erasure) encode() []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(r.at))
 	b = binary.BigEndian.AppendUint64(b, uint64(r.until))
 	b = binary.BigEndian.AppendUint64(b, uint64(r.records))
+	b = binary.BigEndian.AppendUint32(b, r.count)
 	var flags byte
 	if r.keyDestroyed {
 		flags |= 1
@@ -177,12 +181,13 @@ func decodeErasure(id, v []byte) (erasure, error) {
 		at:           int64(binary.BigEndian.Uint64(v[1:])),
 		until:        int64(binary.BigEndian.Uint64(v[9:])),
 		records:      int64(binary.BigEndian.Uint64(v[17:])),
-		keyDestroyed: v[25]&1 != 0,
+		count:        binary.BigEndian.Uint32(v[25:]),
+		keyDestroyed: v[29]&1 != 0,
 	}, nil
 }
 
 func (e *Engine) public(r erasure) driver.Erasure {
-	return driver.Erasure{ID: r.id, At: e.time(r.at), Until: e.time(r.until), Records: r.records, KeyDestroyed: r.keyDestroyed}
+	return driver.Erasure{ID: r.id, At: e.time(r.at), Until: e.time(r.until), Records: r.records, KeyDestroyed: r.keyDestroyed, Count: r.count}
 }
 
 func (e *Engine) getErasure(id []byte) (erasure, bool, error) {
@@ -292,9 +297,9 @@ func (e *Engine) EraseScope(ctx context.Context, scope string) (driver.Erasure, 
 		return driver.Erasure{}, err
 	}
 	now := e.now()
-	rec := erasure{id: id, at: now, until: now + e.retention + max(e.window, 0)}
+	rec := erasure{id: id, at: now, until: now + e.retention + max(e.window, 0), count: prev.count + 1, records: prev.records}
 	if found && now < prev.until { // in force: erase again, keep its time
-		rec.at, rec.until, rec.records = prev.at, max(prev.until, rec.until), prev.records
+		rec.at, rec.until, rec.records, rec.count, rec.keyDestroyed = prev.at, max(prev.until, rec.until), prev.records, prev.count, prev.keyDestroyed
 	}
 
 	// 1. publish
@@ -303,7 +308,7 @@ func (e *Engine) EraseScope(ctx context.Context, scope string) (driver.Erasure, 
 	if old != nil {
 		next = maps.Clone(*old)
 	}
-	next[string(id)] = max(next[string(id)], rec.until)
+	next[string(id)] = erasedSpan{rec.at, max(next[string(id)].until, rec.until)}
 	e.erased.Store(&next)
 	ok := false
 	defer func() {
