@@ -482,3 +482,16 @@ func testEraseBackup(t *testing.T, s Store) {
 	require.NoError(t, err)
 	require.Equal(t, string(resultOf(other)), string(r.Result))
 }
+
+// Backup implements Backup with a Checkpoint of db, opened in place of the store.
+func (s *PebbleStore) Backup(t testing.TB, db *receipts.DB) func(opts receipts.Options) (*receipts.DB, error) {
+	s.mu.Lock()
+	p := s.places[db]
+	s.mu.Unlock()
+	cp := pebblePlace{dir: filepath.Join(t.TempDir(), "checkpoint"), fs: p.fs}
+	if p.fs != nil {
+		cp.dir = p.dir + "-checkpoint"
+	}
+	require.NoError(t, db.Checkpoint(cp.dir))
+	return func(opts receipts.Options) (*receipts.DB, error) { return s.open(t, cp, opts) }
+}
