@@ -14,4 +14,3 @@ func TestConformance(t *testing.T) {
 	t.Run("disk", func(t *testing.T) { receiptstest.Run(t, &receiptstest.PebbleStore{}) })
 	t.Run("mem", func(t *testing.T) { receiptstest.Run(t, &receiptstest.PebbleStore{Mem: true}) })
 }
-
