@@ -98,6 +98,8 @@ type Eraser interface {
 	// erasure is in force it erases again (deleting anything written since) and keeps the
 	// record's At, adding the records it deleted; an erasure no longer in force is
 	// replaced. Its cost is O(epochs, or partitions) writes, not one per record.
+	// (An erasure in force keeps its At and Until: nothing of the scope can be written
+	// while it is in force.)
 	EraseScope(ctx context.Context, scope string) (Erasure, error)
 	// Erasure returns the erasure record of the scope named id (ScopeID), found=false if
 	// there is none, in force or not.

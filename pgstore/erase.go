@@ -186,7 +186,7 @@ ON CONFLICT (scope_id) DO UPDATE SET
   erased_at     = CASE WHEN x.until > EXCLUDED.erased_at THEN x.erased_at ELSE EXCLUDED.erased_at END,
   key_destroyed = x.until > EXCLUDED.erased_at AND x.key_destroyed,
   erasures      = CASE WHEN x.until > EXCLUDED.erased_at THEN x.erasures ELSE x.erasures + 1 END,
-  until         = greatest(x.until, EXCLUDED.until)`,
+  until         = CASE WHEN x.until > EXCLUDED.erased_at THEN x.until ELSE EXCLUDED.until END`,
 			id, e.nowArg(), (e.o.Retention + max(e.o.TombstoneWindow, 0)).Microseconds()); err != nil {
 			return fmt.Errorf("record the erasure: %w", err)
 		}

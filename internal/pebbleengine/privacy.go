@@ -299,7 +299,7 @@ func (e *Engine) EraseScope(ctx context.Context, scope string) (driver.Erasure, 
 	now := e.now()
 	rec := erasure{id: id, at: now, until: now + e.retention + max(e.window, 0), count: prev.count + 1, records: prev.records}
 	if found && now < prev.until { // in force: erase again, keep its time
-		rec.at, rec.until, rec.records, rec.count, rec.keyDestroyed = prev.at, max(prev.until, rec.until), prev.records, prev.count, prev.keyDestroyed
+		rec = prev // nothing of the scope was written since: its window stands
 	}
 
 	// 1. publish
@@ -308,7 +308,7 @@ func (e *Engine) EraseScope(ctx context.Context, scope string) (driver.Erasure, 
 	if old != nil {
 		next = maps.Clone(*old)
 	}
-	next[string(id)] = erasedSpan{rec.at, max(next[string(id)].until, rec.until)}
+	next[string(id)] = erasedSpan{rec.at, rec.until}
 	e.erased.Store(&next)
 	ok := false
 	defer func() {
