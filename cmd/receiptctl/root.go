@@ -128,7 +128,7 @@ key or filter the store refuses).`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.dir, "dir", "", "store directory (offline; the directory must not be held by a running process)")
-	pf.StringVar(&a.pg, "pg", "", "PostgreSQL DSN of a store on pgstore (postgres://user@host:5432/db)")
+	pf.StringVar(&a.pg, "pg", "", "PostgreSQL DSN of a store on pgstore (postgres://user@host:5432/db), without its password: pgx takes that from PGPASSWORD or ~/.pgpass (PGPASSFILE), and what the DSN leaves out from the other libpq variables (PGHOST, PGUSER, PGSSLMODE, ...); default $"+envPG+" when neither --dir nor --addr is given")
 	pf.StringVar(&a.schema, "schema", defaultSchema, "with --pg: the schema that holds the store (pgstore.Options.Schema)")
 	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receiptadmin.Handler (live, read-only)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of tables")
@@ -161,7 +161,7 @@ func (a *app) openSource() (source, error) {
 	}
 	switch {
 	case a.addr != "":
-		return newClient(a.addr)
+		return a.newClient()
 	case a.pg != "":
 		s, src, err := a.openPG(a.ctx, false)
 		if err != nil {
