@@ -11,7 +11,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -98,8 +100,10 @@ type sealer struct {
 	er     driver.Eraser   // the engine's, or nil
 	secret []byte
 
-	mu   sync.RWMutex
-	keys map[string]*dataKey // by stored scope; protected by mu
+	// keys holds the data keys in memory, by stored scope: a map never changed once
+	// published (a replay reads it with one atomic load); mu serializes its replacements.
+	keys atomic.Pointer[map[string]*dataKey]
+	mu   sync.Mutex
 }
 
 // dataKey is one scope's data key, unwrapped.
@@ -137,8 +141,18 @@ func (s *sealer) open(ctx context.Context, rec *driver.Record) error {
 	if !isSealed(rec.Result) {
 		return nil
 	}
+	plain, err := s.openInto(ctx, rec, make([]byte, 0, len(rec.Result)-SealOverhead))
+	if err != nil {
+		return err
+	}
+	rec.Result = plain
+	return nil
+}
+
+// openInto decrypts rec's sealed result, appending the plaintext to dst.
+func (s *sealer) openInto(ctx context.Context, rec *driver.Record, dst []byte) ([]byte, error) {
 	if s == nil || s.kr == nil {
-		return fmt.Errorf("%w: the result of %s is encrypted, and Options.Keyring is not set", ErrSealed, rec.Key)
+		return nil, fmt.Errorf("%w: the result of %s is encrypted, and Options.Keyring is not set", ErrSealed, rec.Key)
 	}
 	env := rec.Result
 	dk, err := s.key(ctx, rec.Key.Scope, false)
@@ -146,23 +160,22 @@ func (s *sealer) open(ctx context.Context, rec *driver.Record) error {
 		s.forget(rec.Key.Scope) // another node's newer key, or a stale one here
 		dk, err = s.key(ctx, rec.Key.Scope, false)
 		if err == nil && [sealTagLen]byte(env[4:8]) != dk.tag {
-			return fmt.Errorf("%w: the result of %s was sealed with another data key than its scope's", ErrCorrupt, rec.Key)
+			return nil, fmt.Errorf("%w: the result of %s was sealed with another data key than its scope's", ErrCorrupt, rec.Key)
 		}
 	}
 	if errors.Is(err, errNoDataKey) {
-		return fmt.Errorf("%w: the result of %s is encrypted, and its scope's data key is destroyed", ErrErased, rec.Key)
+		return nil, fmt.Errorf("%w: the result of %s is encrypted, and its scope's data key is destroyed", ErrErased, rec.Key)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ad := additionalData(env[:sealHeaderLen], rec.Key, rec.Token, rec.State)
-	plain, err := dk.aead.Open(make([]byte, 0, len(env)-SealOverhead), env[8:sealHeaderLen], env[sealHeaderLen:], *ad)
+	plain, err := dk.aead.Open(dst, env[8:sealHeaderLen], env[sealHeaderLen:], *ad)
 	adBufs.Put(ad)
 	if err != nil {
-		return fmt.Errorf("%w: the result of %s does not authenticate under its scope's data key", ErrCorrupt, rec.Key)
+		return nil, fmt.Errorf("%w: the result of %s does not authenticate under its scope's data key", ErrCorrupt, rec.Key)
 	}
-	rec.Result = plain
-	return nil
+	return plain, nil
 }
 
 var adBufs = sync.Pool{New: func() any { b := make([]byte, 0, sealHeaderLen+8+1+2+2*MaxKeyPartLen); return &b }}
@@ -180,13 +193,15 @@ func additionalData(header []byte, k driver.Key, token uint64, state driver.Stat
 	return p
 }
 
-// key returns the data key of the stored scope, from memory or the engine; with create, it
-// makes one if the scope has none (errNoDataKey otherwise).
+// key returns the data key of the stored scope, from memory or the engine; with create (to
+// seal), it makes one if the scope has none (errNoDataKey otherwise), and takes one from
+// memory only if it is younger than dataKeyAge: on another node the scope may have been
+// erased since, and a result sealed with its old key could not be opened. To open, any key
+// in memory does: the envelope names the key it was sealed with (its tag), and a result that
+// is there to open was sealed with a key that was the scope's.
 func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, error) {
-	s.mu.RLock()
-	dk := s.keys[scope]
-	s.mu.RUnlock()
-	if dk != nil && time.Since(dk.loaded) < dataKeyAge {
+	dk := (*s.keys.Load())[scope]
+	if dk != nil && (!create || time.Since(dk.loaded) < dataKeyAge) {
 		return dk, nil
 	}
 	id := driver.ScopeID(s.secret, scope)
@@ -235,13 +250,15 @@ func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, 
 		return nil, fmt.Errorf("receipts: the data key of scope %x: %w", id, err)
 	}
 	s.mu.Lock()
-	if len(s.keys) >= maxDataKeys {
-		for k := range s.keys { // any one
-			delete(s.keys, k)
+	m := maps.Clone(*s.keys.Load())
+	if len(m) >= maxDataKeys {
+		for k := range m { // any one
+			delete(m, k)
 			break
 		}
 	}
-	s.keys[scope] = dk
+	m[scope] = dk
+	s.keys.Store(&m)
 	s.mu.Unlock()
 	return dk, nil
 }
@@ -313,7 +330,9 @@ func splitWrapped(stored []byte) (gen uint32, wrapped []byte, err error) {
 // forget drops the stored scope's data key from memory.
 func (s *sealer) forget(scope string) {
 	s.mu.Lock()
-	delete(s.keys, scope)
+	m := maps.Clone(*s.keys.Load())
+	delete(m, scope)
+	s.keys.Store(&m)
 	s.mu.Unlock()
 }
 
@@ -332,14 +351,19 @@ func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byt
 
 // replaySealed is replay for a record whose result is sealed: Options.BeforeReplay sees the
 // receipt without its result (nil), which is decrypted only once it has allowed the replay.
+// The receipt, its fingerprint and the plaintext are one allocation (newReceiptCopy, given
+// room for the plaintext), which the plaintext is decrypted into.
 func (db *DB) replaySealed(ctx context.Context, rec *driver.Record) (*Receipt, error) {
-	r := newReceipt(rec)
-	r.Fingerprint, r.Result = bytes.Clone(rec.Fingerprint), nil // the engine may share rec's
+	room := *rec
+	room.Result = rec.Result[:len(rec.Result)-SealOverhead] // its length only: overwritten below
+	r := newReceiptCopy(&room)
+	plain := r.Result[:0]
+	r.Result = nil
 	r, err := db.replay(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	if err := db.unseal(ctx, r, rec); err != nil {
+	if r.Result, err = db.seal.openInto(ctx, rec, plain); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -356,7 +380,8 @@ func (db *DB) unseal(ctx context.Context, r *Receipt, rec *driver.Record) error 
 
 // newSealer returns the DB's sealer for the Keyring kr (nil: none) on eng.
 func newSealer(kr Keyring, eng driver.Engine) (*sealer, error) {
-	s := &sealer{kr: kr, secret: eng.Secret(), keys: make(map[string]*dataKey)}
+	s := &sealer{kr: kr, secret: eng.Secret()}
+	s.keys.Store(&map[string]*dataKey{})
 	if kr == nil {
 		return s, nil
 	}
