@@ -4,7 +4,7 @@ import (
 	"os"
 
 	"github.com/receiptstore/receipts/keyring"
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 )
 
 // Secrets stay off command lines, which other users of the machine can read (ps,
@@ -28,7 +28,8 @@ type privacyFlags struct {
 	token   string // --token: a bearer token for --addr
 }
 
-func (a *app) privacyFlags(pf *pflag.FlagSet) {
+func (a *app) privacyFlags(root *cobra.Command) {
+	pf := root.PersistentFlags()
 	pf.StringVar(&a.priv.keyring, "keyring", "",
 		"the key file (package keyring) of a store whose results are encrypted (Options.Keyring): shows them, and lets erase destroy the scope's key; default $"+envKeyring)
 	pf.StringVar(&a.priv.token, "token", "",

@@ -132,7 +132,7 @@ key or filter the store refuses).`,
 	pf.StringVar(&a.schema, "schema", defaultSchema, "with --pg: the schema that holds the store (pgstore.Options.Schema)")
 	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receiptadmin.Handler (live, read-only)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of tables")
-	a.privacyFlags(pf)
+	a.privacyFlags(root)
 	pf.DurationVar(&a.settings.retention, "retention", 0,
 		"offline: check that the store records this retention (a store that records another is refused); for a store written by an older version, which records none, the service's Options.Retention (default 24h)")
 	pf.DurationVar(&a.settings.override, "override-retention", 0,
