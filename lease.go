@@ -25,6 +25,7 @@ import (
 type Lease struct {
 	db        *DB
 	key       Key
+	skey      driver.Key // key as the engine stores it (Options.HashKeys: privacy.go)
 	token     uint64
 	attempt   uint32
 	recovered bool
@@ -71,6 +72,9 @@ func (l *Lease) ProviderKey() string { return l.db.providerKey(l.key) }
 func (db *DB) ProviderKey(k Key) string { return db.providerKey(k) }
 
 func (db *DB) providerKey(k Key) string {
+	if sk, err := db.storedKey(k); err == nil { // Options.HashKeys: the same for a listed key
+		k = Key(sk)
+	}
 	var lk [keys.MaxLockKeyLen]byte
 	mac := hmac.New(sha256.New, db.secret)
 	mac.Write(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
@@ -79,7 +83,7 @@ func (db *DB) providerKey(k Key) string {
 
 // info is what identifies l to its engine.
 func (l *Lease) info() driver.LeaseInfo {
-	li := driver.LeaseInfo{Key: driver.Key(l.key), Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
+	li := driver.LeaseInfo{Key: l.skey, Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
 	if l.db.seal.kr != nil {
 		li.Seal = l.sealResult
 	}
@@ -102,7 +106,7 @@ func (l *Lease) renew(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := l.db.eng.Renew(ctx, driver.Key(l.key), l.token, l.ttl)
+	_, err := l.db.eng.Renew(ctx, l.skey, l.token, l.ttl)
 	if errors.Is(err, ErrLeaseLost) {
 		l.observeFinish(ctx, OutcomeLeaseLost, time.Time{})
 	}
@@ -173,7 +177,7 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	var rec driver.Record
 	start := l.db.traceStart(ctx)
 	ctx = l.db.withTrace(ctx)
-	k := driver.Key(l.key)
+	k := l.skey
 	switch fx, ok := l.db.eng.(driver.Effects); {
 	case b != nil:
 		var write func(*pebble.Batch) error
@@ -213,7 +217,9 @@ func (db *DB) finished(l *Lease, rec *driver.Record) *Receipt {
 	} else {
 		db.n.fails.Add(1)
 	}
-	return newReceipt(rec)
+	r := newReceipt(rec)
+	r.Key = l.key // the caller's (the record's is the stored key: Options.HashKeys)
+	return r
 }
 
 // Raw runs fn, an engine package's own way of finishing l (pgstore.CommitTx
@@ -269,7 +275,7 @@ func (l *Lease) release(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Release(ctx, driver.Key(l.key), l.token, l.recovered)
+	err := l.db.eng.Release(ctx, l.skey, l.token, l.recovered)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
@@ -297,7 +303,7 @@ func (l *Lease) forget(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Forget(ctx, driver.Key(l.key), l.token)
+	err := l.db.eng.Forget(ctx, l.skey, l.token)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
@@ -325,7 +331,7 @@ func (l *Lease) abandon(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Abandon(ctx, driver.Key(l.key), l.token)
+	err := l.db.eng.Abandon(ctx, l.skey, l.token)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.abandons.Add(1)

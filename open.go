@@ -130,8 +130,14 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 		_ = eng.Close()
 		return nil, err
 	}
+	keyForm, err := openKeyForm(context.Background(), eng, o.HashKeys, o.Keyring)
+	if err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
 	db := &DB{
 		seal:       seal,
+		keys:       keyForm,
 		opts:       o,
 		eng:        eng,
 		tombs:      tombs,

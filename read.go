@@ -67,7 +67,11 @@ func (db *DB) lookupSealed(ctx context.Context, k Key) (r *Receipt, sealed *driv
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	rec, found, now, err := db.eng.Lookup(ctx, driver.Key(k))
+	sk, err := db.storedKey(k) // Options.HashKeys (privacy.go)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, found, now, err := db.eng.Lookup(ctx, sk)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -86,6 +90,7 @@ func (db *DB) lookupSealed(ctx context.Context, k Key) (r *Receipt, sealed *driv
 		return nil, nil, fmt.Errorf("%w: %s", ErrNotFound, db.keyName(k))
 	}
 	r = newReceipt(&rec)
+	r.Key = k // the caller's (the record's is the stored key)
 	if isSealed(rec.Result) {
 		r.Result = nil
 		return r, &rec, nil

@@ -58,7 +58,10 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 			yield(nil, err)
 			return
 		}
-		df := driver.Filter{Scope: f.Scope, State: driver.State(f.State), Abandoned: f.Abandoned, Limit: f.Limit}
+		df := driver.Filter{State: driver.State(f.State), Abandoned: f.Abandoned, Limit: f.Limit}
+		if f.Scope != "" {
+			df.Scope = db.storedScope(f.Scope) // Options.HashKeys (privacy.go)
+		}
 		for rec, err := range db.eng.Scan(ctx, df) {
 			if err != nil {
 				if !yield(nil, err) {
@@ -72,7 +75,9 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 				}
 				continue
 			}
-			if !yield(newReceipt(&rec), nil) {
+			r := newReceipt(&rec)
+			r.Key = db.shownKey(rec.Key, f.Scope)
+			if !yield(r, nil) {
 				return
 			}
 		}

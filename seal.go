@@ -342,7 +342,7 @@ func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byt
 	if l.db.seal.kr == nil {
 		return result, nil
 	}
-	sealed, err := l.db.seal.seal(ctx, driver.Key(l.key), l.token, state, result)
+	sealed, err := l.db.seal.seal(ctx, l.skey, l.token, state, result)
 	if errors.Is(err, ErrErased) { // the scope was erased under the lease: its record is gone
 		return nil, fmt.Errorf("%w: the key's scope is erased: %w", ErrLeaseLost, err)
 	}
@@ -353,12 +353,12 @@ func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byt
 // receipt without its result (nil), which is decrypted only once it has allowed the replay.
 // The receipt, its fingerprint and the plaintext are one allocation (newReceiptCopy, given
 // room for the plaintext), which the plaintext is decrypted into.
-func (db *DB) replaySealed(ctx context.Context, rec *driver.Record) (*Receipt, error) {
+func (db *DB) replaySealed(ctx context.Context, k Key, rec *driver.Record) (*Receipt, error) {
 	room := *rec
 	room.Result = rec.Result[:len(rec.Result)-SealOverhead] // its length only: overwritten below
 	r := newReceiptCopy(&room)
 	plain := r.Result[:0]
-	r.Result = nil
+	r.Key, r.Result = k, nil
 	r, err := db.replay(ctx, r)
 	if err != nil {
 		return nil, err
@@ -393,10 +393,11 @@ func newSealer(kr Keyring, eng driver.Engine) (*sealer, error) {
 	return s, nil
 }
 
-// RewrapKeys wraps every scope's data key anew with the Keyring as it is now: after the
-// application rotated its key-encryption key (keyring.File.Rotate, a new KMS key version),
-// so that the old one can be retired. No result is rewritten: results stay sealed under
-// their scopes' data keys, which do not change. It returns how many keys it rewrapped. A
+// RewrapKeys wraps every scope's data key (and the store's hash key, Options.HashKeys) anew
+// with the Keyring as it is now: after the application rotated its key-encryption key
+// (keyring.File.Rotate, a new KMS key version), so that the old one can be retired. No result
+// is rewritten: results stay sealed under their scopes' data keys, which do not change. It
+// returns how many keys it rewrapped. A
 // key written or rewrapped concurrently (another node) is left as that write left it. It
 // returns ErrUnsupported without Options.Keyring.
 func (db *DB) RewrapKeys(ctx context.Context) (int, error) {
@@ -409,6 +410,11 @@ func (db *DB) RewrapKeys(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("%w: RewrapKeys without Options.Keyring", ErrUnsupported)
 	}
 	n := 0
+	if ok, err := rewrapHashKey(ctx, db.eng, s.kr); err != nil { // Options.HashKeys' key
+		return n, err
+	} else if ok {
+		n++
+	}
 	for k, err := range s.dk.ScanDataKeys(ctx) {
 		if err != nil {
 			return n, err

@@ -176,21 +176,23 @@ func containsAny(vals [][]byte, marker []byte) bool {
 
 // TestEncryptedAtRestPebble: a marker placed in 10,000 results appears in no file of the
 // store's directory (WAL, sstables, manifest), nor of a checkpoint, when results are
-// encrypted; without encryption the same scan finds it (the scan can fail).
+// encrypted, and one placed in their scopes and IDs in none when keys are hashed
+// (Options.HashKeys); without either the same scan finds them (the scan can fail).
 func TestEncryptedAtRestPebble(t *testing.T) {
 	n := 10_000
 	for _, encrypt := range []bool{false, true} {
 		t.Run(fmt.Sprintf("encrypt=%v", encrypt), func(t *testing.T) {
 			dir := t.TempDir()
 			o := &receipts.Options{GCInterval: -1}
-			if encrypt {
-				o.Keyring = newKeyring(t)
+			if encrypt { // and keys hashed (Options.HashKeys)
+				o.Keyring, o.HashKeys = newKeyring(t), true
 			}
 			db, err := receipts.Open(filepath.Join(dir, "store"), o)
 			require.NoError(t, err)
 			marker := []byte("MARKER-7f3a9c-customer-secret")
+			keyMarker := []byte("KEYMARK-alice@example.com")
 			doMany(t, n, func(i int) error {
-				k := receipts.Key{Scope: fmt.Sprintf("tenant-%d", i%17), ID: fmt.Sprintf("op-%d", i)}
+				k := receipts.Key{Scope: fmt.Sprintf("tenant-%d-%s", i%17, keyMarker), ID: fmt.Sprintf("op-%s-%d", keyMarker, i)}
 				_, err := db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
 					return fmt.Appendf(nil, "%d:%s:%d", i, marker, i), nil
 				})
@@ -198,13 +200,16 @@ func TestEncryptedAtRestPebble(t *testing.T) {
 			})
 			require.NoError(t, db.Checkpoint(filepath.Join(dir, "checkpoint")))
 			require.NoError(t, db.Pebble().Flush()) // sstables as well as the WAL
-			hits := filesWith(t, dir, marker)
+			hits, keyHits := filesWith(t, dir, marker), filesWith(t, dir, keyMarker)
 			require.NoError(t, db.Close())
 			hits += filesWith(t, dir, marker)
+			keyHits += filesWith(t, dir, keyMarker)
 			if encrypt {
 				require.Zero(t, hits, "files holding the marker")
+				require.Zero(t, keyHits, "files holding the keys' marker")
 			} else {
 				require.NotZero(t, hits, "the scan found no marker in a store without encryption")
+				require.NotZero(t, keyHits, "the scan found no key marker in a store without hashed keys")
 			}
 		})
 	}

@@ -111,3 +111,17 @@ type Eraser interface {
 	// named id: Erasure.KeyDestroyed.
 	MarkKeyDestroyed(ctx context.Context, id []byte) error
 }
+
+// Settings is implemented by an engine that keeps named settings of the root's with the
+// store (receipts' Options.HashKeys records there that the store's keys are hashed). An
+// engine without it cannot run with Options.HashKeys (ErrUnsupported).
+type Settings interface {
+	// Setting returns the value recorded for name; found is false if there is none.
+	Setting(ctx context.Context, name string) (value []byte, found bool, err error)
+	// PutSetting records value for name, durably, unless a value is recorded already, and
+	// returns the value in force: value, or the one recorded before.
+	PutSetting(ctx context.Context, name string, value []byte) ([]byte, error)
+	// SwapSetting replaces name's value old by new, durably, if old is the one recorded;
+	// it reports whether it did.
+	SwapSetting(ctx context.Context, name string, old, new []byte) (bool, error)
+}

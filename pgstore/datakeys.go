@@ -32,6 +32,10 @@ func privacySQL(schema string) []string {
   wrapped    bytea       NOT NULL,      -- the scope's data key, as the application's Keyring wrapped it
   created_at timestamptz NOT NULL
 )`,
+		`CREATE TABLE IF NOT EXISTS ` + schema + `.settings (
+  name  text  PRIMARY KEY,   -- a setting of the root's (driver.Settings): "key-form" (Options.HashKeys)
+  value bytea NOT NULL
+)`,
 		`CREATE TABLE IF NOT EXISTS ` + schema + `.erasures (
   scope_id      bytea       PRIMARY KEY,
   erased_at     timestamptz NOT NULL,
@@ -138,4 +142,37 @@ func (e *engine) ScanDataKeys(ctx context.Context) iter.Seq2[driver.DataKey, err
 			yield(driver.DataKey{}, fmt.Errorf("pgstore: scan data keys: %w", err))
 		}
 	}
+}
+
+var _ driver.Settings = (*engine)(nil)
+
+// Setting returns the value recorded for name.
+func (e *engine) Setting(ctx context.Context, name string) ([]byte, bool, error) {
+	var v []byte
+	err := e.pool.QueryRow(ctx, `SELECT value FROM `+e.q.schema+`.settings WHERE name = $1`, name).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("pgstore: read setting %s: %w", name, err)
+	}
+	return v, true, nil
+}
+
+// PutSetting records value for name unless a value is recorded, and returns the one in force.
+func (e *engine) PutSetting(ctx context.Context, name string, value []byte) ([]byte, error) {
+	if _, err := e.pool.Exec(ctx, `INSERT INTO `+e.q.schema+`.settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, name, value); err != nil {
+		return nil, fmt.Errorf("pgstore: record setting %s: %w", name, err)
+	}
+	v, _, err := e.Setting(ctx, name)
+	return v, err
+}
+
+// SwapSetting replaces name's value old by new if old is the one recorded.
+func (e *engine) SwapSetting(ctx context.Context, name string, old, new []byte) (bool, error) {
+	tag, err := e.pool.Exec(ctx, `UPDATE `+e.q.schema+`.settings SET value = $3 WHERE name = $1 AND value = $2`, name, old, new)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: record setting %s: %w", name, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }

@@ -76,7 +76,8 @@ func parallel(n int, fn func(i int) error) error {
 
 // TestEncryptedAtRestPostgres: with Options.Keyring, a marker placed in 10,000 results
 // (recorded by Do, DoTx and CommitTx) appears in no file of the PostgreSQL cluster's data
-// directory (tables, indexes, WAL), after a CHECKPOINT; without it the same scan finds it.
+// directory (tables, indexes, WAL), after a CHECKPOINT, nor, with Options.HashKeys, one
+// placed in their scopes and IDs; without them the same scan finds both.
 // Replays return the results in the clear, on this node and on another.
 func TestEncryptedAtRestPostgres(t *testing.T) {
 	leakCheck(t)
@@ -85,18 +86,19 @@ func TestEncryptedAtRestPostgres(t *testing.T) {
 		t.Run(fmt.Sprintf("encrypt=%v", encrypt), func(t *testing.T) {
 			d := newTestDB(t)
 			var o receipts.Options
-			if encrypt {
-				o.Keyring = newKeyring(t)
+			if encrypt { // and keys hashed (Options.HashKeys)
+				o.Keyring, o.HashKeys = newKeyring(t), true
 			}
 			db, other := d.openStore(t, o), d.openStore(t, o)
 			pool := d.mustPool(t)
 			m := make([]byte, 8)
 			_, _ = rand.Read(m)
 			marker := "MARKER-" + hex.EncodeToString(m) // its own per run: the cluster is shared
+			keyMarker := "KEYMARK-" + hex.EncodeToString(m[:4])
 			result := func(i int) []byte { return fmt.Appendf(nil, "%d:%s:%d", i, marker, i) }
 			const n = 10_000
 			err := parallel(n, func(i int) error {
-				k := receipts.Key{Scope: fmt.Sprintf("tenant-%d", i%17), ID: fmt.Sprintf("op-%d", i)}
+				k := receipts.Key{Scope: fmt.Sprintf("tenant-%d-%s", i%17, keyMarker), ID: fmt.Sprintf("op-%s-%d", keyMarker, i)}
 				var err error
 				switch i % 10 {
 				case 0:
@@ -123,7 +125,7 @@ func TestEncryptedAtRestPostgres(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, i := range []int{0, 1, 2, 9_999} {
-				k := receipts.Key{Scope: fmt.Sprintf("tenant-%d", i%17), ID: fmt.Sprintf("op-%d", i)}
+				k := receipts.Key{Scope: fmt.Sprintf("tenant-%d-%s", i%17, keyMarker), ID: fmt.Sprintf("op-%s-%d", keyMarker, i)}
 				for _, x := range []*receipts.DB{db, other} {
 					r, err := x.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
 						return nil, fmt.Errorf("ran again")
@@ -136,14 +138,14 @@ func TestEncryptedAtRestPostgres(t *testing.T) {
 			if _, err := pool.Exec(bg, "CHECKPOINT"); err != nil {
 				t.Fatal(err)
 			}
-			hits := filesWith(t, dataDir, []byte(marker))
-			if encrypt && len(hits) > 0 {
-				t.Fatalf("the marker is in %d files of the data directory: %v", len(hits), hits)
+			hits, keyHits := filesWith(t, dataDir, []byte(marker)), filesWith(t, dataDir, []byte(keyMarker))
+			if encrypt && len(hits)+len(keyHits) > 0 {
+				t.Fatalf("the markers are in files of the data directory: results %v, keys %v", hits, keyHits)
 			}
-			if !encrypt && len(hits) == 0 {
-				t.Fatal("the scan found no marker without encryption: it proves nothing")
+			if !encrypt && (len(hits) == 0 || len(keyHits) == 0) {
+				t.Fatal("the scan found no marker without encryption and hashed keys: it proves nothing")
 			}
-			t.Logf("files holding the marker: %d", len(hits))
+			t.Logf("files holding the results' marker: %d, the keys' marker: %d", len(hits), len(keyHits))
 		})
 	}
 }

@@ -84,6 +84,7 @@ func topics() []struct {
 		{"Observe", observeTests},
 		{"Encryption", encryptionTests},
 		{"Erasure", erasureTests},
+		{"HashKeys", hashKeysTests},
 	}
 }
 

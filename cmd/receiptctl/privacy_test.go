@@ -47,3 +47,19 @@ func TestPGFromEnv(t *testing.T) {
 	t.Setenv(envPG, "")
 	cli(t, "--schema", schema, "get", "acct_1", "op-ok").requireCode(t, exitUsage)
 }
+
+// TestHashedKeys: on a store whose keys are hashed (Options.HashKeys), get takes the raw
+// scope and ID and finds them, ls shows hashes unless given the raw scope.
+func TestHashedKeys(t *testing.T) {
+	dir := newFixtureOpts(t, &receipts.Options{GCInterval: -1, HashKeys: true})
+	r := cli(t, "--dir", dir, "get", "acct_1", "op-ok").requireCode(t, exitOK)
+	require.Contains(t, r.out, "result         ok:1\n")
+	require.Contains(t, r.out, "acct_1")
+	r = cli(t, "--dir", dir, "--json", "ls").requireCode(t, exitOK)
+	require.NotContains(t, r.out, "acct_1")
+	require.NotContains(t, r.out, "op-ok")
+	r = cli(t, "--dir", dir, "--json", "ls", "--scope", "acct_1").requireCode(t, exitOK)
+	require.Contains(t, r.out, `"scope":"acct_1"`)
+	require.NotContains(t, r.out, "op-ok")
+	require.Contains(t, r.out, `"result":"b2s6MQ=="`) // ok:1
+}

@@ -16,6 +16,8 @@
 //	Prefix "k" | scope ID (16 bytes)                a scope's data key, wrapped
 //	                                                (Options.Keyring)
 //	Prefix "e" | scope ID (16 bytes)                a scope's erasure record
+//	Prefix "o" | name                               a setting of the root's
+//	                                                (driver.Settings)
 //
 // The scope is length-prefixed, so ("ab","c") and ("a","bc") never collide,
 // and the id runs to the end of the key. The epoch is the record's last-write
@@ -40,6 +42,7 @@ const markersPrefix = Prefix + "x"
 const (
 	dataKeysPrefix = Prefix + "k"
 	erasuresPrefix = Prefix + "e"
+	settingsPrefix = Prefix + "o"
 )
 
 // Fixed keys.
@@ -64,6 +67,12 @@ var (
 	ErasuresStart = []byte(erasuresPrefix)
 	ErasuresEnd   = []byte(Prefix + "f")
 )
+
+// SettingsStart is the prefix of every setting's key.
+var SettingsStart = []byte(settingsPrefix)
+
+// Setting is the key of the setting name (driver.Settings).
+func Setting(name string) []byte { return append([]byte(settingsPrefix), name...) }
 
 // DataKey is the key of the data key of the scope named id (driver.ScopeID).
 func DataKey(id []byte) []byte { return append([]byte(dataKeysPrefix), id...) }

@@ -157,6 +157,8 @@ func (c *checker) records() error {
 				c.add(strconv.Quote(string(key)), -1, "tombstone marker does not decode: %v", err)
 			}
 			continue
+		case bytes.HasPrefix(key, keys.SettingsStart): // a setting of the root's (privacy.go): opaque
+			continue
 		case bytes.HasPrefix(key, keys.DataKeysStart): // a scope's data key (privacy.go): opaque
 			if len(key) != len(keys.DataKeysStart)+driver.ScopeIDLen {
 				c.add(strconv.Quote(string(key)), -1, "malformed data key key")

@@ -398,3 +398,48 @@ func countRange(ctx context.Context, r pebble.Reader, lo, hi []byte) (int64, err
 	}
 	return n, nil
 }
+
+var _ driver.Settings = (*Engine)(nil)
+
+// Setting returns the value recorded for name.
+func (e *Engine) Setting(_ context.Context, name string) ([]byte, bool, error) {
+	v, closer, err := e.pdb.Get(keys.Setting(name))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("receipts: read setting %s: %w", name, err)
+	}
+	defer closer.Close()
+	return bytes.Clone(v), true, nil
+}
+
+// PutSetting records value for name, synced, unless a value is recorded.
+func (e *Engine) PutSetting(ctx context.Context, name string, value []byte) ([]byte, error) {
+	e.keysMu.Lock()
+	defer e.keysMu.Unlock()
+	if cur, found, err := e.Setting(ctx, name); err != nil || found {
+		return cur, err
+	}
+	if e.readOnly {
+		return nil, fmt.Errorf("receipts: record setting %s: the store is open read-only", name)
+	}
+	if err := e.pdb.Set(keys.Setting(name), value, pebble.Sync); err != nil {
+		return nil, fmt.Errorf("receipts: record setting %s: %w", name, err)
+	}
+	return value, nil
+}
+
+// SwapSetting replaces name's value old by new, synced, if old is the one recorded.
+func (e *Engine) SwapSetting(ctx context.Context, name string, old, new []byte) (bool, error) {
+	e.keysMu.Lock()
+	defer e.keysMu.Unlock()
+	cur, found, err := e.Setting(ctx, name)
+	if err != nil || !found || !bytes.Equal(cur, old) {
+		return false, err
+	}
+	if err := e.pdb.Set(keys.Setting(name), new, pebble.Sync); err != nil {
+		return false, fmt.Errorf("receipts: record setting %s: %w", name, err)
+	}
+	return true, nil
+}

@@ -105,10 +105,8 @@ type modelSM struct {
 
 var modelCtx = context.Background()
 
-func newModelSM(t *rapid.T) *modelSM { return newModelSMWith(t, false) }
-
-// newModelSMWith is newModelSM; with privacy, results are encrypted (Options.Keyring) and
-// scopes are erased (the Erase action).
+// newModelSMWith opens a fresh store for one sequence of actions; with privacy, results are
+// encrypted (Options.Keyring) and scopes are erased (the Erase action).
 func newModelSMWith(t *rapid.T, privacy bool) *modelSM {
 	ret := rapid.SampledFrom([]time.Duration{time.Hour, 10 * time.Minute}).Draw(t, "retention")
 	ttl := rapid.SampledFrom([]time.Duration{time.Minute, 5 * time.Minute}).Draw(t, "leaseTTL")
