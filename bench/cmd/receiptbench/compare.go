@@ -145,12 +145,17 @@ func runCompare(ctx context.Context, cfg *config) error {
 			o := cfg.pebbleOptions()
 			syncs[name] = stores.CountSyncs(o)
 			s, err = stores.OpenFloor(dir, o)
-		case "receipts", "receipts-notomb":
+		case "receipts", "receipts-notomb", "receipts-sealed":
 			opts := engine.Options(nil)
 			opts.Pebble = cfg.pebbleOptions()
 			syncs[name] = stores.CountSyncs(opts.Pebble)
 			if name == "receipts-notomb" { // tombstones off: the cost of tombstones is receipts next to it
 				opts.TombstoneWindow = -1
+			}
+			if name == "receipts-sealed" { // results encrypted: the cost of Options.Keyring is receipts next to it
+				if opts.Keyring, err = benchKeyring(base); err != nil {
+					break
+				}
 			}
 			var es *engine.Store
 			if es, err = engine.Open(dir, opts, engine.ModeDo); err == nil {
@@ -173,16 +178,6 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg", false)
 		case "receipts-pg-tx":
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_tx", true)
-		case "receipts-sealed": // results encrypted: the cost of Options.Keyring is receipts next to it
-			opts := engine.Options(nil)
-			opts.Pebble = cfg.pebbleOptions()
-			if opts.Keyring, err = benchKeyring(base); err == nil {
-				var es *engine.Store
-				if es, err = engine.Open(dir, opts, engine.ModeDo); err == nil {
-					es.Label = "receipts-sealed"
-					s = es
-				}
-			}
 		case "receipts-pg-sealed":
 			var kr *keyring.File
 			if kr, err = benchKeyring(base); err == nil {
