@@ -193,7 +193,11 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			return nil, nil, err
 		}
 	}
-	req := driver.ClaimRequest{Key: driver.Key(k), Fingerprint: fp, LeaseTTL: ttl, NoSync: cfg.noSync}
+	sk, err := db.storedKey(k) // Options.HashKeys (privacy.go)
+	if err != nil {
+		return nil, nil, err
+	}
+	req := driver.ClaimRequest{Key: sk, Fingerprint: fp, LeaseTTL: ttl, NoSync: cfg.noSync}
 	var deadline time.Time
 	if cfg.bounded {
 		deadline = time.Now().Add(max(cfg.maxWait, 0))
@@ -221,6 +225,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			if tr != nil && res.Outcome == driver.Replay {
 				tr.trace = res.Record.Trace // the recorded execution's, for the replay's event
 			}
+			res.Record.Key = req.Key // the stored key (what a lease and an envelope name)
 			return db.claimed(ctx, k, ttl, &res)
 		}
 		// InProgress: counted once per call, however long it waits.
@@ -266,20 +271,27 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		if recovered {
 			db.n.takeovers.Add(1)
 		}
-		return &Lease{db: db, key: k, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil, nil
+		return &Lease{db: db, key: k, skey: res.Record.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil, nil
 	case driver.Replay:
+		if isSealed(res.Record.Result) { // decrypted once BeforeReplay allows it (seal.go)
+			r, err := db.replaySealed(ctx, k, &res.Record)
+			return nil, r, err
+		}
 		var r *Receipt
 		if res.Shared && mutate.Name != mutate.NoCopy {
 			r = newReceiptCopy(&res.Record)
 		} else {
 			r = newReceipt(&res.Record)
 		}
+		r.Key = k // the caller's (the record's is the stored key: Options.HashKeys)
 		r, err := db.replay(ctx, r)
 		return nil, r, err
 	case driver.Mismatch:
 		return nil, nil, db.mismatch(k)
 	case driver.Expired:
 		return nil, nil, db.expired(k, res.Record.ExpiresAt)
+	case driver.Erased:
+		return nil, nil, db.erased(k, &res.Record)
 	}
 	return nil, nil, fmt.Errorf("receipts: claim %s: the %s engine answered outcome %d", db.keyName(k), db.eng.Name(), res.Outcome)
 }

@@ -30,6 +30,8 @@ type DB struct {
 	eng     driver.Engine
 	peb     *pebbleengine.Engine // eng, when it is the Pebble engine; nil otherwise
 	tombs   driver.Tombstones    // eng, when it keeps tombstones and they are on; nil otherwise
+	seal    *sealer              // encrypts and decrypts results (Options.Keyring); never nil
+	keys    *keyHasher           // the stored keys' hashes (Options.HashKeys); nil: keys as given
 	secret  []byte               // eng.Secret(), for ProviderKey
 	hashKey []byte               // derived from secret, for Event.KeyHash
 	// observesDo: the Observer takes DoEvents (it is not a KindFilter

@@ -100,6 +100,18 @@ var (
 	// serve: CommitWith, DoBatch and Checkpoint on another engine than
 	// Pebble (DB.Pebble returns nil there).
 	ErrUnsupported = errors.New("receipts: not supported by this engine")
+
+	// ErrErased is returned for a key whose scope was erased (DB.EraseScope): by Claim,
+	// Do and DoBatch while the erasure is in force (the key may have been used, and
+	// nothing of it is kept, so nothing runs), by Lookup, and for a result whose scope's
+	// data key is destroyed. It arrives wrapped in an *ErasedError, which matches
+	// ErrExpired too (a service answers it as it answers an expired key: receipthttp
+	// with 410 Gone). It is driver.ErrErased, which engines return.
+	ErrErased = driver.ErrErased
+
+	// ErrSealed is returned for a result stored encrypted (Options.Keyring) by a DB
+	// opened without a Keyring, which cannot open it.
+	ErrSealed = errors.New("receipts: the result is encrypted and no keyring is set")
 )
 
 // sentinel is an error value that also matches its parents under errors.Is.

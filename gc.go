@@ -73,6 +73,9 @@ func (db *DB) gc(ctx context.Context) (GCStats, error) {
 		db.lastGC.Store(&st)
 	}
 	db.observeGC(ctx, &st, err)
+	if err == nil {
+		err = db.finishErasures(ctx) // a Keyring destruction an erasure left undone
+	}
 	return st, err
 }
 

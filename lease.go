@@ -25,6 +25,7 @@ import (
 type Lease struct {
 	db        *DB
 	key       Key
+	skey      driver.Key // key as the engine stores it (Options.HashKeys: privacy.go)
 	token     uint64
 	attempt   uint32
 	recovered bool
@@ -71,6 +72,9 @@ func (l *Lease) ProviderKey() string { return l.db.providerKey(l.key) }
 func (db *DB) ProviderKey(k Key) string { return db.providerKey(k) }
 
 func (db *DB) providerKey(k Key) string {
+	if sk, err := db.storedKey(k); err == nil { // Options.HashKeys: the same for a listed key
+		k = Key(sk)
+	}
 	var lk [keys.MaxLockKeyLen]byte
 	mac := hmac.New(sha256.New, db.secret)
 	mac.Write(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
@@ -79,7 +83,11 @@ func (db *DB) providerKey(k Key) string {
 
 // info is what identifies l to its engine.
 func (l *Lease) info() driver.LeaseInfo {
-	return driver.LeaseInfo{Key: driver.Key(l.key), Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
+	li := driver.LeaseInfo{Key: l.skey, Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
+	if l.db.seal.kr != nil {
+		li.Seal = l.sealResult
+	}
+	return li
 }
 
 // Renew extends the lease to now + TTL (LeaseFor's length, or
@@ -98,7 +106,7 @@ func (l *Lease) renew(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := l.db.eng.Renew(ctx, driver.Key(l.key), l.token, l.ttl)
+	_, err := l.db.eng.Renew(ctx, l.skey, l.token, l.ttl)
 	if errors.Is(err, ErrLeaseLost) {
 		l.observeFinish(ctx, OutcomeLeaseLost, time.Time{})
 	}
@@ -162,25 +170,29 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	} else {
 		effect = l.stagedEffect().then(effect)
 	}
+	stored, err := l.sealResult(ctx, driver.State(state), result)
+	if err != nil {
+		return nil, err
+	}
 	var rec driver.Record
-	var err error
 	start := l.db.traceStart(ctx)
 	ctx = l.db.withTrace(ctx)
-	k := driver.Key(l.key)
+	k := l.skey
 	switch fx, ok := l.db.eng.(driver.Effects); {
 	case b != nil:
 		var write func(*pebble.Batch) error
 		if effect != nil {
 			write = func(b *pebble.Batch) error { return effect(ctx, b) }
 		}
-		rec, err = l.db.peb.FinishBatch(ctx, k, l.token, driver.State(state), result, b, write)
+		rec, err = l.db.peb.FinishBatch(ctx, k, l.token, driver.State(state), stored, b, write)
 	case effect == nil:
-		rec, err = l.db.eng.Finish(ctx, k, l.token, driver.State(state), result)
+		rec, err = l.db.eng.Finish(ctx, k, l.token, driver.State(state), stored)
 	case ok:
-		rec, err = fx.FinishWith(ctx, k, l.token, driver.State(state), result, effect)
+		rec, err = fx.FinishWith(ctx, k, l.token, driver.State(state), stored, effect)
 	default:
 		err = fmt.Errorf("%w: effects that commit with the receipt on the %s engine", ErrUnsupported, l.db.eng.Name())
 	}
+	rec.Result = result // the plaintext (stored may be its envelope)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			l.observeFinish(ctx, OutcomeLeaseLost, start)
@@ -205,7 +217,9 @@ func (db *DB) finished(l *Lease, rec *driver.Record) *Receipt {
 	} else {
 		db.n.fails.Add(1)
 	}
-	return newReceipt(rec)
+	r := newReceipt(rec)
+	r.Key = l.key // the caller's (the record's is the stored key: Options.HashKeys)
+	return r
 }
 
 // Raw runs fn, an engine package's own way of finishing l (pgstore.CommitTx
@@ -226,6 +240,9 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 		l.observeFinish(ctx, OutcomeLeaseLost, start)
 	}
 	if err != nil || rec == nil {
+		return nil, err
+	}
+	if err := l.db.seal.open(ctx, rec); err != nil { // the result as recorded, in the clear
 		return nil, err
 	}
 	r := l.db.finished(l, rec)
@@ -258,7 +275,7 @@ func (l *Lease) release(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Release(ctx, driver.Key(l.key), l.token, l.recovered)
+	err := l.db.eng.Release(ctx, l.skey, l.token, l.recovered)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
@@ -286,7 +303,7 @@ func (l *Lease) forget(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Forget(ctx, driver.Key(l.key), l.token)
+	err := l.db.eng.Forget(ctx, l.skey, l.token)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
@@ -314,7 +331,7 @@ func (l *Lease) abandon(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Abandon(ctx, driver.Key(l.key), l.token)
+	err := l.db.eng.Abandon(ctx, l.skey, l.token)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.abandons.Add(1)

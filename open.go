@@ -125,7 +125,19 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 	default:
 		o.TombstoneWindow = inForce.TombstoneWindow
 	}
+	seal, err := newSealer(o.Keyring, eng)
+	if err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
+	keyForm, err := openKeyForm(context.Background(), eng, o.HashKeys, o.Keyring)
+	if err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
 	db := &DB{
+		seal:       seal,
+		keys:       keyForm,
 		opts:       o,
 		eng:        eng,
 		tombs:      tombs,

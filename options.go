@@ -195,6 +195,27 @@ type Options struct {
 	// authorization there: if it returns an error, that error is returned
 	// and nothing is exposed.
 	BeforeReplay func(ctx context.Context, r *Receipt) error
+	// Keyring, if set, encrypts every result recorded from now on, per scope, under the
+	// application's key-encryption key: recommended in production (docs/privacy.md).
+	// Each scope gets a data key of its own (AES-256-GCM), which the store keeps only as
+	// Keyring wrapped it; a result is bound to its key, token and state. Fingerprints,
+	// states, tokens and times stay in the clear, so claims, mismatch checks, tombstones
+	// and GC never decrypt; replays do, after BeforeReplay (which sees the receipt without
+	// its result). Results stored before the option was set are read as they are. A DB
+	// opened without it cannot read encrypted results (ErrSealed). Package keyring keeps a
+	// key-encryption key in a local file. An engine that keeps no data keys refuses it
+	// (ErrUnsupported). SealOverhead bytes are added to each stored result.
+	Keyring Keyring
+	// HashKeys stores every scope and ID as a keyed hash under the store's secret, so that
+	// a copy of the store does not say who called what (docs/privacy.md). Every call still
+	// takes the caller's key and answers with it; Scan and Tombstones list the stored keys
+	// (the scope as given when the filter names it), and every call accepts a listed key.
+	// What is lost: a scope's IDs can no longer be listed by someone who does not know
+	// them, and operators see hashes. The store records it when it is created with it
+	// (later opens, receiptctl's included, use it whatever this field says); a store that
+	// already holds records with their keys as given refuses it (ErrInvalidOptions).
+	// With it a scope or ID may not start with "\x00h" (ErrInvalidKey).
+	HashKeys bool
 }
 
 // ensureDefaults fills zero fields. REQUIRES: o is the DB's own copy.

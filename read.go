@@ -16,12 +16,17 @@ func (db *DB) Lookup(ctx context.Context, k Key) (*Receipt, error) {
 		return nil, err
 	}
 	defer db.exit()
-	r, err := db.lookup(ctx, k)
+	r, sealed, err := db.lookupSealed(ctx, k)
 	if err != nil {
 		return nil, err
 	}
 	if err := db.beforeReplay(ctx, r); err != nil {
 		return nil, err
+	}
+	if sealed != nil { // decrypted once BeforeReplay allowed it (seal.go)
+		if err := db.unseal(ctx, r, sealed); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -40,25 +45,55 @@ func (db *DB) Inspect(ctx context.Context, k Key) (*Receipt, error) {
 	return db.lookup(ctx, k)
 }
 
-// lookup reads k's visible record from the engine.
+// lookup reads k's visible record from the engine, its result in the clear.
 func (db *DB) lookup(ctx context.Context, k Key) (*Receipt, error) {
-	if err := k.validate(); err != nil {
-		return nil, err
+	r, sealed, err := db.lookupSealed(ctx, k)
+	if err == nil && sealed != nil {
+		err = db.unseal(ctx, r, sealed)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	rec, found, _, err := db.eng.Lookup(ctx, driver.Key(k))
 	if err != nil {
 		return nil, err
 	}
-	if !found {
-		if t, err := db.tombstone(ctx, k); err != nil {
-			return nil, err
-		} else if t != nil {
-			return nil, &ExpiredError{Key: k, ExpiredAt: t.ExpiredAt, Until: t.Until, notFound: true, db: db}
-		}
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, db.keyName(k))
+	return r, nil
+}
+
+// lookupSealed reads k's visible record from the engine. If its result is encrypted
+// (Options.Keyring), the receipt comes without it (nil), and sealed is the record to
+// decrypt it from (unseal).
+func (db *DB) lookupSealed(ctx context.Context, k Key) (r *Receipt, sealed *driver.Record, err error) {
+	if err := k.validate(); err != nil {
+		return nil, nil, err
 	}
-	return newReceipt(&rec), nil
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	sk, err := db.storedKey(k) // Options.HashKeys (privacy.go)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, found, now, err := db.eng.Lookup(ctx, sk)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !found {
+		if e, err := db.erasedScope(ctx, k, now); err != nil || e != nil {
+			if e != nil {
+				return nil, nil, e
+			}
+			return nil, nil, err
+		}
+		if t, err := db.tombstone(ctx, k); err != nil {
+			return nil, nil, err
+		} else if t != nil {
+			return nil, nil, &ExpiredError{Key: k, ExpiredAt: t.ExpiredAt, Until: t.Until, notFound: true, db: db}
+		}
+		return nil, nil, fmt.Errorf("%w: %s", ErrNotFound, db.keyName(k))
+	}
+	r = newReceipt(&rec)
+	r.Key = k // the caller's (the record's is the stored key)
+	if isSealed(rec.Result) {
+		r.Result = nil
+		return r, &rec, nil
+	}
+	return r, nil, nil
 }

@@ -58,7 +58,10 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 			yield(nil, err)
 			return
 		}
-		df := driver.Filter{Scope: f.Scope, State: driver.State(f.State), Abandoned: f.Abandoned, Limit: f.Limit}
+		df := driver.Filter{State: driver.State(f.State), Abandoned: f.Abandoned, Limit: f.Limit}
+		if f.Scope != "" {
+			df.Scope = db.storedScope(f.Scope) // Options.HashKeys (privacy.go)
+		}
 		for rec, err := range db.eng.Scan(ctx, df) {
 			if err != nil {
 				if !yield(nil, err) {
@@ -66,7 +69,15 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 				}
 				continue
 			}
-			if !yield(newReceipt(&rec), nil) {
+			if err := db.seal.open(ctx, &rec); err != nil {
+				if !yield(nil, err) {
+					return
+				}
+				continue
+			}
+			r := newReceipt(&rec)
+			r.Key = db.shownKey(rec.Key, f.Scope)
+			if !yield(r, nil) {
 				return
 			}
 		}

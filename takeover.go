@@ -74,7 +74,11 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 	if !ok {
 		return nil, fmt.Errorf("%w: TakeOver on the %s engine", ErrUnsupported, db.eng.Name())
 	}
-	req := driver.ClaimRequest{Key: driver.Key(r.Key), Fingerprint: r.Fingerprint, LeaseTTL: ttl}
+	sk, err := db.storedKey(r.Key) // Options.HashKeys: a listed key is stored already
+	if err != nil {
+		return nil, err
+	}
+	req := driver.ClaimRequest{Key: sk, Fingerprint: r.Fingerprint, LeaseTTL: ttl}
 	res, err := at.TakeOver(ctx, req, r.Token)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
@@ -86,7 +90,7 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 	case driver.TookOver:
 		db.hot.Claims.Add(1)
 		db.n.takeovers.Add(1)
-		return &Lease{db: db, key: r.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil
+		return &Lease{db: db, key: r.Key, skey: sk, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil
 	case driver.InProgress:
 		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now, OperationClass(ctx)), db: db}
 	}

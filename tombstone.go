@@ -49,14 +49,20 @@ func (db *DB) Tombstones(ctx context.Context, scope string, limit int) iter.Seq2
 		if db.tombs == nil {
 			return
 		}
-		for t, err := range db.tombs.ScanTombstones(ctx, scope, limit) {
+		stored := scope
+		if scope != "" {
+			stored = db.storedScope(scope) // Options.HashKeys (privacy.go)
+		}
+		for t, err := range db.tombs.ScanTombstones(ctx, stored, limit) {
 			if err != nil {
 				if !yield(nil, err) {
 					return
 				}
 				continue
 			}
-			if !yield(newTombstone(&t), nil) {
+			tb := newTombstone(&t)
+			tb.Key = db.shownKey(t.Key, scope)
+			if !yield(tb, nil) {
 				return
 			}
 		}
@@ -68,11 +74,17 @@ func (db *DB) tombstone(ctx context.Context, k Key) (*Tombstone, error) {
 	if db.tombs == nil {
 		return nil, nil
 	}
-	t, found, err := db.tombs.Tombstone(ctx, driver.Key(k))
+	sk, err := db.storedKey(k)
+	if err != nil {
+		return nil, err
+	}
+	t, found, err := db.tombs.Tombstone(ctx, sk)
 	if err != nil || !found {
 		return nil, err
 	}
-	return newTombstone(&t), nil
+	tb := newTombstone(&t)
+	tb.Key = k
+	return tb, nil
 }
 
 // expired is the error of a claim of k answered Expired (the receipt's

@@ -36,6 +36,12 @@ func BenchmarkDo(b *testing.B) {
 		clk.offset.Store(int64(2 * engine.Options(nil).Retention))
 		newKeys(b, s, syncs)
 	})
+	// receipts-sealed: results encrypted (Options.Keyring): the cost of encryption is
+	// receipts next to it.
+	b.Run("receipts-sealed", func(b *testing.B) {
+		s, syncs := openEngineWith(b, engine.ModeDo, nil, sealed(b))
+		newKeys(b, s, syncs)
+	})
 	b.Run("pebble-floor", func(b *testing.B) {
 		f, syncs := openFloor(b)
 		newKeys(b, f, syncs)

@@ -393,6 +393,10 @@ type LeaseInfo struct {
 	Token     uint64
 	Attempts  uint32
 	Recovered bool
+	// Seal, if not nil, is what the engine package stores in place of a result it writes
+	// itself: receipts' Options.Keyring encrypts results, and Seal(ctx, state, result)
+	// returns the bytes to store for result recorded as state.
+	Seal func(ctx context.Context, state State, result []byte) ([]byte, error)
 }
 
 // Metric is one of an engine's own health figures (package receiptsprom exports each as

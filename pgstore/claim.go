@@ -97,6 +97,15 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		switch {
 		case errors.Is(err, driver.ErrClosed):
 			return fail(fmt.Errorf("pgstore: claim: %w", err))
+		case erasedCode(err): // the scope's check: an erasure in force (erase.go)
+			res, eerr := e.erasedClaim(ctx, req)
+			if eerr != nil {
+				return fail(eerr)
+			}
+			if _, ferr := fail(nil); ferr != nil { // settles the attempts whose reply was lost
+				return driver.ClaimResult{}, ferr
+			}
+			return res, nil
 		case err == nil: // busy
 			lastBusy = row
 			if busy++; busy > maxBusy {
@@ -267,6 +276,7 @@ func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimReque
 	}
 	b.Queue(e.q.lock, lockClass, lockID(h))
 	now := e.nowArg() // the claim's time, on an injected clock
+	b.Queue(e.q.scope, e.scopeArgs(req.Key, now)...)
 	b.Queue(e.q.claim, e.claimArgs(req, nonce, now)...)
 	for _, s := range extra { // statements after the claim, in the same batch (DoTx's savepoint)
 		b.Queue(s)
@@ -280,6 +290,9 @@ func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimReque
 	}
 	if err == nil {
 		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec() // the scope's check
 	}
 	if err == nil {
 		var state int16

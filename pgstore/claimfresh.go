@@ -57,6 +57,7 @@ func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRe
 	}
 	b.Queue(e.q.lock, lockClass, lockID(keyHash(req.Key)))
 	now := e.nowArg()
+	b.Queue(e.q.scope, e.scopeArgs(req.Key, now)...)
 	b.Queue(e.q.fresh, e.claimArgs(req, nonce, now)...)
 	if tail != "" {
 		b.Queue(tail)
@@ -65,6 +66,9 @@ func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRe
 	tx = br.Tx()
 	if _, err = br.Exec(); err == nil {
 		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec() // the scope's check
 	}
 	if err == nil {
 		var claimed bool

@@ -3,6 +3,8 @@ package pgstore
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -187,4 +189,39 @@ func (s *pgStore) open(t testing.TB, o opened, opts receipts.Options) (*receipts
 		}
 	})
 	return db, nil
+}
+
+// Backup takes a pg_dump of the store's schema (receiptstest.Backup); the copy is restored
+// into a database of its own, under the same schema name.
+func (s *pgStore) Backup(t testing.TB, db *receipts.DB) func(opts receipts.Options) (*receipts.DB, error) {
+	s.mu.Lock()
+	o := s.schemas[db]
+	s.mu.Unlock()
+	dump := pgDump(t, o.dsn, o.schema)
+	return func(opts receipts.Options) (*receipts.DB, error) {
+		dsn := pgRestore(t, dump)
+		return s.open(t, opened{place{dsn, o.schema}, newTestPool(t, dsn), true}, opts)
+	}
+}
+
+// pgDump dumps schema (tables and data) with pg_dump into a file, and returns its path.
+func pgDump(t testing.TB, dsn, schema string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "dump.sql")
+	cmd := exec.Command(filepath.Join(pgtest.BinDir(t), "pg_dump"), "--schema="+schema, "--no-owner", "--file="+out, "--dbname="+dsn)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pg_dump: %v\n%s", err, b)
+	}
+	return out
+}
+
+// pgRestore loads a dump into a new database and returns its DSN.
+func pgRestore(t testing.TB, dump string) string {
+	t.Helper()
+	dsn := pgtest.Database(t)
+	cmd := exec.Command(filepath.Join(pgtest.BinDir(t), "psql"), "--quiet", "--set=ON_ERROR_STOP=1", "--file="+dump, "--dbname="+dsn)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("psql (restore): %v\n%s", err, b)
+	}
+	return dsn
 }

@@ -149,11 +149,13 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 	n := len(batch)
 	scopes, ids, fps, nonces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	leases := make([]int64, n)
-	locks := make([]int32, n)
+	locks, slocks, sids := make([]int32, n), make([]int32, n), make([][]byte, n)
 	for i, c := range batch {
 		scopes[i], ids[i] = []byte(c.key.Scope), []byte(c.key.ID)
 		fps[i], nonces[i], leases[i] = c.v.req.Fingerprint, c.v.nonce, c.v.req.LeaseTTL.Microseconds()
 		locks[i] = lockID(keyHash(c.key))
+		sids[i] = driver.ScopeID(e.secret, c.key.Scope)
+		slocks[i] = scopeLock(sids[i])
 	}
 	now := e.nowArg()
 	args := []any{scopes, ids, fps, nonces, leases, e.retentionUS(), e.width, e.oldest(), now}
@@ -193,6 +195,7 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(e.q.lockMany, lockClass, locks)
+	b.Queue(e.q.scopes, slocks, sids, now) // keeps the keys whose scope lock it took and that are not erased
 	b.Queue(e.q.freshMany, args...)
 	b.Queue("COMMIT")
 	got := make([]bool, n)
@@ -200,6 +203,9 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 	err = e.checkedCommit(conn.Conn().PgConn(), func() (err error) {
 		br := conn.SendBatch(ctx, b)
 		if _, err = br.Exec(); err == nil {
+			_, err = br.Exec() // lockMany: the scope check's answer is the list
+		}
+		if err == nil {
 			var list string
 			if err = br.QueryRow().Scan(&list); err == nil {
 				for _, f := range strings.Split(list, ",") {

@@ -23,6 +23,7 @@ type queries struct {
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
 	byNonce                                                              string // a claim whose reply was lost, by its nonce (detach.go)
+	scope, scopes                                                        string // the scope's lock and erasure check, after lock and lockMany (erase.go)
 	lockMany, freshMany                                                  string // a batch of first claims (freshbatch.go)
 	finishMust                                                           string // DoTx's: fails if it matches no row
 	finishIn                                                             string // template of Finish in one partition (finishInSQL)
@@ -81,6 +82,9 @@ func buildQueries(schema string, injected, tombs bool, markerK int64) queries {
 	// across partitions, so two fresh claims on either side of an epoch boundary would both
 	// insert without it. Statement 2 takes its snapshot after the lock is granted.
 	q.lock = `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`
+	// Statement 1b: the key's scope, shared, and no erasure of it in force (erase.go).
+	q.scope = `SELECT ` + s + `.claim_scope($1::int4, $2::bytea, ` + q.clock("$3") + `)`
+	q.scopes = `SELECT ` + s + `.claim_scopes($1::int4[], $2::bytea[], ` + q.clock("$3") + `)`
 
 	// Tombstones in the claim statement (tombs only): tomb is the key's tombstone in force, the
 	// time of its newest write (its newest marker, or an expired record still in a live

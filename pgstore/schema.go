@@ -146,6 +146,11 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 		if err := e.loadClock(ctx, tx); err != nil {
 			return err
 		}
+		for _, s := range append(privacySQL(e.q.schema), claimScopeSQL(e.q.schema)...) {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return fmt.Errorf("create the privacy tables: %w", err)
+			}
+		}
 		_, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET retention_us = $1, lease_ttl_us = $2, tombstone_window_us = $3
  WHERE retention_us <> $1 OR lease_ttl_us <> $2 OR tombstone_window_us IS DISTINCT FROM $3`, e.retentionUS(), e.o.LeaseTTL.Microseconds(), e.windowUS())
 		return err

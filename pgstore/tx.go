@@ -45,6 +45,11 @@ func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) 
 		if err != nil {
 			return nil, err
 		}
+		if li.Seal != nil { // Options.Keyring: the result is stored encrypted
+			if result, err = li.Seal(ctx, driver.Succeeded, result); err != nil {
+				return nil, err
+			}
+		}
 		rec, err := pe.finishTx(ctx, tx, li.Key, li.Token, driver.Succeeded, result)
 		if err != nil {
 			return nil, err
@@ -214,6 +219,9 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 		}
 		tx.end(ctx)
 		switch {
+		case erasedCode(err): // the scope's check: an erasure in force (erase.go)
+			res, err := e.erasedClaim(ctx, req)
+			return nil, res, err
 		case err == nil: // busy: a writer holds the row
 			if busy++; busy > maxBusy {
 				return nil, driver.ClaimResult{Outcome: driver.InProgress, Record: row.rec, Now: row.now}, nil

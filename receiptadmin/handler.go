@@ -37,19 +37,38 @@ import (
 // (the store is closed).
 //
 // The handler shows every scope's keys and results, and it does not call
-// Options.BeforeReplay (it is an operator's view: DB.Inspect, DB.Scan): mount it on an
-// admin-only listener or behind the service's authentication.
+// Options.BeforeReplay (it is an operator's view: DB.Inspect, DB.Scan). So, without an
+// Authorize option, it answers requests from loopback only (127.0.0.0/8, ::1) and refuses
+// every other one with 403 and an error that says why: a handler mounted on a public
+// listener by mistake shows nothing. Give Authorize (BearerToken, or the service's own
+// check) to serve it elsewhere (auth.go).
 //
 //	mux.Handle("/admin/receipts/", receiptadmin.Handler(db))
 //	// receiptctl --addr http://127.0.0.1:8081/admin/receipts ls --abandoned
-func Handler(db *receipts.DB) http.Handler { return &handler{db: db} }
+func Handler(db *receipts.DB, opts ...Option) http.Handler {
+	h := &handler{db: db}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
+}
 
-type handler struct{ db *receipts.DB }
+type handler struct {
+	db        *receipts.DB
+	authorize func(*http.Request) error // Authorize's; nil: loopback only
+}
 
 // maxListErrors bounds the errors one list answer carries.
 const maxListErrors = 100
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if status, err := h.allowed(r); err != nil {
+		if status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="receiptadmin"`)
+		}
+		adminError(w, status, err)
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		adminError(w, http.StatusMethodNotAllowed, errors.New("receiptadmin: the admin handler is read-only (GET)"))

@@ -119,6 +119,7 @@ func adminFixture(t *testing.T, s *testStore) {
 func adminGet(t *testing.T, h http.Handler, method, target string, v any) int {
 	t.Helper()
 	req := httptest.NewRequest(method, target, nil)
+	req.RemoteAddr = "127.0.0.1:40000" // the handler answers loopback only by default (auth_test.go)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	require.Equal(t, "application/json", rec.Header().Get("Content-Type"), target)

@@ -194,6 +194,9 @@ func claimProblem(header string, key receipts.Key, err error) *Problem {
 		return &Problem{Type: ProblemInProgress, Title: "Request in progress", Status: http.StatusConflict,
 			Detail:     "a request with this " + header + " is still being processed; retry later",
 			RetryAfter: retryAfterSeconds(inProgress.RetryAfter), Err: err}
+	case errors.Is(err, receipts.ErrErased):
+		return &Problem{Type: ProblemKeyErased, Title: header + " erased", Status: http.StatusGone,
+			Detail: "the data of this key's scope was erased; the request was not processed again", Err: err}
 	case errors.Is(err, receipts.ErrExpired):
 		return &Problem{Type: ProblemKeyExpired, Title: header + " expired", Status: http.StatusGone,
 			Detail: "this key was used, and its stored response is no longer kept; the request was not processed again", Err: err}

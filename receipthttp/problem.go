@@ -17,7 +17,12 @@ const (
 	// response is past retention (a tombstone, receipts.ErrExpired). The
 	// request is not processed again: mint a new key only if the action is
 	// meant to happen again.
-	ProblemKeyExpired   = "tag:receiptstore.github.io,2026:receipthttp/key-expired"
+	ProblemKeyExpired = "tag:receiptstore.github.io,2026:receipthttp/key-expired"
+	// ProblemKeyErased (410 Gone): the key's scope was erased
+	// (receipts.DB.EraseScope, receipts.ErrErased): whatever was stored of
+	// it is gone, and the request is not processed again while the erasure
+	// is in force.
+	ProblemKeyErased    = "tag:receiptstore.github.io,2026:receipthttp/key-erased"
 	ProblemBodyTooLarge = "tag:receiptstore.github.io,2026:receipthttp/body-too-large"
 	ProblemBadRequest   = "tag:receiptstore.github.io,2026:receipthttp/bad-request"
 	ProblemUnauthorized = "tag:receiptstore.github.io,2026:receipthttp/unauthorized"

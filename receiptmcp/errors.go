@@ -48,6 +48,9 @@ const (
 	// TypeKeyExpired: the key was used and its receipt is gone
 	// (CodeExpired).
 	TypeKeyExpired = "idempotency_key_expired"
+	// TypeKeyErased: the key's scope was erased (receipts.ErrErased), with
+	// CodeExpired: the tool is not run again while the erasure is in force.
+	TypeKeyErased = "idempotency_key_erased"
 	// TypeInProgress: a call with the key is still running (CodeInProgress).
 	TypeInProgress = "idempotency_key_in_progress"
 	// TypeScopeMissing: no authenticated principal (CodeUnauthenticated).

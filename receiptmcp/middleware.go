@@ -189,6 +189,10 @@ func (m *middleware) claimError(tool string, key receipts.Key, err error) error 
 		return newError(CodeInProgress,
 			fmt.Sprintf("a call with this operation key is still running; retry with the same key in %s", time.Duration(ms)*time.Millisecond),
 			ErrorData{Type: TypeInProgress, Tool: tool, MetaKey: c.MetaKey, RetryAfterMs: ms})
+	case errors.Is(err, receipts.ErrErased):
+		return newError(CodeExpired,
+			"the data of this operation key's scope was erased; the tool was not run again",
+			ErrorData{Type: TypeKeyErased, Tool: tool, MetaKey: c.MetaKey})
 	case errors.Is(err, receipts.ErrExpired):
 		return newError(CodeExpired,
 			"this operation key was used, and its receipt is no longer kept; the tool was not run again (mint a new key only for a new action)",

@@ -82,6 +82,9 @@ func topics() []struct {
 		{"Isolation", isolationTests},
 		{"Pebble", pebbleTests},
 		{"Observe", observeTests},
+		{"Encryption", encryptionTests},
+		{"Erasure", erasureTests},
+		{"HashKeys", hashKeysTests},
 	}
 }
 

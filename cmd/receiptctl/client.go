@@ -19,9 +19,10 @@ import (
 // client reads a running service through the receiptadmin.Handler it
 // mounts at base.
 type client struct {
-	base *url.URL
-	tr   *http.Transport
-	hc   *http.Client
+	base  *url.URL
+	tr    *http.Transport
+	hc    *http.Client
+	token string // --token: sent as a bearer token (privacy.go)
 }
 
 func newClient(addr string) (*client, error) {
@@ -57,6 +58,9 @@ func (c *client) call(ctx context.Context, endpoint string, q url.Values) (*http
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the service: %w", err)

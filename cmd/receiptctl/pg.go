@@ -110,7 +110,7 @@ func openPGOn(ctx context.Context, pool *pgxpool.Pool, schema string, f retentio
 	}
 	open := func(retention, ttl time.Duration) (*receipts.DB, error) {
 		db, err := pgstore.Open(ctx, pool, &pgstore.Options{
-			Options: receipts.Options{Retention: retention, LeaseTTL: ttl, GCInterval: -1, Logger: newLogger(stderr)},
+			Options: receipts.Options{Retention: retention, LeaseTTL: ttl, GCInterval: -1, Logger: newLogger(stderr), Keyring: f.keyring},
 			Schema:  schema,
 		})
 		if err != nil {

@@ -40,8 +40,9 @@ type app struct {
 
 	dir      string
 	addr     string
-	pg       string // --pg: a PostgreSQL DSN (pgstore)
-	schema   string // --schema: the pgstore schema
+	pg       string       // --pg: a PostgreSQL DSN (pgstore)
+	priv     privacyFlags // --keyring, --token (privacy.go)
+	schema   string       // --schema: the pgstore schema
 	json     bool
 	settings retentionFlags  // --retention, --override-retention
 	src      retentionSource // offline: where the retention in force came from
@@ -106,6 +107,9 @@ key or filter the store refuses).`,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			a.started = true
 			a.ctx = cmd.Context()
+			if err := a.loadPrivacy(); err != nil {
+				return err
+			}
 			for _, name := range []string{"retention", "override-retention"} {
 				if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "0s" {
 					return usagef("--%s 0s: want at least 1ms", name)
@@ -124,16 +128,18 @@ key or filter the store refuses).`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.dir, "dir", "", "store directory (offline; the directory must not be held by a running process)")
-	pf.StringVar(&a.pg, "pg", "", "PostgreSQL DSN of a store on pgstore (postgres://user@host:5432/db)")
+	pf.StringVar(&a.pg, "pg", "", "PostgreSQL DSN of a store on pgstore (postgres://user@host:5432/db), without its password: pgx takes that from PGPASSWORD or ~/.pgpass (PGPASSFILE), and what the DSN leaves out from the other libpq variables (PGHOST, PGUSER, PGSSLMODE, ...); default $"+envPG+" when neither --dir nor --addr is given")
 	pf.StringVar(&a.schema, "schema", defaultSchema, "with --pg: the schema that holds the store (pgstore.Options.Schema)")
 	pf.StringVar(&a.addr, "addr", "", "base URL of a running service's receiptadmin.Handler (live, read-only)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of tables")
+	a.privacyFlags(root)
 	pf.DurationVar(&a.settings.retention, "retention", 0,
 		"offline: check that the store records this retention (a store that records another is refused); for a store written by an older version, which records none, the service's Options.Retention (default 24h)")
 	pf.DurationVar(&a.settings.override, "override-retention", 0,
 		"offline, DANGEROUS: use this retention instead of the one the store records (records older than it look expired; gc drops them for good and records it as the store's retention)")
 
 	root.AddCommand(a.versionCmd(), a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.reconcileCmd(), a.actionsCmd(), a.demoCmd(), a.demoChildCmd(), a.demoHostCmd())
+	root.AddCommand(a.eraseCmd(), a.erasuresCmd())
 	return root
 }
 
@@ -155,7 +161,7 @@ func (a *app) openSource() (source, error) {
 	}
 	switch {
 	case a.addr != "":
-		return newClient(a.addr)
+		return a.newClient()
 	case a.pg != "":
 		s, src, err := a.openPG(a.ctx, false)
 		if err != nil {

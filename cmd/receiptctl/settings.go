@@ -19,8 +19,9 @@ import (
 // another retention is refused. --override-retention is the one way to use
 // another retention, and it says so on stderr each time.
 type retentionFlags struct {
-	retention time.Duration // --retention: what the caller expects; 0 = not given
-	override  time.Duration // --override-retention: use this instead; 0 = not given
+	retention time.Duration    // --retention: what the caller expects; 0 = not given
+	override  time.Duration    // --override-retention: use this instead; 0 = not given
+	keyring   receipts.Keyring // --keyring (privacy.go): opens encrypted results; nil = none
 }
 
 // retentionSource says where the retention in force came from.
@@ -109,7 +110,7 @@ func openResolved(dir string, f retentionFlags, readOnly, compact, needKnown boo
 	if err := f.check(); err != nil {
 		return nil, 0, err
 	}
-	probe, err := openStoreOpts(dir, 0, 0, true, false, stderr)
+	probe, err := openStoreOpts(dir, 0, 0, true, false, f.keyring, stderr)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -126,7 +127,7 @@ func openResolved(dir string, f retentionFlags, readOnly, compact, needKnown boo
 			if err = probe.Close(); err != nil {
 				return nil, 0, err
 			}
-			db, err := openStoreOpts(dir, retention, ttl, readOnly, compact, stderr)
+			db, err := openStoreOpts(dir, retention, ttl, readOnly, compact, f.keyring, stderr)
 			return db, src, err
 		}
 	}
@@ -137,7 +138,7 @@ func openResolved(dir string, f retentionFlags, readOnly, compact, needKnown boo
 // openStoreOpts opens the store in dir for receiptctl: no background GC,
 // warnings to stderr, CompactOnGC as given, the retention and lease TTL as
 // given (zero: the store's recorded ones).
-func openStoreOpts(dir string, retention, ttl time.Duration, readOnly, compact bool, stderr io.Writer) (*receipts.DB, error) {
+func openStoreOpts(dir string, retention, ttl time.Duration, readOnly, compact bool, kr receipts.Keyring, stderr io.Writer) (*receipts.DB, error) {
 	if err := checkStoreDir(dir); err != nil {
 		return nil, err
 	}
@@ -148,6 +149,7 @@ func openStoreOpts(dir string, retention, ttl time.Duration, readOnly, compact b
 		CompactOnGC: compact,
 		Logger:      newLogger(stderr),
 		Pebble:      &pebble.Options{ReadOnly: readOnly},
+		Keyring:     kr,
 	}
 	db, err := receipts.Open(dir, opts)
 	switch {

@@ -64,6 +64,10 @@ func (a *app) lsTombstones(cmd *cobra.Command, src source, f receipts.Filter) er
 // tombstoneError explains a get of a key that has a tombstone, not a
 // record (exit code 1, as for no record).
 func tombstoneError(k receipts.Key, err error) error {
+	if er := (*receipts.ErasedError)(nil); errors.As(err, &er) { // erase.go
+		return fmt.Errorf("no record of %s: its scope was erased at %s (receipts: scope erased): a claim of it gets ErrErased until %s",
+			k, showTime(er.At), showTime(er.Until))
+	}
 	var ee *receipts.ExpiredError
 	if !errors.As(err, &ee) {
 		return nil

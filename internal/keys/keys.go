@@ -13,6 +13,11 @@
 //	                                                a tombstone marker: the key
 //	                                                was used (value: the time of
 //	                                                its record's last write)
+//	Prefix "k" | scope ID (16 bytes)                a scope's data key, wrapped
+//	                                                (Options.Keyring)
+//	Prefix "e" | scope ID (16 bytes)                a scope's erasure record
+//	Prefix "o" | name                               a setting of the root's
+//	                                                (driver.Settings)
 //
 // The scope is length-prefixed, so ("ab","c") and ("a","bc") never collide,
 // and the id runs to the end of the key. The epoch is the record's last-write
@@ -34,6 +39,12 @@ const recordsPrefix = Prefix + "r"
 
 const markersPrefix = Prefix + "x"
 
+const (
+	dataKeysPrefix = Prefix + "k"
+	erasuresPrefix = Prefix + "e"
+	settingsPrefix = Prefix + "o"
+)
+
 // Fixed keys.
 var (
 	Meta         = []byte(Prefix + "m")
@@ -49,7 +60,45 @@ var (
 	// MarkersStart and MarkersEnd bound every tombstone marker key.
 	MarkersStart = []byte(markersPrefix)
 	MarkersEnd   = []byte(Prefix + "y")
+	// DataKeysStart and DataKeysEnd bound every data key's key.
+	DataKeysStart = []byte(dataKeysPrefix)
+	DataKeysEnd   = []byte(Prefix + "l")
+	// ErasuresStart and ErasuresEnd bound every erasure record's key.
+	ErasuresStart = []byte(erasuresPrefix)
+	ErasuresEnd   = []byte(Prefix + "f")
 )
+
+// SettingsStart is the prefix of every setting's key.
+var SettingsStart = []byte(settingsPrefix)
+
+// Setting is the key of the setting name (driver.Settings).
+func Setting(name string) []byte { return append([]byte(settingsPrefix), name...) }
+
+// DataKey is the key of the data key of the scope named id (driver.ScopeID).
+func DataKey(id []byte) []byte { return append([]byte(dataKeysPrefix), id...) }
+
+// Erasure is the key of the erasure record of the scope named id.
+func Erasure(id []byte) []byte { return append([]byte(erasuresPrefix), id...) }
+
+// ScopeEnd is the first key after every record key of scope in epoch (ScopeStart's
+// prefix), and MarkerScopeEnd the same for tombstone markers.
+func ScopeEnd(epoch uint64, scope string) []byte { return successor(ScopeStart(epoch, scope)) }
+
+// MarkerScopeEnd: see ScopeEnd.
+func MarkerScopeEnd(epoch uint64, scope string) []byte {
+	return successor(MarkerScopeStart(epoch, scope))
+}
+
+// successor is the first key after every key that starts with prefix, in place.
+func successor(prefix []byte) []byte {
+	for i := len(prefix) - 1; i >= 0; i-- {
+		if prefix[i] != 0xff {
+			prefix[i]++
+			return prefix[:i+1]
+		}
+	}
+	return nil // every byte 0xff: no key follows (cannot happen: the prefix starts with 0x00)
+}
 
 // MaxPartLen is the longest scope or id, in bytes.
 const MaxPartLen = 255

@@ -155,6 +155,39 @@ type Watch struct {
 // Done releases the watch.
 func (w Watch) Done() { w.e.unref() }
 
+// Keys returns the keys that start with prefix and have an entry: locked, waited for, or
+// watched. A key locked after Keys returns is not listed.
+func (t *Table) Keys(prefix []byte) [][]byte {
+	var out [][]byte
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for k := range sh.m {
+			if len(k) >= len(prefix) && k[:len(prefix)] == string(prefix) {
+				out = append(out, []byte(k))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// NotifyAll wakes every watcher of a key that starts with prefix, as Notify does, without
+// the keys' locks: for a change made to all of them at once (a scope's erasure).
+func (t *Table) NotifyAll(prefix []byte) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.changed != nil && len(k) >= len(prefix) && k[:len(prefix)] == string(prefix) {
+				close(e.changed)
+				e.changed = nil
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
 // Len is the number of live entries (for tests).
 func (t *Table) Len() int {
 	n := 0

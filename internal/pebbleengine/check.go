@@ -157,6 +157,20 @@ func (c *checker) records() error {
 				c.add(strconv.Quote(string(key)), -1, "tombstone marker does not decode: %v", err)
 			}
 			continue
+		case bytes.HasPrefix(key, keys.SettingsStart): // a setting of the root's (privacy.go): opaque
+			continue
+		case bytes.HasPrefix(key, keys.DataKeysStart): // a scope's data key (privacy.go): opaque
+			if len(key) != len(keys.DataKeysStart)+driver.ScopeIDLen {
+				c.add(strconv.Quote(string(key)), -1, "malformed data key key")
+			}
+			continue
+		case bytes.HasPrefix(key, keys.ErasuresStart): // an erasure record
+			if v, err := it.ValueAndErr(); err != nil {
+				return fmt.Errorf("receipts: check: read an erasure record: %w", err)
+			} else if _, err := decodeErasure(key[len(keys.ErasuresStart):], v); err != nil || len(key) != len(keys.ErasuresStart)+driver.ScopeIDLen {
+				c.add(strconv.Quote(string(key)), -1, "erasure record does not decode: %v", err)
+			}
+			continue
 		case !bytes.HasPrefix(key, keys.RecordsStart):
 			c.add(strconv.Quote(string(key)), -1, "unknown key under the store's reserved prefix")
 			continue

@@ -26,7 +26,8 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 		return res, nil
 	}
 	var tomb tombOut
-	wo := writeOpts{noSync: req.NoSync, claim: true, tomb: &tomb}
+	var erased erasedSpan
+	wo := writeOpts{noSync: req.NoSync, claim: true, tomb: &tomb, erased: &erased}
 	var mres machine.ClaimResult
 	var seen encoding.Record // the visible record, when nothing is written
 	next, now, err := e.rmw(ctx, k, lockKey, nil, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
@@ -44,6 +45,10 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 		return driver.ClaimResult{}, err
 	}
 	res := driver.ClaimResult{Now: e.time(now)}
+	if erased.until != 0 {
+		res.Outcome, res.Record = driver.Erased, driver.Record{Key: k, UpdatedAt: e.time(erased.at), ExpiresAt: e.time(erased.until)}
+		return res, nil
+	}
 	if tomb.ok {
 		t := e.tombstoneOf(k, tomb.usedAt)
 		res.Outcome, res.Record = driver.Expired, driver.Record{Key: k, UpdatedAt: t.UsedAt, ExpiresAt: t.ExpiredAt}

@@ -96,6 +96,12 @@ type Engine struct {
 	}
 
 	gcMu sync.Mutex // one GC at a time
+
+	// erased holds the erasures in force (privacy.go); eraseMu serializes EraseScope and
+	// MarkKeyDestroyed; keysMu serializes the writes of data keys.
+	erased  atomic.Pointer[erasedSet]
+	eraseMu sync.Mutex
+	keysMu  sync.Mutex
 }
 
 var _ driver.Engine = (*Engine)(nil)

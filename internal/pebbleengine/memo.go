@@ -100,6 +100,16 @@ func (m *pendingMemo) delete(lockKey []byte) {
 	sh.mu.Unlock()
 }
 
+// clear forgets every record (EraseScope): a write that finds no entry reads the record.
+func (m *pendingMemo) clear() {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.mu.Unlock()
+	}
+}
+
 // len is the number of entries.
 func (m *pendingMemo) len() int {
 	n := 0

@@ -129,7 +129,7 @@ func (e *Engine) load() error {
 		return err
 	}
 	e.hot.Clock.Store(hwm)
-	return nil
+	return e.loadErasures(hwm)
 }
 
 // loadMeta reads the meta record, creating it for a new store: the epoch

@@ -20,6 +20,14 @@ type writeOpts struct {
 	// tombstone; if one is in force it is reported here and decide is not
 	// called (nothing is written).
 	tomb *tombOut
+	// erased, if not nil (a claim): when k's scope is erased (privacy.go), the end of
+	// the erasure is reported here and nothing is written. A write without it returns
+	// driver.ErrLeaseLost then.
+	erased *erasedSpan
+	// read: a read under the key lock (Lookup, Tombstone), which decide never makes
+	// write; it is not refused in an erased scope (it finds what is there), but what it
+	// reads there is not cached.
+	read bool
 }
 
 var (
@@ -72,6 +80,17 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		// leave a synced claim).
 		return nil, 0, driver.ErrClosed
 	}
+	sp, erased := e.erasedAt(k.Scope, now)
+	if erased && !wo.read {
+		// Checked under the key lock: EraseScope publishes the erasure, then waits
+		// for every holder of a key lock of the scope, so no write of the scope
+		// that did not see it lands after its deletions.
+		if wo.erased == nil {
+			return nil, 0, fmt.Errorf("%w: the key's scope is erased", driver.ErrLeaseLost)
+		}
+		*wo.erased = sp
+		return nil, now, nil
+	}
 	var rec encoding.Record
 	bp := keyBufs.Get().(*[]byte)
 	defer keyBufs.Put(bp)
@@ -107,7 +126,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		return nil, 0, err
 	}
 	if next == nil && !del {
-		if cur != nil { // cached from the bytes read (raw; nil from the memo: pending, not cached)
+		if cur != nil && !erased { // cached from the bytes read (raw; nil from the memo: pending, not cached)
 			epoch, _ := keys.Epoch(stored)
 			e.cache.PutEncoded(lockKey, stored, epoch, cur, raw)
 		}

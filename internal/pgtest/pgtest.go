@@ -217,3 +217,30 @@ func (l leakChecked) Run() int {
 	}
 	return code
 }
+
+// DataDir returns the throwaway cluster's data directory (its tables' pages and its WAL, in
+// pg_wal), for tests that look at what the server wrote to disk: run CHECKPOINT first so that
+// the pages are written. It skips t against RECEIPTS_PG_DSN (the files are not ours to read).
+func DataDir(t testing.TB) string {
+	t.Helper()
+	server(t)
+	if cluster == nil {
+		t.Skip("pgtest: the server is external (RECEIPTS_PG_DSN): its data directory is not ours to read")
+	}
+	return cluster.data()
+}
+
+// BinDir returns the directory of the server's binaries (pg_dump, pg_waldump, psql), of the
+// throwaway cluster or found as FindBinDir finds it.
+func BinDir(t testing.TB) string {
+	t.Helper()
+	server(t)
+	if cluster != nil {
+		return cluster.BinDir
+	}
+	d, err := FindBinDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	return d
+}

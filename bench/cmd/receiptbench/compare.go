@@ -18,6 +18,7 @@ import (
 	"github.com/receiptstore/receipts/bench/internal/pgtemp"
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
+	"github.com/receiptstore/receipts/keyring"
 	"github.com/receiptstore/receipts/pgstore"
 )
 
@@ -144,12 +145,17 @@ func runCompare(ctx context.Context, cfg *config) error {
 			o := cfg.pebbleOptions()
 			syncs[name] = stores.CountSyncs(o)
 			s, err = stores.OpenFloor(dir, o)
-		case "receipts", "receipts-notomb":
+		case "receipts", "receipts-notomb", "receipts-sealed":
 			opts := engine.Options(nil)
 			opts.Pebble = cfg.pebbleOptions()
 			syncs[name] = stores.CountSyncs(opts.Pebble)
 			if name == "receipts-notomb" { // tombstones off: the cost of tombstones is receipts next to it
 				opts.TombstoneWindow = -1
+			}
+			if name == "receipts-sealed" { // results encrypted: the cost of Options.Keyring is receipts next to it
+				if opts.Keyring, err = benchKeyring(base); err != nil {
+					break
+				}
 			}
 			var es *engine.Store
 			if es, err = engine.Open(dir, opts, engine.ModeDo); err == nil {
@@ -172,6 +178,15 @@ func runCompare(ctx context.Context, cfg *config) error {
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg", false)
 		case "receipts-pg-tx":
 			s, err = engine.OpenPG(ctx, pool, "bench_receipts_pg_tx", true)
+		case "receipts-pg-sealed":
+			var kr *keyring.File
+			if kr, err = benchKeyring(base); err == nil {
+				var ps *engine.PGStore
+				if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_sealed", false, func(o *pgstore.Options) { o.Keyring = kr }); err == nil {
+					ps.Label = "receipts-pg-sealed"
+					s = ps
+				}
+			}
 		case "receipts-pg-notomb": // tombstones off: the cost of tombstones is receipts-pg next to it
 			var ps *engine.PGStore
 			if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_notomb", false, func(o *pgstore.Options) { o.TombstoneWindow = -1 }); err == nil {
@@ -518,4 +533,14 @@ func (c *config) skipPG(rep *report, why string) {
 			progress("%s: skipped: %s", s, why)
 		}
 	}
+}
+
+// benchKeyring is the key file of the stores with encrypted results (receipts-sealed,
+// receipts-pg-sealed), in the run's temporary directory.
+func benchKeyring(base string) (*keyring.File, error) {
+	path := filepath.Join(base, "receipts.keyring")
+	if kr, err := keyring.Open(path); err == nil {
+		return kr, nil
+	}
+	return keyring.Create(path)
 }

@@ -117,18 +117,21 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
+var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-sealed", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
 
 // defaultStores run unless -stores names others: all but receipts-notomb,
 // receipts-pg-lookup (a measurement of pgstore's plain read, not a path a retry takes),
 // receipts-pg-notomb and receipts-pg-tx-notomb (the engine's, pgstore's Do and DoTx with
-// tombstones off: a measurement of what they cost).
+// tombstones off: a measurement of what they cost), and receipts-sealed and
+// receipts-pg-sealed (results encrypted, Options.Keyring: a measurement of what encryption
+// costs, next to receipts and receipts-pg).
 var defaultStores = slices.DeleteFunc(slices.Clone(allStores), func(s string) bool {
-	return s == "receipts-notomb" || s == "receipts-pg-lookup" || s == "receipts-pg-notomb" || s == "receipts-pg-tx-notomb"
+	return s == "receipts-notomb" || s == "receipts-pg-lookup" || s == "receipts-pg-notomb" || s == "receipts-pg-tx-notomb" ||
+		s == "receipts-sealed" || s == "receipts-pg-sealed"
 })
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
-var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {
@@ -148,7 +151,7 @@ func parseFlags(args []string) (*config, error) {
 		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys, 1 first call per 32), hot-retry (64 goroutines on 16 committed keys)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
 	fs.IntVar(&cfg.replayN, "replay-keys", 0, "committed keys replays read (default 10000, 2000 with -quick)")
-	fs.StringVar(&cfg.memStore, "mem-store", "receipts", "memory mode: the store to load (receipts or pebble-floor)")
+	fs.StringVar(&cfg.memStore, "mem-store", "receipts", "memory mode: the store to load (receipts, receipts-sealed or pebble-floor)")
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
 	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -227,7 +230,7 @@ func parseFlags(args []string) (*config, error) {
 }
 
 // pebbleStores are the stores that run on Pebble: their WAL syncs are counted.
-var pebbleStores = []string{"pebble-floor", "receipts", "receipts-notomb"}
+var pebbleStores = []string{"pebble-floor", "receipts", "receipts-notomb", "receipts-sealed"}
 
 // scaleStores are the stores -scale populates: the engine and its floor.
 var scaleStores = []string{"pebble-floor", "receipts"}

@@ -74,11 +74,17 @@ func runMem(ctx context.Context, cfg *config) error {
 	var s stores.Store
 	var pdb *pebble.DB
 	switch cfg.memStore {
-	case "receipts":
+	case "receipts", "receipts-sealed":
+		if cfg.memStore == "receipts-sealed" { // results encrypted (Options.Keyring)
+			if opts.Keyring, err = benchKeyring(base); err != nil {
+				return err
+			}
+		}
 		e, err := engine.Open(dir, opts, engine.ModeDo)
 		if err != nil {
 			return err
 		}
+		e.Label = cfg.memStore
 		s, pdb = e, e.DB.Pebble()
 	case "pebble-floor":
 		f, err := stores.OpenFloor(dir, opts.Pebble)
@@ -87,7 +93,7 @@ func runMem(ctx context.Context, cfg *config) error {
 		}
 		s, pdb = f, f.DB
 	default:
-		return fmt.Errorf("-mem-store: want receipts or pebble-floor, not %q", cfg.memStore)
+		return fmt.Errorf("-mem-store: want receipts, receipts-sealed or pebble-floor, not %q", cfg.memStore)
 	}
 	rep.Store = s.Name()
 	defer s.Close()

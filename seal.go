@@ -1,0 +1,440 @@
+package receipts
+
+import (
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/receiptstore/receipts/driver"
+)
+
+// Results encrypted per scope (Options.Keyring).
+//
+// Envelope encryption: every scope has a data key of its own (32 random bytes, AES-256-GCM),
+// created the first time a result of the scope is recorded, and stored by the engine
+// (driver.DataKeys) only as the application's Keyring wrapped it. A result is stored as
+//
+//	magic (4 bytes) | key tag (4) | nonce (12: the lease's token, 4 random bytes) | ciphertext | GCM tag (16)
+//
+// with the envelope's first 20 bytes, the token, the state and the stored key (scope and ID)
+// as additional data, so a ciphertext moved to another key, attempt or state does not open.
+// The nonce starts with the token, which is unique store-wide: two results sealed under one
+// data key share a nonce only if one lease seals twice (a commit retried after an error) and
+// the four random bytes agree. Fingerprints, states, tokens and times are outside the
+// envelope, so claims, mismatch checks, tombstones and GC never decrypt; a replay decrypts
+// once Options.BeforeReplay has allowed it.
+//
+// A stored result is read as sealed when it starts with the magic, whose first byte (0xc1)
+// no msgpack value, UTF-8 text or JSON starts with.
+
+// Keyring is the application's key-encryption key (KEK), for Options.Keyring: it wraps the
+// data key of each scope before the store keeps it, and unwraps it when the store needs it
+// (once per scope, then kept in memory for at most a minute). Scopes are named by their
+// ScopeID, a keyed hash of the scope that reveals it to nobody without the store's secret,
+// never by the scope itself. Package keyring is a Keyring in a local file (with an example
+// for a KMS). Implementations must be safe for concurrent use.
+type Keyring interface {
+	// WrapKey encrypts dataKey, the data key of the scope named scopeID, and returns what
+	// the store keeps in its place. Bind scopeID to it (as additional data, or a KMS's
+	// encryption context), so that a wrapped key cannot be moved to another scope.
+	WrapKey(ctx context.Context, scopeID, dataKey []byte) (wrapped []byte, err error)
+	// UnwrapKey returns the data key that WrapKey wrapped for scopeID, with whichever of
+	// the Keyring's key versions wrapped it (rotation: DB.RewrapKeys). After DestroyKey of
+	// scopeID it returns an error wrapping ErrErased.
+	UnwrapKey(ctx context.Context, scopeID, wrapped []byte) (dataKey []byte, err error)
+}
+
+// KeyDestroyer is implemented by a Keyring that keeps something of its own per scope and can
+// destroy it: DB.EraseScope calls DestroyKey, after which UnwrapKey of that scope fails for
+// every wrapped copy of its data key, including those in backups and checkpoints taken before
+// the erasure. Without it, erasure deletes the wrapped data key from the store, which reaches
+// the store but not the copies in its backups: those stay readable to whoever holds a backup
+// and the key-encryption key.
+type KeyDestroyer interface {
+	// DestroyKey destroys what the Keyring keeps for scopeID, for good; destroying it again
+	// is not an error.
+	DestroyKey(ctx context.Context, scopeID []byte) error
+}
+
+// ScopeID returns the name the store gives scope where the scope itself is not written: a
+// keyed hash under the store's secret (16 bytes), the same on every node and across restarts.
+// It is what a Keyring is given, and what erasure records keep (DB.Erasures). It does no I/O
+// and answers after Close.
+func (db *DB) ScopeID(scope string) []byte { return driver.ScopeID(db.secret, db.storedScope(scope)) }
+
+// sealMagic starts every sealed result.
+var sealMagic = [4]byte{0xc1, 'r', 'S', 1}
+
+const (
+	sealTagLen    = 4
+	sealNonceLen  = 12
+	sealHeaderLen = len(sealMagic) + sealTagLen + sealNonceLen
+	// SealOverhead is what encryption (Options.Keyring) adds to a stored result: the
+	// envelope's header and GCM's tag.
+	SealOverhead = sealHeaderLen + 16
+	// dataKeyAge bounds how long a data key unwrapped stays in memory: on a store shared by
+	// several nodes, a scope erased on one stops being readable on the others within it.
+	dataKeyAge = time.Minute
+	// maxDataKeys bounds the data keys kept in memory.
+	maxDataKeys = 4096
+)
+
+// isSealed reports whether a stored result is an envelope.
+func isSealed(b []byte) bool { return len(b) >= SealOverhead && [4]byte(b[:4]) == sealMagic }
+
+// sealer encrypts and decrypts results for a DB.
+type sealer struct {
+	kr     Keyring         // nil: results are stored as given; sealed ones cannot be opened
+	dk     driver.DataKeys // the engine's, or nil
+	er     driver.Eraser   // the engine's, or nil
+	secret []byte
+
+	// keys holds the data keys in memory, by stored scope: a map never changed once
+	// published (a replay reads it with one atomic load); mu serializes its replacements.
+	keys atomic.Pointer[map[string]*dataKey]
+	mu   sync.Mutex
+}
+
+// dataKey is one scope's data key, unwrapped.
+type dataKey struct {
+	aead   cipher.AEAD
+	tag    [sealTagLen]byte
+	loaded time.Time // when it was read from the engine (monotonic)
+}
+
+// errNoDataKey: the scope has no data key stored (none created yet, or erased).
+var errNoDataKey = errors.New("no data key")
+
+// seal returns the envelope of plain, recorded as state by the lease with token on the
+// stored key k.
+func (s *sealer) seal(ctx context.Context, k driver.Key, token uint64, state driver.State, plain []byte) ([]byte, error) {
+	dk, err := s.key(ctx, k.Scope, true)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, sealHeaderLen, sealHeaderLen+len(plain)+16)
+	copy(out, sealMagic[:])
+	copy(out[4:], dk.tag[:])
+	binary.BigEndian.PutUint64(out[8:], token)
+	if _, err := rand.Read(out[16:sealHeaderLen]); err != nil {
+		return nil, fmt.Errorf("receipts: seal the result: %w", err)
+	}
+	ad := additionalData(out[:sealHeaderLen], k, token, state)
+	out = dk.aead.Seal(out, out[8:sealHeaderLen], plain, *ad)
+	adBufs.Put(ad)
+	return out, nil
+}
+
+// open replaces rec's result by its plaintext if it is sealed.
+func (s *sealer) open(ctx context.Context, rec *driver.Record) error {
+	if !isSealed(rec.Result) {
+		return nil
+	}
+	plain, err := s.openInto(ctx, rec, make([]byte, 0, len(rec.Result)-SealOverhead))
+	if err != nil {
+		return err
+	}
+	rec.Result = plain
+	return nil
+}
+
+// openInto decrypts rec's sealed result, appending the plaintext to dst.
+func (s *sealer) openInto(ctx context.Context, rec *driver.Record, dst []byte) ([]byte, error) {
+	if s == nil || s.kr == nil {
+		return nil, fmt.Errorf("%w: the result of %s is encrypted, and Options.Keyring is not set", ErrSealed, rec.Key)
+	}
+	env := rec.Result
+	dk, err := s.key(ctx, rec.Key.Scope, false)
+	if err == nil && [sealTagLen]byte(env[4:8]) != dk.tag {
+		s.forget(rec.Key.Scope) // another node's newer key, or a stale one here
+		dk, err = s.key(ctx, rec.Key.Scope, false)
+		if err == nil && [sealTagLen]byte(env[4:8]) != dk.tag {
+			return nil, fmt.Errorf("%w: the result of %s was sealed with another data key than its scope's", ErrCorrupt, rec.Key)
+		}
+	}
+	if errors.Is(err, errNoDataKey) {
+		return nil, fmt.Errorf("%w: the result of %s is encrypted, and its scope's data key is destroyed", ErrErased, rec.Key)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ad := additionalData(env[:sealHeaderLen], rec.Key, rec.Token, rec.State)
+	plain, err := dk.aead.Open(dst, env[8:sealHeaderLen], env[sealHeaderLen:], *ad)
+	adBufs.Put(ad)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the result of %s does not authenticate under its scope's data key", ErrCorrupt, rec.Key)
+	}
+	return plain, nil
+}
+
+var adBufs = sync.Pool{New: func() any { b := make([]byte, 0, sealHeaderLen+8+1+2+2*MaxKeyPartLen); return &b }}
+
+// additionalData is what a result's envelope is bound to: its header, the token, the state
+// and the stored key. Put it back in adBufs.
+func additionalData(header []byte, k driver.Key, token uint64, state driver.State) *[]byte {
+	p := adBufs.Get().(*[]byte)
+	b := append((*p)[:0], header...)
+	b = binary.BigEndian.AppendUint64(b, token)
+	b = append(b, byte(state), byte(len(k.Scope)))
+	b = append(b, k.Scope...)
+	b = append(b, k.ID...)
+	*p = b
+	return p
+}
+
+// key returns the data key of the stored scope, from memory or the engine; with create (to
+// seal), it makes one if the scope has none (errNoDataKey otherwise), and takes one from
+// memory only if it is younger than dataKeyAge: on another node the scope may have been
+// erased since, and a result sealed with its old key could not be opened. To open, any key
+// in memory does: the envelope names the key it was sealed with (its tag), and a result that
+// is there to open was sealed with a key that was the scope's.
+func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, error) {
+	dk := (*s.keys.Load())[scope]
+	if dk != nil && (!create || time.Since(dk.loaded) < dataKeyAge) {
+		return dk, nil
+	}
+	id := driver.ScopeID(s.secret, scope)
+	wrapped, found, err := s.dk.DataKey(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: read a data key: %w", err)
+	}
+	var raw []byte
+	if found {
+		if raw, err = s.unwrap(ctx, id, wrapped); err != nil {
+			return nil, err
+		}
+	} else {
+		if !create {
+			return nil, errNoDataKey
+		}
+		raw = make([]byte, 32)
+		if _, err := rand.Read(raw); err != nil {
+			return nil, fmt.Errorf("receipts: make a data key: %w", err)
+		}
+		var gen uint32 // the scope's erasures so far: each erasure destroyed a generation
+		if s.er != nil {
+			e, found, err := s.er.Erasure(ctx, id)
+			if err != nil {
+				return nil, fmt.Errorf("receipts: read the erasures of scope %x: %w", id, err)
+			}
+			if found {
+				gen = e.Count
+			}
+		}
+		w, err := s.wrap(ctx, id, gen, raw)
+		if err != nil {
+			return nil, err
+		}
+		stored, err := s.dk.PutDataKey(ctx, id, w)
+		if err != nil {
+			return nil, fmt.Errorf("receipts: store the data key of scope %x: %w", id, err)
+		}
+		if !bytes.Equal(stored, w) { // another node's (or call's) key won
+			if raw, err = s.unwrap(ctx, id, stored); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if dk, err = newDataKey(raw); err != nil {
+		return nil, fmt.Errorf("receipts: the data key of scope %x: %w", id, err)
+	}
+	s.mu.Lock()
+	m := maps.Clone(*s.keys.Load())
+	if len(m) >= maxDataKeys {
+		for k := range m { // any one
+			delete(m, k)
+			break
+		}
+	}
+	m[scope] = dk
+	s.keys.Store(&m)
+	s.mu.Unlock()
+	return dk, nil
+}
+
+func newDataKey(raw []byte) (*dataKey, error) {
+	if len(raw) != 32 {
+		return nil, fmt.Errorf("%w: a data key of %d bytes (want 32)", ErrCorrupt, len(raw))
+	}
+	b, err := aes.NewCipher(raw)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(b)
+	if err != nil {
+		return nil, err
+	}
+	dk := &dataKey{aead: aead, loaded: time.Now()}
+	mac := hmac.New(sha256.New, raw)
+	mac.Write([]byte("receipts data key tag"))
+	copy(dk.tag[:], mac.Sum(nil))
+	return dk, nil
+}
+
+// A data key is stored as generation (4 bytes, big-endian) | what the Keyring wrapped. The
+// generation counts the scope's erasures before the key was made: each erasure destroys, in
+// a KeyDestroyer, the key of one generation for good, and the scope's next data key (once
+// the erasure is no longer in force) is wrapped for the next one (keyringID).
+
+// keyringID is the name a Keyring knows generation gen of the scope named id by: id itself
+// for the first, a keyed hash of both after an erasure.
+func (s *sealer) keyringID(id []byte, gen uint32) []byte {
+	if gen == 0 {
+		return id
+	}
+	mac := hmac.New(sha256.New, s.secret)
+	mac.Write([]byte("receipts keyring id\x00"))
+	mac.Write(id)
+	mac.Write(binary.BigEndian.AppendUint32(nil, gen))
+	return mac.Sum(nil)[:driver.ScopeIDLen]
+}
+
+func (s *sealer) wrap(ctx context.Context, id []byte, gen uint32, raw []byte) ([]byte, error) {
+	w, err := s.kr.WrapKey(ctx, s.keyringID(id, gen), raw)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: wrap the data key of scope %x: %w", id, err)
+	}
+	return append(binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(w)), gen), w...), nil
+}
+
+func (s *sealer) unwrap(ctx context.Context, id, stored []byte) ([]byte, error) {
+	gen, w, err := splitWrapped(stored)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: the data key of scope %x: %w", id, err)
+	}
+	raw, err := s.kr.UnwrapKey(ctx, s.keyringID(id, gen), w)
+	if err != nil {
+		return nil, fmt.Errorf("receipts: unwrap the data key of scope %x: %w", id, err)
+	}
+	return raw, nil
+}
+
+func splitWrapped(stored []byte) (gen uint32, wrapped []byte, err error) {
+	if len(stored) < 4 {
+		return 0, nil, fmt.Errorf("%w: a stored data key of %d bytes", ErrCorrupt, len(stored))
+	}
+	return binary.BigEndian.Uint32(stored), stored[4:], nil
+}
+
+// forget drops the stored scope's data key from memory.
+func (s *sealer) forget(scope string) {
+	s.mu.Lock()
+	m := maps.Clone(*s.keys.Load())
+	delete(m, scope)
+	s.keys.Store(&m)
+	s.mu.Unlock()
+}
+
+// sealResult is what l stores for result recorded as state: its envelope with a Keyring,
+// result itself without.
+func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byte) ([]byte, error) {
+	if l.db.seal.kr == nil {
+		return result, nil
+	}
+	sealed, err := l.db.seal.seal(ctx, l.skey, l.token, state, result)
+	if errors.Is(err, ErrErased) { // the scope was erased under the lease: its record is gone
+		return nil, fmt.Errorf("%w: the key's scope is erased: %w", ErrLeaseLost, err)
+	}
+	return sealed, err
+}
+
+// replaySealed is replay for a record whose result is sealed: Options.BeforeReplay sees the
+// receipt without its result (nil), which is decrypted only once it has allowed the replay.
+// The receipt, its fingerprint and the plaintext are one allocation (newReceiptCopy, given
+// room for the plaintext), which the plaintext is decrypted into.
+func (db *DB) replaySealed(ctx context.Context, k Key, rec *driver.Record) (*Receipt, error) {
+	room := *rec
+	room.Result = rec.Result[:len(rec.Result)-SealOverhead] // its length only: overwritten below
+	r := newReceiptCopy(&room)
+	plain := r.Result[:0]
+	r.Key, r.Result = k, nil
+	r, err := db.replay(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if r.Result, err = db.seal.openInto(ctx, rec, plain); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// unseal decrypts rec's result into r.
+func (db *DB) unseal(ctx context.Context, r *Receipt, rec *driver.Record) error {
+	if err := db.seal.open(ctx, rec); err != nil {
+		return err
+	}
+	r.Result = rec.Result
+	return nil
+}
+
+// newSealer returns the DB's sealer for the Keyring kr (nil: none) on eng.
+func newSealer(kr Keyring, eng driver.Engine) (*sealer, error) {
+	s := &sealer{kr: kr, secret: eng.Secret()}
+	s.keys.Store(&map[string]*dataKey{})
+	if kr == nil {
+		return s, nil
+	}
+	var ok bool
+	s.er, _ = eng.(driver.Eraser)
+	if s.dk, ok = eng.(driver.DataKeys); !ok {
+		return nil, fmt.Errorf("%w: Options.Keyring: the %s engine keeps no data keys", ErrUnsupported, eng.Name())
+	}
+	return s, nil
+}
+
+// RewrapKeys wraps every scope's data key (and the store's hash key, Options.HashKeys) anew
+// with the Keyring as it is now: after the application rotated its key-encryption key
+// (keyring.File.Rotate, a new KMS key version), so that the old one can be retired. No result
+// is rewritten: results stay sealed under their scopes' data keys, which do not change. It
+// returns how many keys it rewrapped. A
+// key written or rewrapped concurrently (another node) is left as that write left it. It
+// returns ErrUnsupported without Options.Keyring.
+func (db *DB) RewrapKeys(ctx context.Context) (int, error) {
+	if err := db.enter(); err != nil {
+		return 0, err
+	}
+	defer db.exit()
+	s := db.seal
+	if s.kr == nil {
+		return 0, fmt.Errorf("%w: RewrapKeys without Options.Keyring", ErrUnsupported)
+	}
+	n := 0
+	if ok, err := rewrapHashKey(ctx, db.eng, s.kr); err != nil { // Options.HashKeys' key
+		return n, err
+	} else if ok {
+		n++
+	}
+	for k, err := range s.dk.ScanDataKeys(ctx) {
+		if err != nil {
+			return n, err
+		}
+		raw, err := s.unwrap(ctx, k.ID, k.Wrapped)
+		if err != nil {
+			return n, fmt.Errorf("receipts: rewrap: %w", err)
+		}
+		gen, _, _ := splitWrapped(k.Wrapped)
+		w, err := s.wrap(ctx, k.ID, gen, raw)
+		if err != nil {
+			return n, fmt.Errorf("receipts: rewrap: %w", err)
+		}
+		ok, err := s.dk.SwapDataKey(ctx, k.ID, k.Wrapped, w)
+		if err != nil {
+			return n, fmt.Errorf("receipts: rewrap: %w", err)
+		}
+		if ok {
+			n++
+		}
+	}
+	return n, nil
+}
