@@ -67,9 +67,10 @@ suites=(
 	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
 )
 
-harnesses=()      # test names
-declare -A binof # test name -> its package's test binary
-declare -A dirof # test name -> its package's directory (go test runs a test there: testdata)
+harnesses=()      # harness ids: the test's name, or name@package when two packages have it
+declare -A testof # harness id -> test name
+declare -A binof # harness id -> its package's test binary
+declare -A dirof # harness id -> its package's directory (go test runs a test there: testdata)
 declare -A built # package -> binary
 for s in "${suites[@]}"; do
 	pkg="${s%% *}" re="${s#* }"
@@ -85,7 +86,11 @@ for s in "${suites[@]}"; do
 	bin="${built[$pkg]}"
 	n=0
 	while read -r h; do
-		case "$h" in Test*) harnesses+=("$h"); binof[$h]="$bin"; dirof[$h]="$pkg"; n=$((n + 1)) ;; esac
+		case "$h" in Test*)
+			id="$h"
+			if [ -n "${binof[$id]:-}" ]; then id="$h@${pkg#./}"; fi
+			harnesses+=("$id"); testof[$id]="$h"; binof[$id]="$bin"; dirof[$id]="$pkg"; n=$((n + 1)) ;;
+		esac
 	done < <("$bin" -test.list "$re" 2>/dev/null)
 	if [ "$n" = 0 ]; then
 		echo "$pkg has no test matching $re" >&2
@@ -109,9 +114,9 @@ fi
 
 # run HARNESS MUTATION -> prints pass | FAIL | TIMEOUT, keeps the log
 run() {
-	local h="$1" m="$2" log="$work/$1.$2.log" start end
+	local h="$1" m="$2" log="$work/${1//[^A-Za-z0-9]/_}.$2.log" start end
 	start=$(date +%s)
-	(cd "${dirof[$h]}" && env "${envs[@]}" RECEIPTS_MUTATION="$m" "${binof[$h]}" -test.run "^$h\$" -test.count=1 -test.timeout="$timeout") >"$log" 2>&1
+	(cd "${dirof[$h]}" && env "${envs[@]}" RECEIPTS_MUTATION="$m" "${binof[$h]}" -test.run "^${testof[$h]}\$" -test.count=1 -test.timeout="$timeout") >"$log" 2>&1
 	local rc=$?
 	end=$(date +%s)
 	if [ $rc = 0 ]; then
@@ -131,7 +136,7 @@ for h in "${harnesses[@]}"; do
 	result["$h,none"]="$r"
 	if [ "${r%% *}" != pass ]; then
 		echo "  $h fails without a mutation; log:" >&2
-		tail -30 "$work/$h..log" >&2
+		tail -30 "$work/${h//[^A-Za-z0-9]/_}..log" >&2
 		setup_ok=0
 	fi
 done

@@ -62,8 +62,9 @@ func TestMutationCheck(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var harnesses []string
-	binOf := make(map[string]string) // harness -> its package's test binary
-	built := make(map[string]string) // package -> binary
+	binOf := make(map[string]string)  // harness -> its package's test binary
+	testOf := make(map[string]string) // harness -> its test's name (a harness is name@package when two packages have the name)
+	built := make(map[string]string)  // package -> binary
 	for i, s := range suites {
 		bin, ok := built[s.pkg]
 		if !ok {
@@ -82,8 +83,12 @@ func TestMutationCheck(t *testing.T) {
 		n := 0
 		for _, h := range strings.Fields(string(out)) {
 			if strings.HasPrefix(h, "Test") {
-				harnesses = append(harnesses, h)
-				binOf[h] = bin
+				id := h
+				if _, dup := binOf[id]; dup {
+					id = h + "@" + strings.TrimPrefix(s.pkg, "./")
+				}
+				harnesses = append(harnesses, id)
+				binOf[id], testOf[id] = bin, h
 				n++
 			}
 		}
@@ -100,7 +105,7 @@ func TestMutationCheck(t *testing.T) {
 	run := func(h, m string) outcome {
 		ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, binOf[h], "-test.run=^"+h+"$", "-test.count=1", "-test.timeout=600s")
+		cmd := exec.CommandContext(ctx, binOf[h], "-test.run=^"+testOf[h]+"$", "-test.count=1", "-test.timeout=600s")
 		cmd.Env = append(os.Environ(), "RECEIPTS_MUTATION="+m, "RECEIPTS_CRASHES=12", "RECEIPTS_KILLS=25", "RECEIPTS_MUTATION_CHECK=")
 		var buf bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &buf, &buf
