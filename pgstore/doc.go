@@ -16,7 +16,7 @@
 // application runs itself; DoTx's fn runs under receipts.Lease.Run, so its outcome follows
 // the contract's rules exactly as Do's, carried out in its transaction.
 //
-// Schema (format 2, in Options.Schema, default "receipts"):
+// Schema (format 3, in Options.Schema, default "receipts"):
 //
 //   - meta: one row: format, epoch width, Retention and LeaseTTL in force, the store's secret, the
 //     maintenance lease (owner, until), and clock: the latest time the store has used (written
@@ -33,17 +33,25 @@
 //   - markers: tombstones (receipts.Options.TombstoneWindow, default 7 × Retention, as on
 //     Pebble), partitioned by epoch too, but each partition k record epochs wide (k =
 //     (Retention + TombstoneWindow) / (4 × epoch width), at least 1, recorded in meta;
-//     markers_e<first epoch>, created with the records' partitions): every write of
-//     a record also upserts its key's marker (scope, id, epoch, used_at) in the same statement,
-//     and Release of a first attempt and Forget delete them. A key without a visible record
-//     whose newest write is within Retention + TombstoneWindow is tombstoned: a claim of it
-//     answers receipts.ErrExpired, whatever the fingerprint; the first call's insert checks
-//     it in the same statement (a NOT EXISTS on markers), so tombstones cost no round trip.
-//     GC drops a markers partition once its end plus Retention plus TombstoneWindow has
-//     passed (the longest any node recorded): O(partitions) statements, as for records.
-//     Negative TombstoneWindow turns them off (no marker is written; a retry past Retention
-//     is a new action). The schema format is 2; Open migrates format 1 (before tombstones),
-//     giving every record its marker when tombstones are on. records.meta is reserved (NULL).
+//     markers_e<first epoch>, created with the records' partitions). No record write writes
+//     a marker: a record past Retention is its own tombstone until GC drops its partition,
+//     and GC, before it drops a records partition, copies the markers (scope, id, epoch,
+//     used_at = the record's last write) of its records still within the window with one
+//     INSERT … SELECT from the partition, committed before the DETACH, so a crash leaves the
+//     records or the markers, never neither. A key without a visible record whose newest
+//     write (a marker, or a record in a partition GC has not dropped) is within Retention +
+//     TombstoneWindow is tombstoned: a claim of it answers receipts.ErrExpired, whatever the
+//     fingerprint; the first call's insert checks it in the same statement (NOT EXISTS on
+//     markers and on the records partitions below the live ones, which GC keeps few), so
+//     tombstones cost no round trip and no write. Release of a first attempt and Forget
+//     delete the record: there is nothing to copy. GC drops a markers partition once its end
+//     plus Retention plus TombstoneWindow has passed (the longest any node recorded):
+//     O(partitions) statements, as for records (one more per records partition: the copy).
+//     Negative TombstoneWindow turns them off (a retry past Retention is a new action). The
+//     schema format is 3; Open migrates format 1 (before tombstones) and format 2 (whose
+//     writes wrote a marker beside every record: those markers stay in force; format 3 only
+//     changes the number, so that a format-2 binary, whose GC would drop records without
+//     their markers, refuses the store). records.meta is reserved (NULL).
 //
 // Time is the database's: every decision uses clock_timestamp() (Options.Now replaces it in
 // tests), so nodes whose clocks disagree still agree on leases and expiry. It never runs

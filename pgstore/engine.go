@@ -318,6 +318,10 @@ func (e *engine) markerBottom() int64 {
 	return e.markerEpoch(e.epochOf(e.estimate().Add(-e.o.Retention-max(e.o.TombstoneWindow, 0))) - 1)
 }
 
+// recordBottom is the oldest records epoch whose records can be tombstones: the first epoch of
+// markerBottom's markers partition (the claim statements derive it from $10 the same way).
+func (e *engine) recordBottom() int64 { return e.markerBottom() * (e.mwidth / e.width) }
+
 // Secret implements driver.Engine.
 func (e *engine) Secret() []byte { return e.secret }
 

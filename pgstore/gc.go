@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // GC implements driver.Engine: partition maintenance under the maintenance lease. It creates
@@ -16,8 +17,12 @@ import (
 // partition once its end plus Retention has passed: all of its records are past retention; a
 // markers partition once its end plus Retention plus TombstoneWindow has) with DETACH PARTITION …
 // CONCURRENTLY and DROP TABLE, each statement on its own (DETACH CONCURRENTLY cannot run in a
-// transaction block), under a lock_timeout. Cost: O(partitions) statements, whatever the
-// number of records.
+// transaction block), under a lock_timeout. With tombstones on (on any node: the window in
+// meta), a records partition's markers are written first (copyMarkers: one INSERT … SELECT
+// from the partition, committed before the DETACH), since until then its records were their
+// own tombstones: a crash between the two leaves both, never neither. Cost: O(partitions)
+// statements, whatever the number of records; the copy reads the partition once and writes
+// a marker for each record whose tombstone is still in force.
 //
 // One node at a time runs it: the pass first takes (or renews) the lease row in meta and stops
 // if another node holds an unexpired lease (the stats then say nothing was done). The holder
@@ -64,6 +69,15 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 			return st, err // the lease went to another node: it carries on
 		}
 		st.Writes++
+		if p.family == famRecords && win > 0 && mutate.Name != mutate.PgNoGCMarkers {
+			n, err := e.copyMarkers(ctx, p, ret+win)
+			if err != nil {
+				st.Duration = time.Since(start)
+				return st, err
+			}
+			st.Writes++
+			st.MarkersWritten += int(n)
+		}
 		if err := e.dropPartition(ctx, p); err != nil {
 			st.Duration = time.Since(start)
 			return st, err
@@ -78,6 +92,20 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 	}
 	st.Duration = time.Since(start)
 	return st, nil
+}
+
+// copyMarkers writes the markers of records partition p's records whose tombstones are still
+// in force (tomb: Retention + TombstoneWindow, GC's), in one statement committed on its own,
+// before GC detaches p: nothing writes to a dead partition any more (every write is fenced
+// to records within Retention and moves its row to the current epoch), and a claim whose
+// snapshot predates this commit still sees p (DETACH CONCURRENTLY waits for it). Returns the
+// markers written.
+func (e *engine) copyMarkers(ctx context.Context, p partition, tomb time.Duration) (int64, error) {
+	tag, err := e.pool.Exec(ctx, e.q.copyMarkersSQL(p.name), e.nowArg(), tomb.Microseconds())
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: gc: markers of %s: %w", p.name, err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // maintLease takes or renews the maintenance lease, and records the engine's time in meta

@@ -11,15 +11,18 @@ import (
 
 // formatVersion is the schema format this code reads and writes (meta.format).
 // Format 2 adds tombstones (the markers family, meta.tombstone_window_us) and the reserved
-// records.meta column; Open migrates format 1 (migrate1).
-const formatVersion = 2
+// records.meta column; Open migrates format 1 (migrate1). Format 3 changes no table: record
+// writes no longer write markers, GC writes them before it drops a records partition
+// (copyMarkers), so a format-2 binary, whose GC drops partitions without them, must not
+// open it; Open migrates format 2 by setting the number (its markers stay in force).
+const formatVersion = 3
 
 // queries holds the engine's SQL with the schema name filled in.
 type queries struct {
 	schema   string // quoted
 	channel  string // NOTIFY channel (unquoted value)
 	injected bool   // the clock parameter is the injected time (else the floor of the database's)
-	tombs    bool   // tombstones are on: writes keep markers, claims check them
+	tombs    bool   // tombstones are on: claims check markers and expired records
 
 	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
 	byNonce                                                              string // a claim whose reply was lost, by its nonce (detach.go)
@@ -29,6 +32,7 @@ type queries struct {
 	finishIn                                                             string // template of Finish in one partition (finishInSQL)
 	finishManyIn                                                         string // the same for a batch of finishes (finishInSQL)
 	tombstone, scanTombstones                                            string // tombs only
+	copyMarkers                                                          string // GC's, template (copyMarkersSQL)
 }
 
 // clock is the SQL of a statement's time, from its clock parameter p (engine.nowArg): the
@@ -86,16 +90,24 @@ func buildQueries(schema string, injected, tombs bool, markerK int64) queries {
 	q.scope = `SELECT ` + s + `.claim_scope($1::int4, $2::bytea, ` + q.clock("$3") + `)`
 	q.scopes = `SELECT ` + s + `.claim_scopes($1::int4[], $2::bytea[], ` + q.clock("$3") + `)`
 
+	// recBottom is the oldest records epoch whose records can be tombstones, from $10 (the
+	// oldest markers partition in force): the first records epoch of that markers partition.
+	// Records partitions below the live ones ($8) exist only until GC drops them, so the
+	// probes below it find at most the partitions GC has yet to drop.
+	recBottom := `($10::bigint * ` + strconv.FormatInt(markerK, 10) + `)`
 	// Tombstones in the claim statement (tombs only): tomb is the key's tombstone in force, the
-	// time of its newest write (its newest marker, or an expired record still in a live
-	// partition), evaluated only when the key has no visible record (a one-time filter); a
-	// tombstoned key is neither taken over nor claimed afresh, and answers 'expired'. Every
-	// claim written also writes the key's marker (mark).
-	tombCTE, notTomb, tombRow, claimMarks := "", "", "", ""
+	// time of its newest write (its newest marker, or an expired record still in a partition
+	// GC has not dropped: records are their own tombstones until GC drops their partition and
+	// writes their markers), evaluated only when the key has no visible record (a one-time
+	// filter); a tombstoned key is neither taken over nor claimed afresh, and answers
+	// 'expired'. No claim writes a marker.
+	tombCTE, notTomb, tombRow := "", "", ""
 	if tombs {
 		tombCTE = `tomb AS MATERIALIZED (
   SELECT s.u AS used_at FROM t, (SELECT greatest(
       (SELECT max(m.used_at) FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint),
+      (SELECT max(o.updated_at) FROM S.records o WHERE o.scope = $1 AND o.id = $2
+          AND o.epoch >= ` + recBottom + ` AND o.epoch < $8),
       (SELECT c.updated_at FROM cur c)) AS u) s
    WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.updated_at + $6::bigint` + us + ` > t.now)
      AND s.u + $11::bigint` + us + ` > t.now
@@ -107,13 +119,6 @@ func buildQueries(schema string, injected, tombs bool, markerK int64) queries {
 UNION ALL
 SELECT 'expired', 0::bigint, 0, 0::smallint, NULL::bytea, NULL::bytea, b.used_at, b.used_at, NULL::timestamptz, t.now, NULL::bytea
   FROM tomb b, t`
-		claimMarks = `,
-mark AS (
-  INSERT INTO S.markers (scope, id, epoch, used_at)
-  SELECT $1, $2, ` + markerEpochSQL("w.epoch", markerK) + `, w.updated_at FROM (SELECT epoch, updated_at FROM fresh
-                                             UNION ALL SELECT epoch, updated_at FROM takeover) w
-  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
-)`
 	}
 
 	// Statement 2: one decision on one snapshot. $1 scope, $2 id, $3 fp, $4 nonce, $5 lease µs,
@@ -153,7 +158,7 @@ fresh AS (                      -- absent key; DO NOTHING takes no lock (a confl
     FROM t WHERE NOT EXISTS (SELECT 1 FROM cur)` + notTomb + `
   ON CONFLICT DO NOTHING
   RETURNING token, attempts, created_at, updated_at, lease_expires_at, epoch
-)` + claimMarks + `
+)
 SELECT 'claimed'::text, f.token, f.attempts, 1::smallint, $3::bytea, NULL::bytea,
        f.created_at, f.updated_at, f.lease_expires_at, t.now, NULL::bytea
   FROM fresh f, t
@@ -207,19 +212,17 @@ ins AS (
 RETURNING *
 )` + freshOut)
 	} else {
-		// no marker in force either (else the claim statement answers 'expired'); the claim's
-		// marker is written by the same statement
+		// no tombstone in force either (else the claim statement answers 'expired'): no
+		// marker, and no record in a partition below the live ones that GC has yet to drop
 		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `,
 ` + freshCur + `,
 ins AS (
 ` + freshIns + `
    AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint
                       AND m.used_at + $11::bigint` + us + ` > t.now)
+   AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = $1 AND o.id = $2 AND o.epoch >= ` + recBottom + `
+                      AND o.epoch < $8 AND o.updated_at + $11::bigint` + us + ` > t.now)
 RETURNING *
-),
-mark AS (
-  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM ins
-  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )` + freshOut)
 	}
 
@@ -261,11 +264,9 @@ ins AS (
 ` + manyIns + `
    AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = k.scope AND m.id = k.id AND m.epoch >= $10::bigint
                       AND m.used_at + $11::bigint` + us + ` > t.now)
+   AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = k.scope AND o.id = k.id AND o.epoch >= ` + recBottom + `
+                      AND o.epoch < $8 AND o.updated_at + $11::bigint` + us + ` > t.now)
 RETURNING *
-),
-mark AS (
-  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT scope, id, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM ins
-  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
 )` + manyOut)
 	}
 	// The locks of a batch's keys ($2, one per key), each taken only if it is free
@@ -297,26 +298,20 @@ mark AS (
 	fenced := `r.scope = $1 AND r.id = $2 AND r.epoch >= $4 AND r.token = $3 AND r.state = 1
    AND r.updated_at + $5::bigint` + us + ` > t.now`
 	ret := ` RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text`
-	// upd is a fenced UPDATE that returns the record; with tombstones on, the key's marker is
-	// written by the same statement (the record's new epoch and updated_at).
-	var updTombs func(set string) string // the tombstones variant, up to its final FROM
+	// upd is a fenced UPDATE that returns the record (no marker: GC writes them, copyMarkers).
 	upd := func(set string) string {
-		if !tombs {
-			return `WITH ` + q.clockCTE("$7", "$6") + `
+		return `WITH ` + q.clockCTE("$7", "$6") + `
 UPDATE S.records r
    SET ` + set + `
   FROM t
  WHERE ` + fenced + ret
-		}
-		return updTombs(set) + ` FROM u`
 	}
 	// mustUpd is upd that fails (division_by_zero, errNoRowFenced) instead of returning no
 	// row: DoTx sends it with COMMIT in one batch, and a statement that fails makes the
 	// server skip the rest of the batch, so a commit whose fence did not hold commits nothing.
 	mustUpd := func(set string) string {
 		chk := ` FROM (SELECT 1 AS one WHERE 1 / (SELECT count(*) FROM u)::int = 1) chk LEFT JOIN u ON true`
-		if !tombs {
-			return `WITH ` + q.clockCTE("$7", "$6") + `,
+		return `WITH ` + q.clockCTE("$7", "$6") + `,
 u AS (
 UPDATE S.records r
    SET ` + set + `
@@ -324,32 +319,6 @@ UPDATE S.records r
  WHERE ` + fenced + ret + ` AS xid
 )
 SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid` + chk
-		}
-		return updTombs(set) + chk
-	}
-	updTombs = func(set string) string {
-		return `WITH ` + q.clockCTE("$7", "$6") + `,
-u AS (
-UPDATE S.records r
-   SET ` + set + `
-  FROM t
- WHERE ` + fenced + `
- RETURNING ` + recCols + `, r.epoch, t.now, pg_current_xact_id()::text AS xid
-),
-mu AS (                         -- the marker of the record's epoch, if written already (a plain
-                                -- update: no row lock record as ON CONFLICT DO UPDATE writes);
-                                -- the constant bound prunes the markers partitions at planning
-  UPDATE S.markers m SET used_at = u.updated_at FROM u
-   WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= ` + markerEpochSQL("$4::bigint", markerK) + `
-     AND m.epoch = (SELECT ` + markerEpochSQL("epoch", markerK) + ` FROM u)
-  RETURNING 1
-),
-mark AS (                       -- else (the epoch moved to a new markers partition) the upsert
-  INSERT INTO S.markers (scope, id, epoch, used_at) SELECT $1, $2, ` + markerEpochSQL("epoch", markerK) + `, updated_at FROM u
-   WHERE NOT EXISTS (SELECT 1 FROM mu)
-  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
-)
-SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid`
 	}
 
 	// Renew: $8 ttl µs. The lease never shrinks.
@@ -362,43 +331,20 @@ SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, res
 	q.finishMust = x(mustUpd(finishSet))
 
 	// Finish aimed at the one records partition where the lease's record was last written
-	// (finishInSQL fills in @records@, @ep@ its epoch, and with tombstones on @markers@ and
-	// @mep@, the markers partition of that epoch): the record must still be there and stay
+	// (finishInSQL fills in @records@ and @ep@ its epoch): the record must still be there and stay
 	// there (t.ep = @ep@), else no row, and Finish sends q.finish. Writing to the partition
 	// itself skips the parent's ModifyTable and Append set-up over every live partition.
-	if !tombs {
-		q.finishIn = x(`WITH ` + q.clockCTE("$7", "$6") + `
+	q.finishIn = x(`WITH ` + q.clockCTE("$7", "$6") + `
 UPDATE S.@records@ r
    SET ` + finishSet + `
   FROM t
  WHERE ` + fenced + ` AND t.ep = @ep@` + ret)
-	} else {
-		q.finishIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
-u AS (
-UPDATE S.@records@ r
-   SET ` + finishSet + `
-  FROM t
- WHERE ` + fenced + ` AND t.ep = @ep@
- RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text AS xid
-),
-mu AS (                         -- the marker of the record's epoch, if written already
-  UPDATE S.@markers@ m SET used_at = u.updated_at FROM u
-   WHERE m.scope = $1 AND m.id = $2
-  RETURNING 1
-),
-mark AS (                       -- else the upsert
-  INSERT INTO S.@markers@ (scope, id, epoch, used_at) SELECT $1, $2, @mep@, updated_at FROM u
-   WHERE NOT EXISTS (SELECT 1 FROM mu)
-  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
-)
-SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid FROM u`)
-	}
 
 	// Finish of several leases at once (finishbatch.go), aimed at one records partition as
 	// finishIn is: $1 scopes, $2 ids, $3 tokens, $8 states, $9 results, $10 trace contexts
 	// (arrays, one element per key; the keys are distinct), $4..$7 as finishIn's. Each
-	// lease's row is fenced as finishIn fences it, and gets finishIn's writes (the same SET,
-	// the marker of the same markers partition). Columns: finishIn's, then the key's
+	// lease's row is fenced as finishIn fences it, and gets finishIn's writes (the same
+	// SET). Columns: finishIn's, then the key's
 	// position in the arrays (1-based); a key with no row back was not written.
 	manyFK := `k AS MATERIALIZED (
   SELECT * FROM unnest(` + param("$1", "bytea[]") + `, ` + param("$2", "bytea[]") + `, ` + param("$3", "bigint[]") + `, ` + param("$8", "smallint[]") + `, ` + param("$9", "bytea[]") + `, ` + param("$10", "bytea[]") + `)
@@ -407,36 +353,13 @@ SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, res
 	manyFenced := `r.scope = k.scope AND r.id = k.id AND r.epoch >= $4 AND r.token = k.token AND r.state = 1
    AND r.updated_at + $5::bigint` + us + ` > t.now AND t.ep = @ep@`
 	manyFSet := `state = k.state, result = k.result, meta = k.meta, lease_expires_at = NULL, updated_at = t.now, epoch = t.ep`
-	if !tombs {
-		q.finishManyIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
+	q.finishManyIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
 ` + manyFK + `
 UPDATE S.@records@ r
    SET ` + manyFSet + `
   FROM k, t
  WHERE ` + manyFenced + `
  RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text, k.i`)
-	} else {
-		q.finishManyIn = x(`WITH ` + q.clockCTE("$7", "$6") + `,
-` + manyFK + `,
-u AS (
-UPDATE S.@records@ r
-   SET ` + manyFSet + `
-  FROM k, t
- WHERE ` + manyFenced + `
- RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text AS xid, k.i, r.scope AS ks, r.id AS kid
-),
-mu AS (                         -- the markers of the records' epoch, if written already
-  UPDATE S.@markers@ m SET used_at = u.updated_at FROM u
-   WHERE m.scope = u.ks AND m.id = u.kid
-  RETURNING m.scope, m.id
-),
-mark AS (                       -- else the upsert
-  INSERT INTO S.@markers@ (scope, id, epoch, used_at) SELECT u.ks, u.kid, @mep@, u.updated_at FROM u
-   WHERE NOT EXISTS (SELECT 1 FROM mu WHERE mu.scope = u.ks AND mu.id = u.kid)
-  ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = EXCLUDED.used_at
-)
-SELECT state, fp, token, attempts, created_at, updated_at, lease_expires_at, result, meta, now, xid, i FROM u`)
-	}
 
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
 	q.abandon = x(upd(`lease_expires_at = t.now, updated_at = t.now, epoch = t.ep`))
@@ -456,9 +379,9 @@ dm AS (
   DELETE FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $8::bigint AND EXISTS (SELECT 1 FROM d)
 )
 SELECT now FROM d`)
-		// A key's tombstone: the time of its newest write, if that is past retention and
-		// within the window. $1 scope, $2 id, $3 markers' oldest epoch, $4 records' oldest
-		// epoch, $5 now, $6 Retention + TombstoneWindow µs, $7 Retention µs.
+		// A key's tombstone: the time of its newest write (marker or record), if that is past
+		// retention and within the window. $1 scope, $2 id, $3 markers' oldest epoch, $4
+		// records' oldest epoch that can hold a tombstone (engine.recordBottom), $5 now, $6 Retention + TombstoneWindow µs, $7 Retention µs.
 		q.tombstone = x(`WITH t AS MATERIALIZED (SELECT ` + q.clock("$5") + ` AS now)
 SELECT s.u, t.now FROM t, (SELECT greatest(
     (SELECT max(m.used_at) FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $3),
@@ -471,17 +394,39 @@ SELECT s.u, t.now FROM t, (SELECT greatest(
 		// TombstoneWindow µs, $5 Retention µs, $6 records' oldest epoch, $7 after epoch,
 		// $8 after scope, $9 after id, $10 page size.
 		q.scanTombstones = x(`WITH t AS MATERIALIZED (SELECT ` + q.clock("$3") + ` AS now)
-SELECT m.epoch, m.scope, m.id, m.used_at, t.now
-  FROM S.markers m, t
- WHERE m.epoch >= $1 AND m.used_at + $4::bigint` + us + ` > t.now AND m.used_at + $5::bigint` + us + ` <= t.now
-   AND ($2::bytea = '' OR m.scope = $2)
-   AND (m.epoch, m.scope, m.id) > ($7::bigint, $8::bytea, $9::bytea)
-   AND NOT EXISTS (SELECT 1 FROM S.markers n WHERE n.scope = m.scope AND n.id = m.id AND n.epoch > m.epoch)
-   AND NOT EXISTS (SELECT 1 FROM S.records r WHERE r.scope = m.scope AND r.id = m.id AND r.epoch >= $6
-                      AND r.updated_at > m.used_at)
- ORDER BY m.epoch, m.scope, m.id
+SELECT c.epoch, c.scope, c.id, c.used_at, t.now FROM t, (
+  SELECT m.epoch, m.scope, m.id, m.used_at     -- markers: the key's newest, no record as new
+    FROM S.markers m, t
+   WHERE m.epoch >= $1 AND m.used_at + $4::bigint` + us + ` > t.now AND m.used_at + $5::bigint` + us + ` <= t.now
+     AND ($2::bytea = '' OR m.scope = $2)
+     AND NOT EXISTS (SELECT 1 FROM S.markers n WHERE n.scope = m.scope AND n.id = m.id AND n.epoch > m.epoch)
+     AND NOT EXISTS (SELECT 1 FROM S.records r WHERE r.scope = m.scope AND r.id = m.id AND r.epoch >= $6
+                        AND r.updated_at >= m.used_at)
+  UNION ALL
+  SELECT ` + markerEpochSQL("r.epoch", markerK) + `, r.scope, r.id, r.updated_at
+    FROM S.records r, t                        -- records past retention GC has not dropped:
+   WHERE r.epoch >= $6 AND r.updated_at + $4::bigint` + us + ` > t.now  -- the key's newest, no
+     AND r.updated_at + $5::bigint` + us + ` <= t.now                    -- newer marker
+     AND ($2::bytea = '' OR r.scope = $2)
+     AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = r.scope AND o.id = r.id AND o.epoch > r.epoch)
+     AND NOT EXISTS (SELECT 1 FROM S.markers n WHERE n.scope = r.scope AND n.id = r.id AND n.epoch >= $1
+                        AND n.used_at > r.updated_at)
+) c
+ WHERE (c.epoch, c.scope, c.id) > ($7::bigint, $8::bytea, $9::bytea)
+ ORDER BY c.epoch, c.scope, c.id
  LIMIT $10`)
 	}
+	// GC's copy of the markers a records partition's records still need, before it
+	// drops the partition (copyMarkersSQL fills in @records@): each record whose
+	// tombstone can still be in force gets its marker (the markers partition of its
+	// epoch, its updated_at; a marker already there keeps the newer time). $1 now,
+	// $2 Retention + TombstoneWindow µs (GC's: the longest any node recorded).
+	q.copyMarkers = x(`WITH t AS MATERIALIZED (SELECT ` + q.clock("$1") + ` AS now)
+INSERT INTO S.markers AS m (scope, id, epoch, used_at)
+SELECT r.scope, r.id, ` + markerEpochSQL("r.epoch", markerK) + `, r.updated_at
+  FROM S.@records@ r, t
+ WHERE r.updated_at + $2::bigint` + us + ` > t.now
+ON CONFLICT (scope, id, epoch) DO UPDATE SET used_at = greatest(m.used_at, EXCLUDED.used_at)`)
 
 	// Fence-first in the caller's transaction: lock the holder's row (no row: lease lost).
 	q.fence = x(`WITH ` + q.clockCTE("$7", "$6") + `
@@ -511,6 +456,11 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 // finishInSQL is the template q.finishIn filled in for records epoch ep, whose markers
 // partition is mep.
 func (q queries) finishInSQL(ep, mep int64) string { return q.inPartition(q.finishIn, ep, mep) }
+
+// copyMarkersSQL is q.copyMarkers for the records partition named name.
+func (q queries) copyMarkersSQL(name string) string {
+	return strings.ReplaceAll(q.copyMarkers, "@records@", pgx.Identifier{name}.Sanitize())
+}
 
 // finishManyInSQL is q.finishManyIn filled in as finishInSQL fills in q.finishIn.
 func (q queries) finishManyInSQL(ep, mep int64) string { return q.inPartition(q.finishManyIn, ep, mep) }

@@ -95,8 +95,8 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 			}
 			return fmt.Errorf("read meta: %w", err)
 		}
-		if format != formatVersion && format != 1 {
-			return fmt.Errorf("%w: schema %s has format %d, this version reads formats 1 and %d", receipts.ErrUnknownFormat, e.o.Schema, format, formatVersion)
+		if format < 1 || format > formatVersion {
+			return fmt.Errorf("%w: schema %s has format %d, this version reads formats 1 to %d", receipts.ErrUnknownFormat, e.o.Schema, format, formatVersion)
 		}
 		var retUS, ttlUS int64
 		var winUS *int64 // format 1 records no window
@@ -143,6 +143,14 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 				return fmt.Errorf("migrate format 1 to %d: %w", formatVersion, err)
 			}
 		}
+		if format == 2 {
+			// format 3 changes no table: its GC writes the markers of the records it drops,
+			// and a format-2 binary, which would drop them without, must refuse the store;
+			// the markers format 2 wrote beside every record stay in force
+			if _, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET format = $1`, formatVersion); err != nil {
+				return fmt.Errorf("migrate format 2 to %d: %w", formatVersion, err)
+			}
+		}
 		if err := e.loadClock(ctx, tx); err != nil {
 			return err
 		}
@@ -157,11 +165,12 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 	})
 }
 
-// migrate1 brings a format-1 schema to format 2 (in the open's transaction, under the schema
+// migrate1 brings a format-1 schema to format 3 (in the open's transaction, under the schema
 // lock): meta records the tombstone window, records get the reserved meta column, and the
 // markers family is created with a partition beside every records partition; with
 // tombstones on, every record gets its marker (as on Pebble: receipts written before the
-// upgrade are protected too). Older versions refuse format 2 (they read format 1 only).
+// upgrade are protected too, though their records would be until GC drops them). Older
+// versions refuse format 3.
 func (e *engine) migrate1(ctx context.Context, tx pgx.Tx) error {
 	stmts := []string{
 		`ALTER TABLE ` + e.q.schema + `.meta ADD COLUMN IF NOT EXISTS tombstone_window_us bigint`,

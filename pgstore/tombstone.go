@@ -14,18 +14,22 @@ import (
 
 // Tombstones (receipts.Options.TombstoneWindow) on PostgreSQL.
 //
-// While tombstones are on, every statement that writes a record (a claim, a takeover, renew,
-// finish, abandon) also upserts the key's marker in the markers partition of the record's new
-// epoch, holding the record's updated_at: one statement, no extra round trip. A record moved
-// to a newer epoch leaves its older markers behind; they hold older times and the newest
-// marker decides. Release of a first attempt and Forget delete the key's markers with the
-// record (no effect to protect). So a key without a visible record is tombstoned while its
-// newest write, at usedAt, satisfies now < usedAt + Retention + TombstoneWindow: the claim
-// statements check the markers (queries.fresh: a NOT EXISTS in the insert's condition;
+// No record write writes a marker (format 3). While tombstones are on, a record past
+// Retention is its own tombstone for as long as its partition stands: a key without a
+// visible record is tombstoned while its newest write, at usedAt (its newest record, in any
+// partition GC has not dropped, or its newest marker), satisfies
+// now < usedAt + Retention + TombstoneWindow. The claim statements check both (queries.fresh:
+// NOT EXISTS on the markers and on the records partitions below the live ones;
 // queries.claim: the tomb CTE, run only when the key has no visible record) and answer
-// 'expired'. GC drops a markers partition once its end plus Retention plus TombstoneWindow
-// has passed (the longest recorded by any node), as it drops records partitions after
-// Retention: O(partitions) statements, whatever the number of markers.
+// 'expired'. GC, before it drops a records partition, copies the markers its records still
+// need into the markers family with one INSERT … SELECT, committed before the DETACH
+// (engine.copyMarkers): a crash between them leaves the records and the markers, never
+// neither. Release of a first attempt and Forget delete the record (and any marker a
+// format-2 binary wrote): there is nothing for GC to copy. GC drops a markers partition once
+// its end plus Retention plus TombstoneWindow has passed (the longest recorded by any node),
+// as it drops records partitions after Retention: O(partitions) statements, whatever the
+// number of markers. Markers a format-2 binary wrote beside every record stay in force and
+// are honoured the same way.
 
 var _ driver.Tombstones = (*engine)(nil)
 
@@ -37,7 +41,7 @@ func (e *engine) Tombstone(ctx context.Context, k driver.Key) (driver.Tombstone,
 	}
 	var usedAt, now time.Time
 	arg := e.nowArg()
-	err := e.pool.QueryRow(ctx, e.q.tombstone, []byte(k.Scope), []byte(k.ID), e.markerBottom(), e.oldest(), arg,
+	err := e.pool.QueryRow(ctx, e.q.tombstone, []byte(k.Scope), []byte(k.ID), e.markerBottom(), e.recordBottom(), arg,
 		e.tombUS(), e.retentionUS()).Scan(&usedAt, &now)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -71,7 +75,7 @@ func (e *engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 			}
 			arg := e.nowArg()
 			rows, err := e.pool.Query(ctx, e.q.scanTombstones, e.markerBottom(), []byte(scope), arg, e.tombUS(),
-				e.retentionUS(), e.oldest(), afterEpoch, afterScope, afterID, page)
+				e.retentionUS(), e.recordBottom(), afterEpoch, afterScope, afterID, page)
 			if err != nil {
 				yield(driver.Tombstone{}, fmt.Errorf("pgstore: scan tombstones: %w", err))
 				return

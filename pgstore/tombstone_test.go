@@ -244,15 +244,16 @@ func TestTombstoneEveryClaimPath(t *testing.T) {
 	mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
 }
 
-// Every write keeps the key's marker at the record's last write: within a markers partition
-// renew and finish update the claim's marker in place (one row), and a write whose epoch has
-// moved to the next markers partition writes a marker there, so the tombstone, once the
-// records partition is gone, runs from the finish (not from an older write).
-func TestTombstoneMarkerFollowsEveryWrite(t *testing.T) {
+// No write writes a marker: a record past Retention is its own tombstone, from its last
+// write, as long as its partition stands (below the live partitions too: the claim, the fresh
+// insert, Tombstone and ScanTombstones all find it there), and GC, before it drops the
+// partition, writes its marker holding that last write (a renew into the next markers
+// partition and a finish later), so the tombstone runs from the finish either way.
+func TestTombstoneRecordIsItsOwnTombstone(t *testing.T) {
 	clk := newClock()
 	e := newTestDB(t).open(tombOpts(clk.Now))
 	k := key("renewed")
-	markers := func() (n int, newest time.Time) {
+	markers := func() (n int, newest *time.Time) {
 		t.Helper()
 		if err := e.pool.QueryRow(bg, `SELECT count(*), max(used_at) FROM `+e.q.schema+`.markers`).Scan(&n, &newest); err != nil {
 			t.Fatal(err)
@@ -260,15 +261,9 @@ func TestTombstoneMarkerFollowsEveryWrite(t *testing.T) {
 		return n, newest
 	}
 	c := mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
-	clk.Advance(time.Minute)
-	rec, err := e.Renew(bg, k, c.Record.Token, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, newest := markers(); n != 1 || !newest.Equal(rec.UpdatedAt) {
-		t.Fatalf("after a renew in the claim's markers partition: %d markers, newest %v, want 1 at %v", n, newest, rec.UpdatedAt)
-	}
 	// markers partitions span 4 epochs here ((4h + 12h) / (4 × 1h)): renew into the next one
+	rec := c.Record
+	var err error
 	for i := 0; i < 2; i++ {
 		clk.Advance(3 * time.Hour)
 		if rec, err = e.Renew(bg, k, c.Record.Token, time.Hour); err != nil {
@@ -282,17 +277,109 @@ func TestTombstoneMarkerFollowsEveryWrite(t *testing.T) {
 	if rec, err = e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("ok")); err != nil {
 		t.Fatal(err)
 	}
-	if n, newest := markers(); n != 2 || !newest.Equal(rec.UpdatedAt) {
-		t.Fatalf("after the finish: %d markers, newest %v, want 2, the newest at %v", n, newest, rec.UpdatedAt)
+	if n, _ := markers(); n != 0 {
+		t.Fatalf("the claim, renews and finish wrote %d markers", n)
 	}
-	clk.Set(rec.ExpiresAt.Add(2 * time.Hour)) // its records partition is dead now
-	if st, err := e.GC(bg); err != nil || st.EpochsDropped == 0 {
+	// past retention, its records partition below the live ones but not dropped yet
+	clk.Set(rec.ExpiresAt.Add(3 * time.Hour))
+	if ep := floorDiv(rec.UpdatedAt.UnixMicro(), e.width); ep >= e.oldest() {
+		t.Fatalf("the record's epoch %d is still live (oldest %d)", ep, e.oldest())
+	}
+	check := func(when string) {
+		t.Helper()
+		res := mustClaim(t, e.engine, req(k, "other"), driver.Expired)
+		if !res.Record.ExpiresAt.Equal(rec.ExpiresAt) {
+			t.Fatalf("%s: tombstone of a record that expired at %v: %v", when, rec.ExpiresAt, res.Record.ExpiresAt)
+		}
+		if row, got, err := e.claimFresh(bg, e.pool, req(k, "fp"), newNonce(), true); err != nil || got != freshNone {
+			t.Fatalf("%s: the fresh insert claimed a tombstoned key: %+v %v %v", when, row, got, err)
+		}
+		if tb, found, err := e.Tombstone(bg, k); err != nil || !found || !tb.UsedAt.Equal(rec.UpdatedAt) {
+			t.Fatalf("%s: Tombstone: %+v %v %v", when, tb, found, err)
+		}
+		var listed []driver.Tombstone
+		for tb, err := range e.ScanTombstones(bg, "", 0) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			listed = append(listed, tb)
+		}
+		if len(listed) != 1 || listed[0].Key != k || !listed[0].UsedAt.Equal(rec.UpdatedAt) {
+			t.Fatalf("%s: ScanTombstones: %+v", when, listed)
+		}
+	}
+	check("before GC")
+	st, err := e.GC(bg)
+	if err != nil || st.EpochsDropped == 0 || st.MarkersWritten != 1 {
 		t.Fatalf("GC: %+v %v", st, err)
 	}
-	res := mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
-	if !res.Record.ExpiresAt.Equal(rec.ExpiresAt) {
-		t.Fatalf("tombstone of a record that expired at %v: %v", rec.ExpiresAt, res.Record.ExpiresAt)
+	if n, newest := markers(); n != 1 || newest == nil || !newest.Equal(rec.UpdatedAt) {
+		t.Fatalf("after GC: %d markers, newest %v, want 1 at %v", n, newest, rec.UpdatedAt)
 	}
+	check("after GC")
 	clk.Set(rec.UpdatedAt.Add(16*time.Hour - time.Microsecond))
 	mustClaim(t, e.engine, req(k, "fp"), driver.Expired)
+	clk.Set(rec.UpdatedAt.Add(16 * time.Hour))
+	mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+}
+
+// A crash of the server between GC's copy of a partition's markers and its DETACH leaves
+// both: a late retry is refused after the restart, and after the GC pass that drops the
+// partition; a key released by its first attempt has neither, and is free.
+func TestTombstoneGCCrashBetweenCopyAndDrop(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	e := d.open(tombOpts(clk.Now))
+	k, released := key("paid"), key("released")
+	rec := finishKey(t, e.engine, k, "ok")
+	c := mustClaim(t, e.engine, req(released, "fp"), driver.Claimed)
+	if err := e.Release(bg, released, c.Record.Token, false); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(rec.ExpiresAt.Add(3 * time.Hour)) // its records partition is dead now
+	parts, err := e.partitions(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := floorDiv(rec.UpdatedAt.UnixMicro(), e.width)
+	copied := false
+	for _, p := range parts {
+		if p.family == famRecords && p.epoch == ep {
+			n, err := e.copyMarkers(bg, p, e.o.Retention+e.o.TombstoneWindow)
+			if err != nil || n != 1 {
+				t.Fatalf("copy of %s's markers: %d %v", p.name, n, err)
+			}
+			copied = true
+		}
+	}
+	if !copied {
+		t.Fatalf("no records partition of epoch %d in %+v", ep, parts)
+	}
+	if err := pgtest.Restart(t); errors.Is(err, pgtest.ErrExternal) {
+		t.Skip(err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(when string) {
+		t.Helper()
+		for _, fp := range []string{"fp", "other"} {
+			if res := mustClaim(t, e.engine, req(k, fp), driver.Expired); !res.Record.ExpiresAt.Equal(rec.ExpiresAt) {
+				t.Fatalf("%s: tombstone expired at %v, want %v", when, res.Record.ExpiresAt, rec.ExpiresAt)
+			}
+		}
+	}
+	refused("after the crash")
+	st, err := e.GC(bg)
+	if err != nil || st.EpochsDropped == 0 {
+		t.Fatalf("GC: %+v %v", st, err)
+	}
+	var recs int
+	if err := e.pool.QueryRow(bg, `SELECT count(*) FROM `+e.q.schema+`.records`).Scan(&recs); err != nil || recs != 0 {
+		t.Fatalf("records left: %d %v", recs, err)
+	}
+	refused("after GC dropped the partition")
+	if n := e.markerCount(t); n != 1 {
+		t.Fatalf("%d markers, want the paid key's alone", n)
+	}
+	mustClaim(t, e.engine, req(released, "fp"), driver.Claimed)
 }

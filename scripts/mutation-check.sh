@@ -19,6 +19,8 @@
 #              (the conformance kit, on Pebble and on PostgreSQL, catches it)
 #   nogcmarkers GC drops an epoch's records without writing their tombstone
 #              markers (the tombstone crash tests catch it)
+#   pgnogcmarkers PostgreSQL's GC drops a records partition without copying
+#              its records' markers (pgstore's tombstone tests catch it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -65,6 +67,7 @@ suites=(
 	". ^TestConformance$"
 	"./pgstore ^TestConformance$"
 	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
+	"./pgstore ^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"
 )
 
 harnesses=()      # harness ids: the test's name, or name@package when two packages have it
@@ -105,7 +108,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers pgnogcmarkers)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

@@ -39,6 +39,9 @@ var suites = []struct{ pkg, list string }{
 	// Tombstones written by GC, off the write path: a crash anywhere in GC
 	// leaves a dropped key its record or its marker.
 	{".", "^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"},
+	// The same on PostgreSQL: GC copies a records partition's markers before it drops
+	// the partition, and a crash between the two leaves both.
+	{"./pgstore", "^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -46,7 +49,8 @@ var suites = []struct{ pkg, list string }{
 // it builds each harness package's tests with -tags receipts_mutate, checks
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
-// cacheraw, nocopy, memokeep, memoraw, histshard, unknownfree, nogcmarkers), logs the table,
+// cacheraw, nocopy, memokeep, memoraw, histshard, unknownfree, nogcmarkers,
+// pgnogcmarkers), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -127,7 +131,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers", "pgnogcmarkers"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

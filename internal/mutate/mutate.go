@@ -30,6 +30,8 @@
 //	           stripe (the counts other goroutines added elsewhere are lost)
 //	nogcmarkers Pebble's GC drops an epoch's records without writing their
 //	           tombstone markers first
+//	pgnogcmarkers PostgreSQL: GC drops a records partition without copying its
+//	           records' tombstone markers first
 package mutate
 
 // Mutation names.
@@ -64,4 +66,6 @@ const (
 	HistShard = "histshard"
 	// NoGCMarkers: Pebble's GC drops epochs without writing their records' tombstone markers.
 	NoGCMarkers = "nogcmarkers"
+	// PgNoGCMarkers: pgstore's GC drops records partitions without copying their markers.
+	PgNoGCMarkers = "pgnogcmarkers"
 )
