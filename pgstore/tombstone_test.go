@@ -383,3 +383,59 @@ func TestTombstoneGCCrashBetweenCopyAndDrop(t *testing.T) {
 	}
 	mustClaim(t, e.engine, req(released, "fp"), driver.Claimed)
 }
+
+// A format-2 store (whose writes wrote a marker beside every record) is opened as format 3,
+// with nothing else changed, and its markers stay in force: a key whose records partition a
+// format-2 GC dropped is still refused from its marker, and a key with both its expired
+// record and its marker is listed once by ScanTombstones.
+func TestTombstoneFormat2Markers(t *testing.T) {
+	clk := newClock()
+	d := newTestDB(t)
+	o := tombOpts(clk.Now)
+	old := d.open(o)
+	gone, both := key("gone"), key("both")
+	recGone := finishKey(t, old.engine, gone, "a")
+	recBoth := finishKey(t, old.engine, both, "b")
+	s := old.q.schema
+	_ = old.Close()
+	// as format 2 left them: a marker beside every record, and gone's record dropped by GC
+	for _, st := range []string{
+		`INSERT INTO ` + s + `.markers SELECT scope, id, ` + markerEpochSQL("epoch", old.mwidth/old.width) + `, updated_at FROM ` + s + `.records`,
+		`DELETE FROM ` + s + `.records WHERE id = 'gone'`,
+		`UPDATE ` + s + `.meta SET format = 2`,
+	} {
+		if _, err := old.pool.Exec(bg, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := d.open(o)
+	var format int
+	if err := e.pool.QueryRow(bg, `SELECT format FROM `+s+`.meta`).Scan(&format); err != nil || format != 3 {
+		t.Fatalf("format %d after the open (%v), want 3", format, err)
+	}
+	if n := e.markerCount(t); n != 2 {
+		t.Fatalf("%d markers after the open, want 2", n)
+	}
+	clk.Set(recBoth.ExpiresAt.Add(time.Minute))
+	for _, c := range []struct {
+		k   driver.Key
+		rec driver.Record
+	}{{gone, recGone}, {both, recBoth}} {
+		if res := mustClaim(t, e.engine, req(c.k, "other"), driver.Expired); !res.Record.UpdatedAt.Equal(c.rec.UpdatedAt) {
+			t.Fatalf("%v: tombstone used at %v, want %v", c.k, res.Record.UpdatedAt, c.rec.UpdatedAt)
+		}
+	}
+	n := 0
+	for tb, err := range e.ScanTombstones(bg, "", 0) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if tb.Key != gone && tb.Key != both {
+			t.Fatalf("listed %+v", tb)
+		}
+	}
+	if n != 2 {
+		t.Fatalf("ScanTombstones listed %d tombstones, want 2 (one per key)", n)
+	}
+}
