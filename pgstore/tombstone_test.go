@@ -332,18 +332,21 @@ func TestTombstoneRecordIsItsOwnTombstone(t *testing.T) {
 
 // A crash of the server between GC's copy of a partition's markers and its DETACH leaves
 // both: a late retry is refused after the restart, and after the GC pass that drops the
-// partition; a key released by its first attempt has neither, and is free.
+// partition (and another dead partition, whose markers that pass copies itself); a key
+// released by its first attempt has neither, and is free.
 func TestTombstoneGCCrashBetweenCopyAndDrop(t *testing.T) {
 	clk := newClock()
 	d := newTestDB(t)
 	e := d.open(tombOpts(clk.Now))
-	k, released := key("paid"), key("released")
+	k, later, released := key("paid"), key("paid-later"), key("released")
 	rec := finishKey(t, e.engine, k, "ok")
 	c := mustClaim(t, e.engine, req(released, "fp"), driver.Claimed)
 	if err := e.Release(bg, released, c.Record.Token, false); err != nil {
 		t.Fatal(err)
 	}
-	clk.Set(rec.ExpiresAt.Add(3 * time.Hour)) // its records partition is dead now
+	clk.Advance(time.Hour)
+	recLater := finishKey(t, e.engine, later, "ok")
+	clk.Set(recLater.ExpiresAt.Add(3 * time.Hour)) // both records partitions are dead now
 	parts, err := e.partitions(bg)
 	if err != nil {
 		t.Fatal(err)
@@ -369,9 +372,14 @@ func TestTombstoneGCCrashBetweenCopyAndDrop(t *testing.T) {
 	}
 	refused := func(when string) {
 		t.Helper()
-		for _, fp := range []string{"fp", "other"} {
-			if res := mustClaim(t, e.engine, req(k, fp), driver.Expired); !res.Record.ExpiresAt.Equal(rec.ExpiresAt) {
-				t.Fatalf("%s: tombstone expired at %v, want %v", when, res.Record.ExpiresAt, rec.ExpiresAt)
+		for _, c := range []struct {
+			k   driver.Key
+			rec driver.Record
+		}{{k, rec}, {later, recLater}} {
+			for _, fp := range []string{"fp", "other"} {
+				if res := mustClaim(t, e.engine, req(c.k, fp), driver.Expired); !res.Record.ExpiresAt.Equal(c.rec.ExpiresAt) {
+					t.Fatalf("%s: %v: tombstone expired at %v, want %v", when, c.k, res.Record.ExpiresAt, c.rec.ExpiresAt)
+				}
 			}
 		}
 	}
@@ -385,8 +393,8 @@ func TestTombstoneGCCrashBetweenCopyAndDrop(t *testing.T) {
 		t.Fatalf("records left: %d %v", recs, err)
 	}
 	refused("after GC dropped the partition")
-	if n := e.markerCount(t); n != 1 {
-		t.Fatalf("%d markers, want the paid key's alone", n)
+	if n := e.markerCount(t); n != 2 {
+		t.Fatalf("%d markers, want the two paid keys'", n)
 	}
 	mustClaim(t, e.engine, req(released, "fp"), driver.Claimed)
 }
