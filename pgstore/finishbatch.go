@@ -86,6 +86,7 @@ func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishC
 			if err = scanRecord(rows, &w.rec, &w.now, &xid, &i); err != nil {
 				break
 			}
+			i = member(i, n)
 			if i < 1 || i > int64(n) || got[i-1] != nil {
 				err = fmt.Errorf("pgstore: finish batch: row for key %d of %d", i, n)
 				break

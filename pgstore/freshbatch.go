@@ -225,6 +225,7 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 					if err = scanRecord(rows, &row.rec, &row.now, &claimed, &i); err != nil {
 						break
 					}
+					i = member(i, n)
 					if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
 						err = fmt.Errorf("pgstore: claim batch: row for key %d of %d", i, n)
 						break

@@ -66,6 +66,7 @@ func (e *engine) lookupMany(ctx context.Context, self *lookupCall, in []*lookupC
 		r := &read{}
 		var i int64
 		err = scanRecord(rows, &r.rec, &r.now, &i)
+		i = member(i, n)
 		if err == errAbsent { // no row of that key in the partition: it reads alone
 			err = nil
 			continue

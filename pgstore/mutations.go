@@ -52,3 +52,13 @@ func mustReplace(s, old, new string) string {
 	}
 	return strings.Replace(s, old, new, 1)
 }
+
+// member is the batch member (1 to n) that the row a batched statement returned for member i
+// answers: i itself, or, under the mutation pgbatchswap, the next member (a batch member
+// answered with another member's outcome).
+func member(i int64, n int) int64 {
+	if mutate.Name == mutate.PgBatchSwap && n > 1 && i >= 1 && i <= int64(n) {
+		return i%int64(n) + 1
+	}
+	return i
+}

@@ -21,6 +21,9 @@
 #              markers (the tombstone crash tests catch it)
 #   pgnogcmarkers PostgreSQL's GC drops a records partition without copying
 #              its records' markers (pgstore's tombstone tests catch it)
+#   pgbatchswap each member of a batched PostgreSQL statement (claims, finishes,
+#              replay reads sent together) gets the next member's row
+#              (pgstore's batch tests catch it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -68,6 +71,7 @@ suites=(
 	"./pgstore ^TestConformance$"
 	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
 	"./pgstore ^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"
+	"./pgstore ^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"
 )
 
 harnesses=()      # harness ids: the test's name, or name@package when two packages have it
@@ -108,7 +112,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers pgnogcmarkers)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers pgnogcmarkers pgbatchswap)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

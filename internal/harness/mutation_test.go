@@ -42,6 +42,9 @@ var suites = []struct{ pkg, list string }{
 	// The same on PostgreSQL: GC copies a records partition's markers before it drops
 	// the partition, and a crash between the two leaves both.
 	{"./pgstore", "^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"},
+	// Statements of different keys sent together (pgstore's combiner): each key gets the
+	// decision, the write and the read of its own row.
+	{"./pgstore", "^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -50,7 +53,7 @@ var suites = []struct{ pkg, list string }{
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
 // cacheraw, nocopy, memokeep, memoraw, histshard, unknownfree, nogcmarkers,
-// pgnogcmarkers), logs the table,
+// pgnogcmarkers, pgbatchswap), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -131,7 +134,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers", "pgnogcmarkers"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

@@ -68,4 +68,7 @@ const (
 	NoGCMarkers = "nogcmarkers"
 	// PgNoGCMarkers: pgstore's GC drops records partitions without copying their markers.
 	PgNoGCMarkers = "pgnogcmarkers"
+	// PgBatchSwap: pgstore answers each member of a batched statement (claims, finishes,
+	// replay reads of different keys sent together) with the next member's row.
+	PgBatchSwap = "pgbatchswap"
 )
