@@ -158,7 +158,7 @@ for m in "${mutations[@]}"; do
 		FAIL | TIMEOUT)
 			caught_by[$m]="${caught_by[$m]:-} $h"
 			# the first lines that say why
-			grep -v -e '--- FAIL' -e 'Error Trace' "$work/$h.$m.log" | grep -m2 -E "violation|check [0-9]+:|gen [0-9]+:|Error|FAIL:|lost|duplicate|porcupine|unexpected|timed out" | sed 's/^ */      /' | cut -c1-200 >&2
+			grep -v -e '--- FAIL' -e 'Error Trace' "$work/${h//[^A-Za-z0-9]/_}.$m.log" | grep -m2 -E "violation|check [0-9]+:|gen [0-9]+:|Error|FAIL:|lost|duplicate|porcupine|unexpected|timed out" | sed 's/^ */      /' | cut -c1-200 >&2
 			;;
 		esac
 	done
