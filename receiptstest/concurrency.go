@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/receiptstore/receipts"
 	"github.com/stretchr/testify/require"
@@ -93,6 +94,7 @@ func testManyKeysInParallel(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
 	const workers, keys, rounds = 8, 64, 3
 	var runs [keys]atomic.Int32
+	var answered atomic.Int32
 	var wg sync.WaitGroup
 	errs := make(chan error, workers*keys*rounds)
 	for w := range workers {
@@ -113,6 +115,7 @@ func testManyKeysInParallel(t *testing.T, s Store) {
 						}
 						return []byte(fmt.Sprint("result-", i)), nil
 					})
+					answered.Add(1)
 					switch {
 					case err == nil:
 						if string(got.Result) != fmt.Sprint("result-", i) || got.Key != k {
@@ -127,7 +130,19 @@ func testManyKeysInParallel(t *testing.T, s Store) {
 			}
 		}()
 	}
-	wg.Wait()
+	// A correct store finishes in a second or two; a broken one (a lease that nobody
+	// finishes, waited out call after call) fails here, saying so, instead of hanging.
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("workers not done after 2m: %d of %d calls answered (Do waiting on leases nobody finishes?)",
+			answered.Load(), workers*keys*rounds)
+	}
 	close(errs)
 	for err := range errs {
 		t.Error(err)
