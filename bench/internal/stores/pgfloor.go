@@ -114,9 +114,15 @@ WHERE scope = $1 AND id = $2 AND token = $4`, k.Scope, k.ID, result, token)
 
 // Replay reads k with one plain SELECT.
 func (s *PGFloor) Replay(ctx context.Context, k workload.Key, fp []byte) error {
+	return replaySelect(ctx, s.pool, `SELECT fp, state, result FROM pg_floor WHERE scope = $1 AND id = $2`, k, fp)
+}
+
+// replaySelect reads k's record with query (its fingerprint, state and result by scope and
+// id: one plain SELECT by primary key) and checks it against fp, as the floors' retries do.
+func replaySelect(ctx context.Context, pool *pgxpool.Pool, query string, k workload.Key, fp []byte) error {
 	var gotFP, result []byte
 	var state int16
-	err := s.pool.QueryRow(ctx, `SELECT fp, state, result FROM pg_floor WHERE scope = $1 AND id = $2`, k.Scope, k.ID).Scan(&gotFP, &state, &result)
+	err := pool.QueryRow(ctx, query, k.Scope, k.ID).Scan(&gotFP, &state, &result)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrNotCommitted
 	}

@@ -112,19 +112,7 @@ WHERE scope = $1 AND id = $2 AND token = $4`, k.Scope, k.ID, result, token)
 	return false, err
 }
 
-// Replay reads k with one plain SELECT.
+// Replay reads k with one plain SELECT, as pg-floor's.
 func (s *PGTxFloor) Replay(ctx context.Context, k workload.Key, fp []byte) error {
-	var gotFP, result []byte
-	var state int16
-	err := s.pool.QueryRow(ctx, `SELECT fp, state, result FROM pg_tx_floor WHERE scope = $1 AND id = $2`, k.Scope, k.ID).Scan(&gotFP, &state, &result)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotCommitted
-	}
-	if err != nil {
-		return err
-	}
-	v := make([]byte, recordHeader)
-	v[0] = byte(state)
-	copy(v[1:33], gotFP)
-	return checkRecord(v, fp)
+	return replaySelect(ctx, s.pool, `SELECT fp, state, result FROM pg_tx_floor WHERE scope = $1 AND id = $2`, k, fp)
 }
