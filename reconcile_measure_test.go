@@ -4,12 +4,12 @@ import (
 	"testing"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/measure"
+	"github.com/receiptstore/receipts/tests/measure"
 )
 
 // TestMeasureReconcile measures, for the record, Reconciler passes over
 // many abandoned claims on a store on disk: their time and the checks they
-// made (internal/measure). It runs only with RECEIPTS_MEASURE=1
+// made (tests/measure). It runs only with RECEIPTS_MEASURE=1
 // (RECEIPTS_MEASURE_N claims, default 10000):
 //
 //	RECEIPTS_MEASURE=1 go test -run TestMeasureReconcile -v .

@@ -49,5 +49,5 @@
 // written there.
 //
 // docs/host.md has the whole story, the agent SDKs' approval ids, and the
-// crash harness that counts duplicate effects (internal/harness/hostkill).
+// crash harness that counts duplicate effects (tests/hostkill).
 package intents

@@ -7,12 +7,12 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts/intents"
-	"github.com/receiptstore/receipts/internal/intentstest"
+	"github.com/receiptstore/receipts/intents/internal/intentsmodel"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"pgregory.net/rapid"
 )
 
-// TestModel runs the journal's model (internal/intentstest) on the Pebble
+// TestModel runs the journal's model (intents/internal/intentsmodel) on the Pebble
 // store, with crashes that keep what was synced and a random part of what
 // was not. With Update's sync dropped it fails within a few checks.
 func TestModel(t *testing.T) {
@@ -29,7 +29,7 @@ func TestModel(t *testing.T) {
 			}
 			return s
 		}
-		intentstest.Model(rt, intentstest.Engine{
+		intentsmodel.Model(rt, intentsmodel.Engine{
 			Open: open,
 			Crash: func(t *rapid.T) intents.Store {
 				pct := rapid.SampledFrom([]int{0, 50, 100}).Draw(t, "unsynced%")

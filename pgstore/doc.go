@@ -147,7 +147,7 @@
 // standby may lack the sequence's newest record, and the new primary hands out again tokens
 // that acknowledged claims of the old one hold, so tokens no longer only grow, and fencing
 // that compares them (FenceTx, the effect's own fence column) can let an old holder through.
-// TestCancelledClaimWait and the failover harness (internal/pgnodes, TestFailover) check that
+// TestCancelledClaimWait and the failover harness (tests/pgnodes, TestFailover) check that
 // every token after a promotion is above every earlier one; TestFailoverAsync shows tokens
 // handed out twice.
 //

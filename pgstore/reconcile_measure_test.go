@@ -7,13 +7,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/measure"
+	"github.com/receiptstore/receipts/tests/measure"
 	"github.com/receiptstore/receipts/internal/pgtest"
 )
 
 // TestMeasureReconcile is the root package's TestMeasureReconcile on PostgreSQL: a
 // Reconciler pass over many abandoned claims, its time and the checks it made
-// (internal/measure). It runs only with RECEIPTS_MEASURE=1 (RECEIPTS_MEASURE_N claims,
+// (tests/measure). It runs only with RECEIPTS_MEASURE=1 (RECEIPTS_MEASURE_N claims,
 // default 10000):
 //
 //	RECEIPTS_MEASURE=1 go test -run TestMeasureReconcile -v ./pgstore

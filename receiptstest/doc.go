@@ -65,7 +65,7 @@
 //
 // PebbleStore is the Store of the embedded engine, for tests of this module
 // and of code built on it. ScopeIsolation runs the scope-isolation property
-// for a given number of checks (internal/harness/isolation runs 10,000).
+// for a given number of checks (tests/isolation runs 10,000).
 //
 // Environment: RECEIPTSTEST_ISOLATION_CHECKS sets how many random checks the
 // scope-isolation property runs (default 300).

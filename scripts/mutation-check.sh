@@ -27,7 +27,7 @@
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
-# internal/harness), runs every harness unmutated (each must pass, or the
+# tests), runs every harness unmutated (each must pass, or the
 # check means nothing), then runs each harness under each mutation. "caught" = the harness failed. It prints
 # a Markdown table and exits 1 if some mutation survives every harness,
 # 2 if the setup is broken (build failure, a harness failing unmutated).
@@ -56,14 +56,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # The harness packages and, for each, a regexp for -test.list that names its
-# harnesses. Keep in step with suites in internal/harness/mutation_test.go.
+# harnesses. Keep in step with suites in tests/mutation_test.go.
 suites=(
-	"./internal/harness/crash ^TestCrashPowerLoss$"
-	"./internal/harness/kill ^TestKillProcess$"
-	"./internal/harness/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
-	"./internal/harness/model ^TestModel"
-	"./internal/harness/linearize ^TestLinearizability"
-	"./internal/harness/isolation ^TestScopeIsolation"
+	"./tests/crash ^TestCrashPowerLoss$"
+	"./tests/kill ^TestKillProcess$"
+	"./tests/fault ^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"
+	"./tests/model ^TestModel"
+	"./tests/linearize ^TestLinearizability"
+	"./tests/isolation ^TestScopeIsolation"
 	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"
 	". ^TestReplayFromMemoryAllocatesOnce$"
 	"./receiptsprom ^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # soak.sh: the long versions of the reliability harnesses (RECEIPTS_SOAK=1),
-# the packages under internal/harness:
+# the packages under tests:
 #
 #   TestCrashPowerLoss          2,000 power-loss crashes per mode (p0, prand)
 #   TestKillProcess             2,000 SIGKILL cycles of a child process
@@ -10,10 +10,10 @@
 #   TestLinearizability, TestModel, TestScopeIsolation (their own soak sizes)
 #   TestHostKill, TestHostKillPostgres  500 host SIGKILL cycles per transport and engine
 #                               (the intents host against receipthttp/receiptmcp; RECEIPTS_HOST_KILLS=n)
-#   internal/pgnodes TestCrossNode*  10 minutes each: Pebble 600 SIGKILLs; PostgreSQL 3 nodes,
+#   tests/pgnodes TestCrossNode*  10 minutes each: Pebble 600 SIGKILLs; PostgreSQL 3 nodes,
 #                               400 SIGKILLs, 20 server restarts (RECEIPTS_PGNODES_SECONDS,
 #                               _KILLS, _RESTARTS, _NODES override; PGNODES_SKIP=1 skips them)
-#   internal/pgnodes TestFailover   5 minutes, five failovers of a primary and its synchronous
+#   tests/pgnodes TestFailover   5 minutes, five failovers of a primary and its synchronous
 #                               standby (RECEIPTS_FAILOVER_SECONDS, _FAILOVERS, _NODES, _LAG_MS);
 #                               TestFailoverAsync the same with asynchronous replication, which
 #                               prints what the failovers lost and does not fail
@@ -37,15 +37,15 @@ while [ $# -gt 0 ]; do
 done
 
 log=$(mktemp -t receipts-soak.XXXXXX)
-# The harness packages (internal/harness/*), one at a time (-p 1).
-pkgs="./internal/harness/..."
+# The harness packages (tests/*), one at a time (-p 1).
+pkgs="./tests/..."
 echo "soak: go test $race -p 1 -run '$run' $pkgs (log: $log)" >&2
 start=$(date +%s)
 RECEIPTS_SOAK=1 go test $race -count=1 -p 1 -timeout 6h -v -run "$run" $pkgs 2>&1 | tee "$log" |
 	grep -E '^(--- |ok|FAIL|PASS)|^ +(crash|kill|fault|linearizability|model|isolation|hostkill)_test\.go:[0-9]+: '
 rc=${PIPESTATUS[0]}
 if [ -z "${PGNODES_SKIP:-}" ]; then
-	RECEIPTS_SOAK=1 go test $race -count=1 -timeout 2h -v -run '^(TestCrossNode(Pebble|Postgres)|TestFailover(Async)?)$' ./internal/pgnodes 2>&1 | tee -a "$log" |
+	RECEIPTS_SOAK=1 go test $race -count=1 -timeout 2h -v -run '^(TestCrossNode(Pebble|Postgres)|TestFailover(Async)?)$' ./tests/pgnodes 2>&1 | tee -a "$log" |
 		grep -E '^(--- |ok|FAIL|PASS)|^ +(harness|failover)_test\.go:[0-9]+: '
 	[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/intents/intentspg"
-	"github.com/receiptstore/receipts/internal/intentstest"
+	"github.com/receiptstore/receipts/intents/internal/intentsmodel"
 	"github.com/receiptstore/receipts/internal/pgtest"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"go.uber.org/goleak"
@@ -36,7 +36,7 @@ func pool(t *testing.T) (*pgxpool.Pool, string) {
 	return p, schema
 }
 
-// TestModel runs the journal's model (internal/intentstest) on the
+// TestModel runs the journal's model (intents/internal/intentsmodel) on the
 // PostgreSQL store, reopening it now and then.
 func TestModel(t *testing.T) {
 	leakCheck(t)
@@ -57,7 +57,7 @@ func TestModel(t *testing.T) {
 		if _, err := p.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 			rt.Fatal(err)
 		}
-		intentstest.Model(rt, intentstest.Engine{Open: open, Reopen: open, Micro: true})
+		intentsmodel.Model(rt, intentsmodel.Engine{Open: open, Reopen: open, Micro: true})
 	})
 }
 

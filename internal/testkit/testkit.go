@@ -1,5 +1,5 @@
 // Package testkit holds the helpers the long test harnesses share (the
-// harnesses under internal/harness and the root package's tests): the soak
+// harnesses under tests and the root package's tests): the soak
 // switch, integer knobs and seeds from the environment, the race-detector
 // flag, and a driver that runs a rapid property for a number of checks.
 //

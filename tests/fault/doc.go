@@ -1,6 +1,6 @@
 // Package fault holds the I/O fault harnesses, on pebble/v2/vfs/errorfs:
 // TestFaultWriteErrorAtK (a write error at every k-th write, on the shared
-// workload of internal/harness/workload), TestFaultOpenAtK (the same during
+// workload of tests/internal/workload), TestFaultOpenAtK (the same during
 // Open of a crashed store), TestFaultRandomReadErrors (random read errors
 // must surface as errors, never as "not found"), TestFaultWALSyncFailStop,
 // TestFaultWALSyncDefaultExits and TestFaultReturningFatalfIsFailStop (a
@@ -19,10 +19,10 @@
 // CI sizes: 300 workload ops per k and 20 rounds of 60 calls per read-error
 // probability (60 and 5 under -race):
 //
-//	go test -v ./internal/harness/fault
+//	go test -v ./tests/fault
 //
 // The long version runs 600 ops per k and 200 rounds (scripts/soak.sh runs
 // it with the other harnesses); RECEIPTS_SEED=n replays a run:
 //
-//	RECEIPTS_SOAK=1 go test -v -timeout 6h ./internal/harness/fault
+//	RECEIPTS_SOAK=1 go test -v -timeout 6h ./tests/fault
 package fault

@@ -19,10 +19,10 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/harness/workload"
 	"github.com/receiptstore/receipts/internal/peek"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/receiptstore/receipts/tests/internal/workload"
 )
 
 func faultInjected(err error) bool {

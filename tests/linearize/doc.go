@@ -6,6 +6,6 @@
 // between "eras" (all clients pause), so every operation's time is known and
 // leases run out (and are taken over) between eras.
 //
-//	go test -run TestLinearizability ./internal/harness/linearize                 # CI: 100 histories of 8x300 (12 under -race)
-//	RECEIPTS_SOAK=1 go test -run TestLinearizability ./internal/harness/linearize # 2,000 histories
+//	go test -run TestLinearizability ./tests/linearize                 # CI: 100 histories of 8x300 (12 under -race)
+//	RECEIPTS_SOAK=1 go test -run TestLinearizability ./tests/linearize # 2,000 histories
 package linearize

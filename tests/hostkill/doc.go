@@ -28,7 +28,7 @@
 //
 // CI runs 25 host cycles per transport and engine (8 under -race):
 //
-//	go test -run TestHostKill -v ./internal/harness/hostkill
+//	go test -run TestHostKill -v ./tests/hostkill
 //
 // RECEIPTS_SOAK=1 runs 500 per variant; RECEIPTS_HOST_KILLS=n sets the
 // count, RECEIPTS_SEED=n replays a run's choices.

@@ -1,4 +1,4 @@
-// Package harness holds the long reliability harnesses of the Pebble
+// Package tests holds the long reliability harnesses of the Pebble
 // engine, one package each, and the mutation check that shows each of them
 // failing when the engine is broken on purpose:
 //
@@ -23,7 +23,7 @@
 // logs the table and fails if some mutation survives every harness. It
 // takes a few minutes and runs only when asked:
 //
-//	RECEIPTS_MUTATION_CHECK=1 go test -run TestMutationCheck -v ./internal/harness
+//	RECEIPTS_MUTATION_CHECK=1 go test -run TestMutationCheck -v ./tests
 //
 // scripts/mutation-check.sh is the same check at CI sizes, as a table.
-package harness
+package tests

@@ -33,8 +33,8 @@ import (
 // and restarts them, restarts the database, cuts connections, then has every node verify the
 // store and checks the logs.
 //
-//	go test -run TestCrossNode ./internal/pgnodes                   # CI sizes
-//	RECEIPTS_SOAK=1 go test -run TestCrossNode ./internal/pgnodes   # soak sizes
+//	go test -run TestCrossNode ./tests/pgnodes                   # CI sizes
+//	RECEIPTS_SOAK=1 go test -run TestCrossNode ./tests/pgnodes   # soak sizes
 //	RECEIPTS_PGNODES_SECONDS=120 RECEIPTS_PGNODES_KILLS=100 ...     # any size
 //	RECEIPTS_SEED=n ...                                             # reuse a seed (choices, not timing)
 

@@ -7,7 +7,7 @@
 // key the fingerprint, state, token, attempts, lease expiry and last
 // write). Every outcome is checked field by field.
 //
-//	go test -run TestModel ./internal/harness/model                  # CI: 1,000 checks (50 under -race)
-//	RECEIPTS_SOAK=1 go test -run TestModel ./internal/harness/model  # 100,000 checks
-//	go test -run TestModel -rapid.seed=N ./internal/harness/model    # replay one failure
+//	go test -run TestModel ./tests/model                  # CI: 1,000 checks (50 under -race)
+//	RECEIPTS_SOAK=1 go test -run TestModel ./tests/model  # 100,000 checks
+//	go test -run TestModel -rapid.seed=N ./tests/model    # replay one failure
 package model

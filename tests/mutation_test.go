@@ -1,4 +1,4 @@
-package harness_test
+package tests_test
 
 import (
 	"bytes"
@@ -17,12 +17,12 @@ import (
 // each, a regexp for -test.list that names its harnesses. Keep in step with
 // suites in scripts/mutation-check.sh.
 var suites = []struct{ pkg, list string }{
-	{"./internal/harness/crash", "^TestCrashPowerLoss$"},
-	{"./internal/harness/kill", "^TestKillProcess$"},
-	{"./internal/harness/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
-	{"./internal/harness/model", "^TestModel"},
-	{"./internal/harness/linearize", "^TestLinearizability"},
-	{"./internal/harness/isolation", "^TestScopeIsolation"},
+	{"./tests/crash", "^TestCrashPowerLoss$"},
+	{"./tests/kill", "^TestKillProcess$"},
+	{"./tests/fault", "^(TestFaultWriteErrorAtK|TestFaultOpenAtK|TestFaultWALSyncFailStop|TestFaultReturningFatalfIsFailStop|TestFaultRandomReadErrors)$"},
+	{"./tests/model", "^TestModel"},
+	{"./tests/linearize", "^TestLinearizability"},
+	{"./tests/isolation", "^TestScopeIsolation"},
 	// The replay cache's memory answers and the memo of the last Pending
 	// record written: the invariants a black-box harness cannot see (a
 	// finished record never changes while visible, so a stale entry is an

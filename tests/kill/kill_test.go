@@ -19,15 +19,15 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/harness/workload"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/receiptstore/receipts/tests/internal/workload"
 )
 
 // The process-crash harness. The parent (TestKillProcess) starts this test
 // binary again as a child (TestKillProcessChild, switched on by
 // RECEIPTS_KILL_CHILD) that opens the store on disk and runs the 8-way
-// workload of internal/harness/workload. Effects go to provider.log, appended and
+// workload of tests/internal/workload. Effects go to provider.log, appended and
 // fsynced before the holder commits; acknowledged calls go to events.log.
 // The parent SIGKILLs the child at a random moment, starts it again, and
 // so on. Each child first checks the store it finds against both logs; the

@@ -9,6 +9,6 @@
 // conflict with or block on another key, and Scan with Filter.Scope returns
 // exactly that scope.
 //
-//	go test -run TestScopeIsolation ./internal/harness/isolation                 # CI: 10,000 checks (1,000 under -race)
-//	RECEIPTS_SOAK=1 go test -run TestScopeIsolation ./internal/harness/isolation # 200,000 checks
+//	go test -run TestScopeIsolation ./tests/isolation                 # CI: 10,000 checks (1,000 under -race)
+//	RECEIPTS_SOAK=1 go test -run TestScopeIsolation ./tests/isolation # 200,000 checks
 package isolation

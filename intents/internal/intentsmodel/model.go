@@ -1,7 +1,7 @@
-// Package intentstest holds the model test of the intents journal, run on
+// Package intentsmodel holds the model test of the intents journal, run on
 // every Store: the Pebble store (package intents, with crashes) and the
 // PostgreSQL one (package intentspg).
-package intentstest
+package intentsmodel
 
 import (
 	"context"

@@ -16,10 +16,10 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/harness/workload"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/keyring"
 	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/receiptstore/receipts/tests/internal/workload"
 )
 
 // TestCrashDuringErase crashes the machine (a CrashClone of Pebble's crashable FS, keeping

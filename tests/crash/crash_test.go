@@ -11,15 +11,15 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/harness/workload"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/receiptstore/receipts/tests/internal/workload"
 )
 
 // TestCrashPowerLoss runs 8 workers against a store on Pebble's crashable
 // in-memory FS, takes a crash image (CrashClone) at a random moment while
 // they run, reopens the image and checks it against everything that was
-// acknowledged before the crash (see internal/harness/workload), then goes on
+// acknowledged before the crash (see tests/internal/workload), then goes on
 // with the next generation on the image. "p0" keeps exactly the synced
 // data; "prand" keeps a seeded random 10..100% of the unsynced data.
 func TestCrashPowerLoss(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package crash is the power-loss harness (TestCrashPowerLoss): 8 workers
-// run the shared workload (internal/harness/workload) on Pebble's crashable
+// run the shared workload (tests/internal/workload) on Pebble's crashable
 // in-memory FS; at a random moment the harness takes a crash image
 // (vfs.CrashClone), reopens it and checks it against everything that was
 // acknowledged before the crash: no duplicate effects, no lost acknowledged
@@ -10,12 +10,12 @@
 //
 // CI runs 60 crashes per mode (25 under -race):
 //
-//	go test -run TestCrashPowerLoss -v ./internal/harness/crash
+//	go test -run TestCrashPowerLoss -v ./tests/crash
 //
 // The long version runs 2,000 per mode (scripts/soak.sh runs it with the
 // other harnesses):
 //
-//	RECEIPTS_SOAK=1 go test -run TestCrashPowerLoss -v -timeout 6h ./internal/harness/crash
+//	RECEIPTS_SOAK=1 go test -run TestCrashPowerLoss -v -timeout 6h ./tests/crash
 //
 // RECEIPTS_CRASHES=n sets the count, RECEIPTS_SEED=n replays a run (every
 // run logs its seed), and scripts/mutation-check.sh shows the harness

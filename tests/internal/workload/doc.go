@@ -1,6 +1,6 @@
 // Package workload is the workload and the checker shared by the crash
-// harnesses: power loss (internal/harness/crash), process kills
-// (internal/harness/kill) and I/O faults (internal/harness/fault).
+// harnesses: power loss (tests/crash), process kills
+// (tests/kill) and I/O faults (tests/fault).
 //
 // Workers run Claim/Commit/Fail/Release/Renew/Do/DoBatch/Lookup on a sliding
 // window of keys. Effects go to an external "provider" that survives every

@@ -31,9 +31,9 @@ import (
 // acknowledged after the last promotion (the nodes carried on), and every node's LISTEN
 // session reconnected and up at the end (waiters are woken on the new primary).
 //
-//	go test -run 'TestFailover$' ./internal/pgnodes        # CI: 30 s, one failover
+//	go test -run 'TestFailover$' ./tests/pgnodes        # CI: 30 s, one failover
 //	RECEIPTS_SOAK=1 go test -run 'TestFailover$' ...       # soak: 5 min, five failovers
-//	RECEIPTS_FAILOVER_ASYNC=1 go test -run TestFailoverAsync -v ./internal/pgnodes
+//	RECEIPTS_FAILOVER_ASYNC=1 go test -run TestFailoverAsync -v ./tests/pgnodes
 //	                                                       # asynchronous: prints what is lost
 //	RECEIPTS_FAILOVER_LAG_MS=50 ...                        # the standby's link lag (default 10 ms)
 //	RECEIPTS_FAILOVER_SECONDS, _FAILOVERS, _NODES           # any size
