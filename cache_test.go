@@ -11,6 +11,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -140,7 +141,7 @@ func TestReplayCacheAcrossEpochs(t *testing.T) {
 	// Garbage in the current epoch hides the cached record exactly as it
 	// hides it from an uncached read: corrupt, never a replay.
 	epoch := uint64(s.clock.Now().UnixNano() / int64(15*time.Minute))
-	require.NoError(t, db.Pebble().Set(keys.AppendRecord(nil, epoch, k.Scope, k.ID), []byte("garbage"), pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(keys.AppendRecord(nil, epoch, k.Scope, k.ID), []byte("garbage"), pebble.Sync))
 	_, err := db.Do(bg, k, fp, noCall(t))
 	require.ErrorIs(t, err, receipts.ErrCorrupt)
 	_, err = db.Lookup(bg, k)
@@ -161,7 +162,7 @@ func TestReplayCacheSeesEveryChangeOnDisk(t *testing.T) {
 	for i := range orig {
 		bad := append([]byte{}, orig...)
 		bad[i] ^= 0x01
-		require.NoError(t, db.Pebble().Set(rk, bad, pebble.Sync))
+		require.NoError(t, pebblestore.DB(db).Set(rk, bad, pebble.Sync))
 		_, err := db.Do(bg, k, fp, noCall(t))
 		require.ErrorIs(t, err, receipts.ErrCorrupt, "byte %d flipped", i)
 	}
@@ -170,11 +171,11 @@ func TestReplayCacheSeesEveryChangeOnDisk(t *testing.T) {
 	other := receipts.Key{Scope: "tenant", ID: "other"}
 	commit(t, db, other, fp, []byte("other result"))
 	ork := (&corruptStore{db: db}).recordKey(t, other)
-	require.NoError(t, db.Pebble().Set(rk, (&corruptStore{db: db}).raw(t, ork), pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(rk, (&corruptStore{db: db}).raw(t, ork), pebble.Sync))
 	r, err := db.Do(bg, k, fp, noCall(t))
 	require.NoError(t, err)
 	require.Equal(t, "other result", string(r.Result))
-	require.NoError(t, db.Pebble().Set(rk, orig, pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(rk, orig, pebble.Sync))
 	r, err = db.Do(bg, k, fp, noCall(t))
 	require.NoError(t, err)
 	require.Equal(t, "result", string(r.Result))
@@ -199,7 +200,7 @@ func TestReplayCacheGC(t *testing.T) {
 func TestReplayCacheDisabledAndTiny(t *testing.T) {
 	for _, size := range []int64{-1, 512} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			s := newTestStore(t, func(o *receipts.Options) { o.ReplayCacheSize = size })
+			s := newTestStore(t, func(o *pebblestore.Options) { o.ReplayCacheSize = size })
 			db := s.db
 			for i := range 20 {
 				commit(t, db, key("tenant", fmt.Sprint(i)), []byte("fp"), []byte(fmt.Sprint("r", i)))

@@ -10,6 +10,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestCheckFindsLayoutProblems(t *testing.T) {
 	ctx := context.Background()
 	s := openCorruptStore(t)
-	db, p := s.db, s.db.Pebble()
+	db, p := s.db, pebblestore.DB(s.db)
 	const width = int64(15 * time.Minute)
 	fp := []byte("fp")
 	for _, id := range []string{"moved", "copied", "fine"} {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/mutate"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // ClaimOption changes how Claim behaves.
@@ -38,7 +39,6 @@ type claimConfig struct {
 	wait    bool          // wait for a live holder instead of ErrInProgress
 	bounded bool          // with wait: give up after maxWait (otherwise only ctx bounds it)
 	maxWait time.Duration // with bounded: how long to wait (<= 0: look once)
-	noSync  bool          // DoBatch: the claim guards only an effect in the same batch as the receipt
 	ttlSet  bool          // LeaseFor was given
 	ttl     time.Duration // with ttlSet: this claim's lease length
 	// traceOut (Do, when it is observed) receives a replay's stored trace
@@ -162,7 +162,7 @@ func (db *DB) claim(ctx context.Context, k Key, fp []byte, cfg claimConfig, deci
 		return l, r, err
 	}
 	var tr claimTrace
-	ctx = db.begin(ctx, ClaimEvent)
+	ctx = db.begin(ctx, observe.ClaimEvent)
 	start := monoNow()
 	l, r, err := db.claimLoop(ctx, k, fp, cfg, decide, &tr)
 	db.observeClaim(ctx, k, start, &tr, l, r, err)
@@ -197,7 +197,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 	if err != nil {
 		return nil, nil, err
 	}
-	req := driver.ClaimRequest{Key: sk, Fingerprint: fp, LeaseTTL: ttl, NoSync: cfg.noSync}
+	req := driver.ClaimRequest{Key: sk, Fingerprint: fp, LeaseTTL: ttl}
 	var deadline time.Time
 	if cfg.bounded {
 		deadline = time.Now().Add(max(cfg.maxWait, 0))
@@ -234,7 +234,7 @@ func (db *DB) claimLoop(ctx context.Context, k Key, fp []byte, cfg claimConfig, 
 			conflict = true
 		}
 		retry := max(res.Record.LeaseExpiresAt.Sub(res.Now), 0)
-		hint = db.retryAfter(&res.Record, res.Now, OperationClass(ctx))
+		hint = db.retryAfter(&res.Record, res.Now, observe.OperationClass(ctx))
 		wait := min(retry, waitRecheck)
 		if !deadline.IsZero() {
 			wait = min(wait, time.Until(deadline))
@@ -271,7 +271,7 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		if recovered {
 			db.n.takeovers.Add(1)
 		}
-		return &Lease{db: db, key: k, skey: res.Record.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil, nil
+		return &Lease{db: db, key: k, skey: res.Record.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}, nil, nil
 	case driver.Replay:
 		if isSealed(res.Record.Result) { // decrypted once BeforeReplay allows it (seal.go)
 			r, err := db.replaySealed(ctx, k, &res.Record)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -212,14 +213,14 @@ func TestTakeoverAndFencing(t *testing.T) {
 	_, err = old.Fail(bg, []byte("stale"))
 	require.ErrorIs(t, err, receipts.ErrLeaseLost)
 	effectRan := false
-	_, err = old.CommitWith(bg, []byte("stale"), func(b *pebble.Batch) error {
+	_, err = pebblestore.CommitWith(bg, old, []byte("stale"), func(b *pebble.Batch) error {
 		effectRan = true
 		return b.Set([]byte("app/stale"), []byte("x"), nil)
 	})
 	require.ErrorIs(t, err, receipts.ErrLeaseLost)
 	require.False(t, effectRan)
 	require.ErrorIs(t, old.Release(bg), receipts.ErrLeaseLost)
-	_, closer, err := s.db.Pebble().Get([]byte("app/stale"))
+	_, closer, err := pebblestore.DB(s.db).Get([]byte("app/stale"))
 	require.ErrorIs(t, err, pebble.ErrNotFound)
 	if closer != nil {
 		closer.Close()

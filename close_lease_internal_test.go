@@ -11,6 +11,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/require"
+
+	"github.com/receiptstore/receipts/internal/pebbleengine"
 )
 
 // internalClock is a settable clock for the internal tests.
@@ -28,8 +30,8 @@ func (c *internalClock) Advance(d time.Duration) {
 
 func openInternal(t *testing.T, fs vfs.FS, clk *internalClock) *DB {
 	t.Helper()
-	db, err := Open("db", &Options{Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1,
-		Now: clk.Now, Pebble: &pebble.Options{FS: fs}})
+	db, err := OpenEngine(pebbleengine.Opener("db", pebbleengine.Config{Pebble: &pebble.Options{FS: fs}}),
+		&Options{Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1, Now: clk.Now})
 	require.NoError(t, err)
 	return db
 }
@@ -70,14 +72,17 @@ func TestCloseHandsOutNoLease(t *testing.T) {
 			inEffect, proceed := make(chan struct{}), make(chan struct{})
 			holderDone := make(chan error, 1)
 			go func() {
-				_, err := h.CommitWith(context.Background(), []byte("paid"), func(*pebble.Batch) error {
+				// pebblestore.CommitWith's path (the package imports this one).
+				u := &pebbleengine.Unit{Effect: func(*pebble.Batch) error {
 					close(inEffect)
 					<-proceed
 					if effectFails {
 						return errors.New("effect failed")
 					}
 					return nil
-				})
+				}}
+				u.Bind(h.Token())
+				_, err := h.Commit(pebbleengine.WithUnit(context.Background(), u), []byte("paid"))
 				holderDone <- err
 			}()
 			<-inEffect // the holder holds the key lock

@@ -19,6 +19,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -67,13 +68,15 @@ type corruptStore struct {
 
 func openCorruptStore(t *testing.T) *corruptStore {
 	s := &corruptStore{clock: time.Unix(0, receiptstest.DefaultStart.UnixNano())}
-	db, err := receipts.Open("db", &receipts.Options{
-		Retention:  time.Hour,
-		LeaseTTL:   time.Minute,
-		EpochWidth: 15 * time.Minute,
-		GCInterval: -1,
-		Now:        func() time.Time { return s.clock },
-		Pebble:     &pebble.Options{FS: vfs.NewMem()},
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  time.Hour,
+			LeaseTTL:   time.Minute,
+			EpochWidth: 15 * time.Minute,
+			GCInterval: -1,
+			Now:        func() time.Time { return s.clock },
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
@@ -83,7 +86,7 @@ func openCorruptStore(t *testing.T) *corruptStore {
 
 // recordKey finds the stored key of k's record (there must be one).
 func (s *corruptStore) recordKey(t *testing.T, k receipts.Key) []byte {
-	it, err := s.db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	it, err := pebblestore.DB(s.db).NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	defer it.Close()
 	for ok := it.First(); ok; ok = it.Next() {
@@ -98,7 +101,7 @@ func (s *corruptStore) recordKey(t *testing.T, k receipts.Key) []byte {
 }
 
 func (s *corruptStore) raw(t *testing.T, key []byte) []byte {
-	v, closer, err := s.db.Pebble().Get(key)
+	v, closer, err := pebblestore.DB(s.db).Get(key)
 	require.NoError(t, err)
 	defer closer.Close()
 	return append([]byte{}, v...)
@@ -140,7 +143,7 @@ func TestCorruptRecords(t *testing.T) {
 					key = s.recordKey(t, bad)
 					s.clock = s.clock.Add(16 * time.Minute)
 				}
-				require.NoError(t, db.Pebble().Set(key, garbage, pebble.Sync))
+				require.NoError(t, pebblestore.DB(db).Set(key, garbage, pebble.Sync))
 
 				_, err := db.Lookup(ctx, bad)
 				require.ErrorIs(t, err, receipts.ErrCorrupt, "Lookup")
@@ -158,7 +161,7 @@ func TestCorruptRecords(t *testing.T) {
 				called := false
 				_, err = db.Do(ctx, bad, fp, func(context.Context, *receipts.Lease) ([]byte, error) { called = true; return nil, nil })
 				require.ErrorIs(t, err, receipts.ErrCorrupt, "Do")
-				_, err = db.DoBatch(ctx, bad, fp, func(context.Context, *receipts.Lease, *pebble.Batch) ([]byte, error) {
+				_, err = pebblestore.DoBatch(ctx, db, bad, fp, func(context.Context, *receipts.Lease, *pebble.Batch) ([]byte, error) {
 					called = true
 					return nil, nil
 				})
@@ -171,7 +174,7 @@ func TestCorruptRecords(t *testing.T) {
 					require.ErrorIs(t, err, receipts.ErrCorrupt, "Commit")
 					_, err = held.Fail(ctx, []byte("x"))
 					require.ErrorIs(t, err, receipts.ErrCorrupt, "Fail")
-					_, err = held.CommitWith(ctx, []byte("x"), func(b *pebble.Batch) error {
+					_, err = pebblestore.CommitWith(ctx, held, []byte("x"), func(b *pebble.Batch) error {
 						called = true
 						return b.Set([]byte("app/effect"), []byte("x"), nil)
 					})
@@ -210,7 +213,7 @@ func TestCorruptRecords(t *testing.T) {
 
 				// Nothing overwrote the bytes.
 				require.Equal(t, garbage, s.raw(t, key), "corrupt record rewritten")
-				_, closer, err := db.Pebble().Get([]byte("app/effect"))
+				_, closer, err := pebblestore.DB(db).Get([]byte("app/effect"))
 				if err == nil {
 					closer.Close()
 				}
@@ -249,7 +252,7 @@ func TestCorruptRecordKey(t *testing.T) {
 	epoch := uint64(s.clock.UnixNano() / int64(15*time.Minute))
 	valid := encoding.EncodeRecord(&encoding.Record{State: encoding.StateSucceeded, Fingerprint: fp, Result: []byte{}, Attempts: 1, Token: 1, CreatedAt: receiptstest.DefaultStart.UnixNano(), UpdatedAt: receiptstest.DefaultStart.UnixNano()})
 	for _, tail := range [][]byte{{0}, {0, 'x'}, {200, 'x'}, {1, 's'}} { // scope length 0, too long, empty id
-		require.NoError(t, s.db.Pebble().Set(append(keys.EpochStart(epoch), tail...), valid, pebble.Sync))
+		require.NoError(t, pebblestore.DB(s.db).Set(append(keys.EpochStart(epoch), tail...), valid, pebble.Sync))
 	}
 	var corrupt, ok int
 	for _, err := range s.db.Scan(ctx, receipts.Filter{}) {

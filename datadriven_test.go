@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 )
 
 // TestDataDriven runs the state machine scripts in testdata/machine/*.txt
@@ -33,7 +34,7 @@ func TestDataDriven(t *testing.T) {
 	}
 	datadriven.Walk(t, "testdata/machine", func(t *testing.T, path string) {
 		sc := &script{t: t, leases: map[string]*receipts.Lease{}}
-		sc.s = newTestStore(t, func(o *receipts.Options) {
+		sc.s = newTestStore(t, func(o *pebblestore.Options) {
 			o.Retention = time.Hour
 			o.LeaseTTL = 30 * time.Second
 			o.EpochWidth = 15 * time.Minute

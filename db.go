@@ -2,16 +2,13 @@ package receipts
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/hot"
-	"github.com/receiptstore/receipts/internal/pebbleengine"
-	"github.com/receiptstore/receipts/internal/peek"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // waitRecheck bounds how long a waiter sleeps before it re-reads the lease
@@ -28,21 +25,20 @@ type DB struct {
 	// Set in Open, read-only after.
 	opts    Options
 	eng     driver.Engine
-	peb     *pebbleengine.Engine // eng, when it is the Pebble engine; nil otherwise
-	tombs   driver.Tombstones    // eng, when it keeps tombstones and they are on; nil otherwise
-	seal    *sealer              // encrypts and decrypts results (Options.Keyring); never nil
-	keys    *keyHasher           // the stored keys' hashes (Options.HashKeys); nil: keys as given
-	secret  []byte               // eng.Secret(), for ProviderKey
-	hashKey []byte               // derived from secret, for Event.KeyHash
+	tombs   driver.Tombstones // eng, when it keeps tombstones and they are on; nil otherwise
+	seal    *sealer           // encrypts and decrypts results (Options.Keyring); never nil
+	keys    *keyHasher        // the stored keys' hashes (Options.HashKeys); nil: keys as given
+	secret  []byte            // eng.Secret(), for ProviderKey
+	hashKey []byte            // derived from secret, for Event.KeyHash
 	// observesDo: the Observer takes DoEvents (it is not a KindFilter
 	// that declines them).
 	observesDo bool
-	beginner   Beginner      // the Observer, if it is one (asserted once, not per call)
-	engName    string        // eng.Name(), for events
-	ttl        time.Duration // Options.LeaseTTL
+	beginner   observe.Beginner // the Observer, if it is one (asserted once, not per call)
+	engName    string           // eng.Name(), for events
+	ttl        time.Duration    // Options.LeaseTTL
 
-	// hot holds the atomics every call touches (the gate, the counters, the
-	// Pebble engine's clock), on one cache line of their own.
+	// hot holds the atomics every call touches (the gate and the counters),
+	// on one cache line of their own; an engine keeps its own.
 	hot *hot.Line
 	n   counters
 
@@ -72,43 +68,12 @@ type counters struct {
 // Changing the result changes nothing.
 func (db *DB) Options() Options { return db.opts }
 
-// Pebble returns the engine the store runs on, for the application's own
-// data. The store's keys all start with the reserved prefix "\x00rcpt"; keep
-// the application's keys out of it. Do not close it: Close does. On another
-// engine than Pebble (OpenEngine) it returns nil. Once it has been called,
-// replays are checked against the engine rather than answered from the
-// replay cache's memory (Options.ReplayCacheSize): the store cannot see
-// what is written with it.
-func (db *DB) Pebble() *pebble.DB {
-	if db.peb == nil {
-		return nil
-	}
-	return db.peb.DB()
-}
-
-func init() {
-	peek.Pebble = func(x any) *pebble.DB {
-		if db := x.(*DB); db.peb != nil {
-			return db.peb.Peek()
-		}
-		return nil
-	}
-}
-
-// Checkpoint writes a consistent copy of the store (and of the application's
-// data in the same engine) to dir, which must not exist. Open the copy to
-// inspect a running service's receipts offline. On another engine than
-// Pebble it returns ErrUnsupported.
-func (db *DB) Checkpoint(dir string) error {
-	if err := db.enter(); err != nil {
-		return err
-	}
-	defer db.exit()
-	if db.peb == nil {
-		return fmt.Errorf("%w: Checkpoint on the %s engine", ErrUnsupported, db.eng.Name())
-	}
-	return db.peb.Checkpoint(dir)
-}
+// Driver returns the engine the store runs on, as the driver package sees
+// it (database/sql's DB.Driver): for engine packages (pebblestore,
+// receiptsprom's engine metrics) and tools, through a type assertion to an
+// engine's or an optional interface's type. Calls made on it directly go
+// around the contract: no lease, no fence, no counters.
+func (db *DB) Driver() driver.Engine { return db.eng }
 
 // Now returns the store's clock: the time its leases and retention are
 // judged by (Options.Now for Pebble, or the database's clock for

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // Do performs the operation k at most once and returns its receipt. It
@@ -45,42 +45,20 @@ func (db *DB) Do(ctx context.Context, k Key, fingerprint []byte,
 		return nil, err
 	}
 	defer db.exit()
-	return db.do(ctx, k, fingerprint, opts, false, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
-		return fn(ctx, l)
-	})
+	return db.do(ctx, k, fingerprint, opts, fn)
 }
 
-// DoBatch is Do for effects that live in this same engine: fn writes its
-// effect into b (the application's own keys), and the effect commits with
-// the receipt in one synced batch. A crash loses an unsynced claim together
-// with the effect it guarded, so the claim is not synced: one fsync per
-// operation. If fn returns an error, b is discarded (a Failed receipt is
-// written without it). opts are as for Do. On another engine than Pebble it
-// returns ErrUnsupported.
-func (db *DB) DoBatch(ctx context.Context, k Key, fingerprint []byte,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error), opts ...ClaimOption,
-) (*Receipt, error) {
-	if err := db.enter(); err != nil {
-		return nil, err
-	}
-	defer db.exit()
-	if db.peb == nil {
-		return nil, fmt.Errorf("%w: DoBatch on the %s engine", ErrUnsupported, db.eng.Name())
-	}
-	return db.do(ctx, k, fingerprint, opts, true, fn)
-}
-
-func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batch bool,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
+func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption,
+	fn func(ctx context.Context, l *Lease) ([]byte, error),
 ) (*Receipt, error) {
 	if !db.observesDo {
-		r, _, err := db.doOnce(ctx, k, fp, opts, batch, fn, nil)
+		r, _, err := db.doOnce(ctx, k, fp, opts, fn, nil)
 		return r, err
 	}
-	ctx = db.begin(ctx, DoEvent)
+	ctx = db.begin(ctx, observe.DoEvent)
 	start := monoNow()
 	var trace []byte // a replay's stored trace context, for the DoEvent
-	r, ran, err := db.doOnce(ctx, k, fp, opts, batch, fn, &trace)
+	r, ran, err := db.doOnce(ctx, k, fp, opts, fn, &trace)
 	db.observeDo(ctx, k, start, r, err, ran, trace)
 	return r, err
 }
@@ -88,11 +66,11 @@ func (db *DB) do(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batc
 // doOnce is do; ran reports whether an attempt ran (a claim was made).
 // trace, if not nil, receives a replay's stored trace context (the one its
 // ClaimEvent carries).
-func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption, batch bool,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error), trace *[]byte,
+func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption,
+	fn func(ctx context.Context, l *Lease) ([]byte, error), trace *[]byte,
 ) (_ *Receipt, ran bool, _ error) {
 	cfg := claimOptions(opts)
-	cfg.wait, cfg.noSync, cfg.traceOut = true, batch, trace
+	cfg.wait, cfg.traceOut = true, trace
 	l, r, err := db.claim(ctx, k, fp, cfg, nil)
 	if err != nil {
 		return nil, false, err
@@ -103,12 +81,7 @@ func (db *DB) doOnce(ctx context.Context, k Key, fp []byte, opts []ClaimOption, 
 		}
 		return r, false, nil
 	}
-	var b *pebble.Batch
-	if batch {
-		b = db.peb.NewBatch()
-		defer b.Close()
-	}
-	r, err = l.run(ctx, b, fn)
+	r, err = l.run(ctx, fn)
 	return r, true, err
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -165,7 +166,7 @@ func TestDoCommitsAfterCallerGoesAway(t *testing.T) {
 }
 
 func TestDoRenewsLeaseInBackground(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.LeaseTTL = 30 * time.Millisecond })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.LeaseTTL = 30 * time.Millisecond })
 	k := key("a", "slow")
 	r, err := s.db.Do(bg, k, []byte("fp"), func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
 		first, err := s.db.Lookup(bg, k)
@@ -190,7 +191,7 @@ func TestDoRenewsLeaseInBackground(t *testing.T) {
 }
 
 func TestDoLeaseLostCancelsFn(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.LeaseTTL = 30 * time.Millisecond })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.LeaseTTL = 30 * time.Millisecond })
 	k := key("a", "k")
 	_, err := s.db.Do(bg, k, []byte("fp"), func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
 		// Another caller takes over (our renewals can't keep up with a
@@ -235,26 +236,26 @@ func TestDoBatchCommitsEffectWithReceipt(t *testing.T) {
 		runs++
 		return []byte("item-1"), b.Set([]byte("app/items/1"), []byte("Review evals"), nil)
 	}
-	r, err := s.db.DoBatch(bg, k, []byte("fp"), fn)
+	r, err := pebblestore.DoBatch(bg, s.db, k, []byte("fp"), fn)
 	require.NoError(t, err)
 	require.Equal(t, []byte("item-1"), r.Result)
-	r, err = s.db.DoBatch(bg, k, []byte("fp"), fn)
+	r, err = pebblestore.DoBatch(bg, s.db, k, []byte("fp"), fn)
 	require.NoError(t, err)
 	require.Equal(t, []byte("item-1"), r.Result)
 	require.Equal(t, 1, runs)
-	v, closer, err := s.db.Pebble().Get([]byte("app/items/1"))
+	v, closer, err := pebblestore.DB(s.db).Get([]byte("app/items/1"))
 	require.NoError(t, err)
 	require.Equal(t, "Review evals", string(v))
 	closer.Close()
 
 	// An error discards the batch.
 	k2 := key("a", "item2")
-	_, err = s.db.DoBatch(bg, k2, []byte("fp"), func(ctx context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+	_, err = pebblestore.DoBatch(bg, s.db, k2, []byte("fp"), func(ctx context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
 		_ = b.Set([]byte("app/items/2"), []byte("nope"), nil)
 		return nil, receipts.NotPerformed(errors.New("invalid"))
 	})
 	require.Error(t, err)
-	_, _, err = s.db.Pebble().Get([]byte("app/items/2"))
+	_, _, err = pebblestore.DB(s.db).Get([]byte("app/items/2"))
 	require.ErrorIs(t, err, pebble.ErrNotFound)
 }
 
@@ -265,23 +266,23 @@ func TestCommitWith(t *testing.T) {
 	require.NoError(t, err)
 
 	boom := errors.New("effect failed")
-	_, err = l.CommitWith(bg, []byte("r"), func(b *pebble.Batch) error {
+	_, err = pebblestore.CommitWith(bg, l, []byte("r"), func(b *pebble.Batch) error {
 		_ = b.Set([]byte("app/x"), []byte("half"), nil)
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
-	_, _, err = s.db.Pebble().Get([]byte("app/x"))
+	_, _, err = pebblestore.DB(s.db).Get([]byte("app/x"))
 	require.ErrorIs(t, err, pebble.ErrNotFound, "nothing written")
 	got, err := s.db.Lookup(bg, k)
 	require.NoError(t, err)
 	require.Equal(t, receipts.Pending, got.State, "the lease is still held")
 
-	r, err := l.CommitWith(bg, []byte("r"), func(b *pebble.Batch) error {
+	r, err := pebblestore.CommitWith(bg, l, []byte("r"), func(b *pebble.Batch) error {
 		return b.Set([]byte("app/x"), []byte("whole"), nil)
 	})
 	require.NoError(t, err)
 	require.Equal(t, receipts.Succeeded, r.State)
-	v, closer, err := s.db.Pebble().Get([]byte("app/x"))
+	v, closer, err := pebblestore.DB(s.db).Get([]byte("app/x"))
 	require.NoError(t, err)
 	require.Equal(t, "whole", string(v))
 	closer.Close()
@@ -290,7 +291,7 @@ func TestCommitWith(t *testing.T) {
 func TestBeforeReplay(t *testing.T) {
 	denied := errors.New("caller no longer authorized")
 	var deny atomic.Bool
-	s := newTestStore(t, func(o *receipts.Options) {
+	s := newTestStore(t, func(o *pebblestore.Options) {
 		o.BeforeReplay = func(ctx context.Context, r *receipts.Receipt) error {
 			if deny.Load() {
 				return denied

@@ -68,34 +68,36 @@
 //
 // # Storage
 //
-// The store runs on Pebble. All its keys start with the reserved prefix
-// "\x00rcpt"; the application may keep its own data in the same engine
-// (DB.Pebble) under any other keys, and commit them atomically with a
-// receipt: Lease.Stage with an Effect, on every engine (on Pebble its unit
-// of work is the *pebble.Batch that carries the receipt), or the Pebble
-// engine's own forms, Lease.CommitWith, Lease.RunBatch and DB.DoBatch. Records are partitioned by the
-// epoch of their last write (Retention/4 wide by default), so dropping a
-// whole expired epoch is one range deletion.
+// Open runs the store on Pebble, embedded, in one directory. All its keys
+// start with the reserved prefix "\x00rcpt"; the application may keep its
+// own data in the same engine (pebblestore.DB) under any other keys, and
+// commit them atomically with a receipt: Lease.Stage with an Effect, on
+// every engine (on Pebble its unit of work is the batch that carries the
+// receipt: pebblestore.Effect), or the Pebble engine's own forms,
+// pebblestore.CommitWith, RunBatch and DoBatch. Records are partitioned by
+// the epoch of their last write (Retention/4 wide by default), so dropping
+// a whole expired epoch is one range deletion.
 //
 // Retries of recently finished operations are answered through a bounded
-// replay cache (Options.ReplayCacheSize), without the key lock or decoding:
-// from memory for a small receipt, otherwise with one engine read whose
-// bytes must match the cached record's checksum. Only synced receipts are
-// cached, so nothing undurable is ever answered; a finished receipt never
-// changes while visible, every write of a key drops its entry first, and
-// once DB.Pebble has handed out the engine every replay is checked against
-// it again, so a record changed or damaged on disk behind the store's back
-// is read exactly as without the cache.
+// replay cache (pebblestore.Options.ReplayCacheSize), without the key lock
+// or decoding: from memory for a small receipt, otherwise with one engine
+// read whose bytes must match the cached record's checksum. Only synced
+// receipts are cached, so nothing undurable is ever answered; a finished
+// receipt never changes while visible, every write of a key drops its entry
+// first, and once pebblestore.DB has handed out the engine every replay is
+// checked against it again, so a record changed or damaged on disk behind
+// the store's back is read exactly as without the cache.
 //
 // # Engines
 //
 // The contract above is written once, in this package; a storage engine
 // implements the small interface of package driver under it, as a
-// database/sql driver does under database/sql. Open runs the Pebble
-// engine; OpenEngine serves the same *DB on another (pgstore, for
-// PostgreSQL). What only Pebble can do (DB.Pebble, Lease.CommitWith,
-// DB.DoBatch, DB.Checkpoint) returns ErrUnsupported on another engine
-// (DB.Pebble returns nil).
+// database/sql driver does under database/sql, and its package opens a DB
+// through OpenEngine: pebblestore for Pebble (receipts.Open is its default
+// form) and pgstore for PostgreSQL. This package names no engine's types:
+// what only one engine can do lives in its package (pebblestore.DoBatch,
+// pgstore.DoTx) and returns ErrUnsupported on another. A program built
+// with the receipts_nopebble tag links no Pebble (docs/postgresql.md).
 //
 // When Pebble cannot make the write-ahead log durable (a failed fsync) it
 // stops the process (fail-stop, through its Logger's Fatalf): continuing

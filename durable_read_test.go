@@ -25,6 +25,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
@@ -107,7 +108,7 @@ func adminListView(db *receipts.DB) readerView {
 // rawRecords is every record key and value the engine shows an iterator.
 func rawRecords(t *testing.T, db *receipts.DB) string {
 	t.Helper()
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	it, err := pebblestore.DB(db).NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	defer it.Close()
 	var b bytes.Buffer
@@ -138,9 +139,14 @@ func TestReadersNeverReportUnsyncedWrites(t *testing.T) {
 			gate := newWALSyncGate()
 			clock := receiptstest.NewClock(receiptstest.DefaultStart)
 			open := func(fs vfs.FS) *receipts.DB {
-				db, err := receipts.Open("db", &receipts.Options{
-					Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1,
-					Now: clock.Now, Pebble: &pebble.Options{FS: fs},
+				db, err := pebblestore.Open("db", &pebblestore.Options{
+					Options: receipts.Options{
+						Retention:  time.Hour,
+						LeaseTTL:   30 * time.Second,
+						GCInterval: -1,
+						Now:        clock.Now,
+					},
+					Pebble: &pebble.Options{FS: fs},
 				})
 				require.NoError(t, err)
 				return db

@@ -7,16 +7,17 @@ import (
 
 // An Effect writes the application's own data into tx, the engine's unit of
 // atomic work, so that it commits with a Succeeded receipt or not at all.
-// tx is the engine's own: a *pebble.Batch on the embedded engine (Open; the
-// application's keys in DB.Pebble), a pgx.Tx on PostgreSQL (pgstore.Open; a
-// transaction that holds the lease's row). Write effects with EffectOn,
-// which checks the type; tx is valid only while the effect runs.
+// tx is the engine's own: the batch that carries the receipt on the embedded
+// engine (Open, pebblestore: pebblestore.Effect writes one), a pgx.Tx on
+// PostgreSQL (pgstore.Open; a transaction that holds the lease's row).
+// Write effects with EffectOn, which checks the type; tx is valid only
+// while the effect runs.
 type Effect func(ctx context.Context, tx any) error
 
 // EffectOn returns an Effect that runs f on an engine whose unit of atomic
-// work is a TTx: EffectOn(func(ctx context.Context, b *pebble.Batch) error
-// {...}) on Pebble, EffectOn(func(ctx context.Context, tx pgx.Tx) error
-// {...}) on PostgreSQL. On another engine the effect writes nothing and
+// work is a TTx: the Pebble batch on Pebble (pebblestore.Effect is this for
+// it), EffectOn(func(ctx context.Context, tx pgx.Tx) error {...}) on
+// PostgreSQL. On another engine the effect writes nothing and
 // returns an error wrapping ErrUnsupported: the commit it was staged for
 // fails, and nothing is recorded.
 func EffectOn[TTx any](f func(ctx context.Context, tx TTx) error) Effect {
@@ -39,9 +40,9 @@ func EffectOn[TTx any](f func(ctx context.Context, tx TTx) error) Effect {
 // claim: the outcome is unknown). A commit that fails keeps the effects
 // staged for the next try; one that succeeds clears them.
 //
-// This is how an effect commits with its receipt on every engine; DoBatch,
-// RunBatch and CommitWith are the Pebble engine's own forms, and
-// pgstore.DoTx and pgstore.CommitTx PostgreSQL's.
+// This is how an effect commits with its receipt on every engine;
+// pebblestore.DoBatch, RunBatch and CommitWith are the Pebble engine's own
+// forms, and pgstore.DoTx and pgstore.CommitTx PostgreSQL's.
 func (l *Lease) Stage(effect Effect) {
 	if effect == nil {
 		return

@@ -11,6 +11,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/pebbleengine"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -76,12 +77,12 @@ func TestOpenEngineUnsupportedPebbleOnlyMethods(t *testing.T) {
 	ctx := context.Background()
 	k := receipts.Key{Scope: "acct", ID: "op-1"}
 
-	require.Nil(t, db.Pebble())
-	require.ErrorIs(t, db.Checkpoint(t.TempDir()+"/cp"), receipts.ErrUnsupported)
+	require.Nil(t, pebblestore.DB(db))
+	require.ErrorIs(t, pebblestore.Checkpoint(db, t.TempDir()+"/cp"), receipts.ErrUnsupported)
 	rep, err := db.Check(ctx) // the engine has no driver.Checker
 	require.ErrorIs(t, err, receipts.ErrUnsupported)
 	require.Nil(t, rep)
-	_, err = db.DoBatch(ctx, k, []byte("fp"), func(context.Context, *receipts.Lease, *pebble.Batch) ([]byte, error) {
+	_, err = pebblestore.DoBatch(ctx, db, k, []byte("fp"), func(context.Context, *receipts.Lease, *pebble.Batch) ([]byte, error) {
 		t.Error("DoBatch ran fn on an engine without batches")
 		return nil, nil
 	})
@@ -89,7 +90,7 @@ func TestOpenEngineUnsupportedPebbleOnlyMethods(t *testing.T) {
 
 	l, _, err := db.Claim(ctx, k, []byte("fp"))
 	require.NoError(t, err)
-	_, err = l.CommitWith(ctx, []byte("r"), func(*pebble.Batch) error {
+	_, err = pebblestore.CommitWith(ctx, l, []byte("r"), func(*pebble.Batch) error {
 		t.Error("CommitWith ran its effect on an engine without batches")
 		return nil
 	})
@@ -98,12 +99,9 @@ func TestOpenEngineUnsupportedPebbleOnlyMethods(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func TestOpenEngineRejectsPebbleOnlyOptions(t *testing.T) {
+func TestOpenEngineRejectsInvalidOptions(t *testing.T) {
 	for name, o := range map[string]receipts.Options{
-		"Pebble":          {Pebble: &pebble.Options{}},
-		"CompactOnGC":     {CompactOnGC: true},
-		"ReplayCacheSize": {ReplayCacheSize: 1 << 20},
-		"LeaseTTL":        {Retention: time.Minute, LeaseTTL: time.Minute},
+		"LeaseTTL": {Retention: time.Minute, LeaseTTL: time.Minute},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := receipts.OpenEngine(func(driver.Config) (driver.Engine, error) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -39,7 +40,7 @@ func fillScopeIDs(t *testing.T, db *receipts.DB, scope, prefix string, n int) []
 // scope's results after.
 func TestEraseScope(t *testing.T) {
 	kr := newKeyring(t)
-	s := newTestStore(t, func(o *receipts.Options) { o.Keyring = kr })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.Keyring = kr })
 	db := s.db
 
 	// Tombstones of the scope: receipts past retention.
@@ -56,7 +57,7 @@ func TestEraseScope(t *testing.T) {
 	require.ErrorIs(t, err, receipts.ErrExpired) // a tombstone, before
 
 	ckpt := "ckpt"
-	require.NoError(t, db.Checkpoint(ckpt))
+	require.NoError(t, pebblestore.Checkpoint(db, ckpt))
 
 	st, err := db.EraseScope(bg, "victim")
 	require.NoError(t, err)
@@ -128,7 +129,7 @@ func TestEraseScope(t *testing.T) {
 
 	// The checkpoint from before still holds the scope's records, but not their results:
 	// its wrapped data key no longer opens.
-	cp, err := receipts.Open(ckpt, &receipts.Options{Keyring: kr, GCInterval: -1, Now: s.clock.Now, Pebble: &pebble.Options{FS: s.fs}})
+	cp, err := pebblestore.Open(ckpt, &pebblestore.Options{Options: receipts.Options{Keyring: kr, GCInterval: -1, Now: s.clock.Now}, Pebble: &pebble.Options{FS: s.fs}})
 	require.NoError(t, err)
 	_, err = cp.Lookup(bg, victim[0])
 	require.ErrorIs(t, err, receipts.ErrErased)
@@ -180,7 +181,7 @@ func TestEraseScopeInput(t *testing.T) {
 // either land before it (and are erased) or find it: afterwards no record of the scope is
 // left, and no call ran an action after the erasure.
 func TestEraseScopeConcurrent(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.Keyring = newKeyring(t) })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.Keyring = newKeyring(t) })
 	db := s.db
 	var stop atomic.Bool
 	var erasedAt atomic.Int64 // wall time the erasure returned

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
-	"github.com/receiptstore/receipts/internal/pebbleengine"
 )
 
 // Sentinel errors. Test for them with errors.Is; the engine wraps them with
@@ -91,14 +90,17 @@ var (
 	// this version does not know (a newer one).
 	ErrUnknownFormat = driver.ErrUnknownFormat
 
-	// ErrLocked is returned by Open when another process (or another DB in
-	// this process) holds the directory. Inspect a running service through
-	// its admin handler (package receiptadmin), or open a Checkpoint of it.
-	ErrLocked = pebbleengine.ErrLocked
+	// ErrLocked is returned by Open (and pebblestore.Open) when another
+	// process (or another DB in this process) holds the directory. Inspect a
+	// running service through its admin handler (package receiptadmin), or
+	// open a checkpoint of it (pebblestore.Checkpoint).
+	ErrLocked = driver.ErrLocked
 
 	// ErrUnsupported is returned by a method the store's engine cannot
-	// serve: CommitWith, DoBatch and Checkpoint on another engine than
-	// Pebble (DB.Pebble returns nil there).
+	// serve: an engine package's own forms on another engine
+	// (pebblestore.DoBatch on PostgreSQL, pgstore.DoTx on Pebble), an
+	// Effect written for another engine, and Open in a program built with
+	// the receipts_nopebble tag.
 	ErrUnsupported = errors.New("receipts: not supported by this engine")
 
 	// ErrErased is returned for a key whose scope was erased (DB.EraseScope): by Claim,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
@@ -73,14 +74,16 @@ type gcBenchStore struct {
 
 func openGCBench(b *testing.B, compact bool) *gcBenchStore {
 	s := &gcBenchStore{dir: filepath.Join(b.TempDir(), "db"), clock: receiptstest.NewClock(receiptstest.DefaultStart)}
-	opts := &receipts.Options{
-		Retention:   time.Hour,
-		LeaseTTL:    30 * time.Second,
-		GCInterval:  -1,
+	opts := &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  time.Hour,
+			LeaseTTL:   30 * time.Second,
+			GCInterval: -1,
+			Now:        s.clock.Now,
+		},
 		CompactOnGC: compact,
-		Now:         s.clock.Now,
 	}
-	db, err := receipts.Open(s.dir, opts)
+	db, err := pebblestore.Open(s.dir, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -142,14 +145,14 @@ func (s *gcBenchStore) fill(b *testing.B, how, prefix string, n int, span time.D
 // settle flushes the memtable and waits (up to a minute) until Pebble has
 // no compaction running and the directory size has stopped changing.
 func (s *gcBenchStore) settle(b *testing.B) gcBenchSize {
-	if err := s.db.Pebble().Flush(); err != nil {
+	if err := pebblestore.DB(s.db).Flush(); err != nil {
 		b.Fatal(err)
 	}
 	last, stable := s.size(b), 0
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && stable < 10; {
 		time.Sleep(50 * time.Millisecond) // a benchmark waiting for Pebble's background work
 		cur := s.size(b)
-		if cur == last && s.db.Pebble().Metrics().Compact.NumInProgress == 0 {
+		if cur == last && pebblestore.DB(s.db).Metrics().Compact.NumInProgress == 0 {
 			stable++
 		} else {
 			stable = 0
@@ -171,7 +174,7 @@ type gcBenchSize struct {
 func (s *gcBenchStore) size(b *testing.B) gcBenchSize {
 	var z gcBenchSize
 	z.dir, z.dirSST, z.wal, z.manifest = dirBytes(b, s.dir)
-	z.sst = s.db.Pebble().Metrics().Table.Local.LiveSize
+	z.sst = pebblestore.DB(s.db).Metrics().Table.Local.LiveSize
 	return z
 }
 
@@ -239,12 +242,12 @@ func benchGCOnce(b *testing.B, n int, how string, compact bool) {
 	// Epochs 0..3 ended at 4W; dead from 4W+Retention. The live receipts
 	// (written in [4.5W, 4.75W)) stay visible.
 	s.clock.Advance(4*width + retention + time.Minute - s.clock.Now().Sub(t0))
-	m0 := s.db.Pebble().Metrics()
+	m0 := pebblestore.DB(s.db).Metrics()
 	st, err := s.db.GC(bg)
 	if err != nil {
 		b.Fatal(err)
 	}
-	m1 := s.db.Pebble().Metrics()
+	m1 := pebblestore.DB(s.db).Metrics()
 	afterGC := s.size(b)
 	if st.EpochsDropped != 4 || st.Compacted != compact {
 		b.Fatalf("GC: %+v", st)

@@ -22,6 +22,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -73,14 +74,14 @@ func gcFillRaw(tb testing.TB, db *receipts.DB, fs vfs.FS, dir string, width time
 	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
 	require.NoError(tb, err)
 	w := sstable.NewWriter(objstorageprovider.NewFileWritable(f), sstable.WriterOptions{
-		TableFormat:  db.Pebble().FormatMajorVersion().MaxTableFormat(),
+		TableFormat:  pebblestore.DB(db).FormatMajorVersion().MaxTableFormat(),
 		FilterPolicy: bloom.FilterPolicy(10),
 	})
 	for _, r := range recs {
 		require.NoError(tb, w.Set(r.k, r.v))
 	}
 	require.NoError(tb, w.Close())
-	require.NoError(tb, db.Pebble().Ingest(context.Background(), []string{name}))
+	require.NoError(tb, pebblestore.DB(db).Ingest(context.Background(), []string{name}))
 	// Pebble moved the file in (MemFS) or linked it (disk).
 	if err := fs.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
 		tb.Fatal(err)
@@ -147,14 +148,14 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 		s.clock.Advance(retW/2 + 1)
 		live := key("api", "live")
 		retCommit(t, db, live, "x")
-		require.NoError(t, db.Pebble().Flush())
+		require.NoError(t, pebblestore.DB(db).Flush())
 
 		// Epochs 0..3 end by t0+4W, dead once Retention more has passed;
 		// the survivor is visible until its write + Retention.
 		s.clock.Advance(retR - 1)
-		before := db.Pebble().Metrics()
+		before := pebblestore.DB(db).Metrics()
 		st := retGC(t, db)
-		after := db.Pebble().Metrics()
+		after := pebblestore.DB(db).Metrics()
 
 		require.Equal(t, 4, st.EpochsDropped)
 		require.Equal(t, 1, gcRecordCount(t, db), "only the live receipt is left")
@@ -174,16 +175,16 @@ func TestGCWritesDoNotGrowWithReceipts(t *testing.T) {
 
 		// Tombstones: every key is ErrExpired for the window, then GC
 		// drops the 4 epochs of markers with one range deletion.
-		require.NoError(t, db.Pebble().Compact(bg, keys.MarkersStart, keys.MarkersEnd, false))
-		mb, err := db.Pebble().EstimateDiskUsage(keys.MarkersStart, keys.MarkersEnd)
+		require.NoError(t, pebblestore.DB(db).Compact(bg, keys.MarkersStart, keys.MarkersEnd, false))
+		mb, err := pebblestore.DB(db).EstimateDiskUsage(keys.MarkersStart, keys.MarkersEnd)
 		require.NoError(t, err)
 		res.markerBytes = float64(mb) / float64(n+4)
 		_, _, err = db.Claim(bg, key("bulk", fmt.Sprintf("r%d", n-1)), []byte("any"))
 		require.ErrorIs(t, err, receipts.ErrExpired)
 		s.clock.Advance(db.Options().TombstoneWindow)
-		before = db.Pebble().Metrics()
+		before = pebblestore.DB(db).Metrics()
 		st = retGC(t, db)
-		after = db.Pebble().Metrics()
+		after = pebblestore.DB(db).Metrics()
 		require.Equal(t, 4, st.TombstoneEpochsDropped)
 		res.tombWrites, res.tombWALBytes = st.Writes, after.WAL.BytesIn-before.WAL.BytesIn
 		for _, k := range []receipts.Key{key("bulk", "r0"), key("bulk", fmt.Sprintf("r%d", n-1)), api[0]} {
@@ -241,7 +242,7 @@ func TestGCBytesFreedCountsEachEpochOnce(t *testing.T) {
 	t0 := s.clock.Now()
 	for e := range 3 { // one sstable per epoch
 		gcFillRaw(t, db, s.fs, s.dir, retW, fmt.Sprintf("e%d-", e), 5_000, t0.Add(time.Duration(e)*retW), retW)
-		require.NoError(t, db.Pebble().Flush())
+		require.NoError(t, pebblestore.DB(db).Flush())
 	}
 	s.clock.Advance(retR + retW) // epoch 0 is dead
 	first := retGC(t, db)
@@ -259,13 +260,13 @@ func TestGCBytesFreedCountsEachEpochOnce(t *testing.T) {
 func TestGCCompactOnGC(t *testing.T) {
 	for _, compact := range []bool{false, true} {
 		t.Run(fmt.Sprintf("compact=%v", compact), func(t *testing.T) {
-			s := newTestStore(t, func(o *receipts.Options) { o.CompactOnGC = compact })
+			s := newTestStore(t, func(o *pebblestore.Options) { o.CompactOnGC = compact })
 			db := s.db
 			t0 := s.clock.Now()
 			gcFillRaw(t, db, s.fs, s.dir, retW, "r", 10_000, t0, 2*retW)
-			require.NoError(t, db.Pebble().Flush())
+			require.NoError(t, pebblestore.DB(db).Flush())
 			tables := func() uint64 { // the records' (their markers outlive them)
-				n, err := db.Pebble().EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
+				n, err := pebblestore.DB(db).EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
 				require.NoError(t, err)
 				return n
 			}
@@ -311,7 +312,7 @@ func gcLoopRunning() bool {
 // real time (the only test here that waits for it, a few milliseconds).
 func TestGCBackgroundLoop(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	s := newTestStore(t, func(o *receipts.Options) { o.GCInterval = time.Millisecond })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.GCInterval = time.Millisecond })
 	db := s.db
 	require.True(t, gcLoopRunning())
 	k := retCommit(t, db, key("acct", "a"), "x").Key
@@ -339,7 +340,7 @@ func TestGCIntervalDisablesOrDefaults(t *testing.T) {
 	}{{-1, false}, {-time.Hour, false}, {0, true}, {time.Hour, true}} {
 		t.Run(tc.interval.String(), func(t *testing.T) {
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-			s := newTestStore(t, func(o *receipts.Options) { o.GCInterval = tc.interval })
+			s := newTestStore(t, func(o *pebblestore.Options) { o.GCInterval = tc.interval })
 			require.Equal(t, tc.running, gcLoopRunning())
 			if !tc.running {
 				// Nothing collects the expired receipt but an explicit GC.
@@ -407,7 +408,7 @@ func TestGCStatsReportsEpochsStatesAndLastGC(t *testing.T) {
 	require.Equal(t, 3, countOf(t, db).LiveEpochs)
 
 	s.clock.Advance(retW) // t0+76m
-	require.NoError(t, db.Pebble().Flush())
+	require.NoError(t, pebblestore.DB(db).Flush())
 	gst := retGC(t, db)
 	require.Equal(t, 1, gst.EpochsDropped)
 	require.Equal(t, 3, gst.Writes, "the markers, the range deletion, the floor")
@@ -551,9 +552,9 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 	}
 	s.clock.Advance(retW) // epoch 4
 	live := retCommit(t, db, key("acct", "live"), "x").Key
-	require.NoError(t, db.Pebble().Flush())
+	require.NoError(t, pebblestore.DB(db).Flush())
 
-	levels, err := db.Pebble().SSTables()
+	levels, err := pebblestore.DB(db).SSTables()
 	require.NoError(t, err)
 	tables := 0
 	for _, level := range levels {
@@ -575,7 +576,7 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 
 	// The records' sstables (markers outlive them by the tombstone window).
 	sst := func() uint64 {
-		n, err := db.Pebble().EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
+		n, err := pebblestore.DB(db).EstimateDiskUsage(keys.RecordsStart, keys.RecordsEnd)
 		require.NoError(t, err)
 		return n
 	}
@@ -584,7 +585,7 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 	st := retGC(t, db)
 	require.Equal(t, 4, st.EpochsDropped)
 	require.False(t, st.Compacted)
-	require.NoError(t, db.Pebble().Flush()) // the range deletion reaches an sstable
+	require.NoError(t, pebblestore.DB(db).Flush()) // the range deletion reaches an sstable
 	require.Eventually(t, func() bool { return sst() < before/10 }, 10*time.Second, 5*time.Millisecond,
 		"Pebble's delete-only compactions returned less than 90%%: %d of %d bytes left", sst(), before)
 	retVisible(t, db, live, receipts.Succeeded)
@@ -595,7 +596,7 @@ func TestGCSSTablesSplitAtEpochs(t *testing.T) {
 	// of markers covers whole sstables too.
 	require.Equal(t, 1200, st.MarkersWritten)
 	require.Equal(t, 1200, countMarkers(t, db))
-	levels, err = db.Pebble().SSTables()
+	levels, err = pebblestore.DB(db).SSTables()
 	require.NoError(t, err)
 	markerTables := 0
 	for _, level := range levels {

@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -18,23 +19,23 @@ type testStore struct {
 	fs    vfs.FS
 	dir   string
 	clock *receiptstest.Clock
-	opts  receipts.Options
+	opts  pebblestore.Options
 	db    *receipts.DB
 }
 
 // noTombstones turns tombstones off, for tests of what happens right after
 // retention.
-func noTombstones(o *receipts.Options) { o.TombstoneWindow = -1 }
+func noTombstones(o *pebblestore.Options) { o.TombstoneWindow = -1 }
 
-func newTestStore(t testing.TB, mod func(*receipts.Options)) *testStore {
+func newTestStore(t testing.TB, mod func(*pebblestore.Options)) *testStore {
 	t.Helper()
 	s := &testStore{t: t, fs: vfs.NewMem(), dir: "db", clock: receiptstest.NewClock(receiptstest.DefaultStart)}
-	s.opts = receipts.Options{
+	s.opts = pebblestore.Options{Options: receipts.Options{
 		Retention:  time.Hour,
 		LeaseTTL:   30 * time.Second,
 		GCInterval: -1,
 		Now:        s.clock.Now,
-	}
+	}}
 	if mod != nil {
 		mod(&s.opts)
 	}
@@ -56,7 +57,7 @@ func (s *testStore) open() {
 	}
 	po.FS = s.fs
 	o.Pebble = po
-	db, err := receipts.Open(s.dir, &o)
+	db, err := pebblestore.Open(s.dir, &o)
 	require.NoError(s.t, err)
 	s.db = db
 }

@@ -3,7 +3,6 @@ package receipts
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
@@ -12,9 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // Lease is the right to execute one operation, held by one caller. It is
@@ -75,10 +74,8 @@ func (db *DB) providerKey(k Key) string {
 	if sk, err := db.storedKey(k); err == nil { // Options.HashKeys: the same for a listed key
 		k = Key(sk)
 	}
-	var lk [keys.MaxLockKeyLen]byte
-	mac := hmac.New(sha256.New, db.secret)
-	mac.Write(keys.AppendLockKey(lk[:0], k.Scope, k.ID))
-	return "rk_" + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	var sum [sha256.Size]byte
+	return "rk_" + base64.RawURLEncoding.EncodeToString(keys.MAC(sum[:0], db.secret, k.Scope, k.ID))
 }
 
 // info is what identifies l to its engine.
@@ -108,7 +105,7 @@ func (l *Lease) renew(ctx context.Context) error {
 	}
 	_, err := l.db.eng.Renew(ctx, l.skey, l.token, l.ttl)
 	if errors.Is(err, ErrLeaseLost) {
-		l.observeFinish(ctx, OutcomeLeaseLost, time.Time{})
+		l.observeFinish(ctx, observe.OutcomeLeaseLost, time.Time{})
 	}
 	return err
 }
@@ -116,45 +113,30 @@ func (l *Lease) renew(ctx context.Context) error {
 // Commit records the operation as Succeeded with result, synced before it
 // returns. Every later Claim, Do or Lookup of the key gets this receipt.
 func (l *Lease) Commit(ctx context.Context, result []byte) (*Receipt, error) {
-	return l.finish(ctx, Succeeded, result, nil)
+	return l.finish(ctx, Succeeded, result)
 }
 
 // Fail records a definitive failure with result (for example the provider's
 // error), replayed to later callers like a success. Use Release instead if
 // nothing happened and the operation may be tried again.
 func (l *Lease) Fail(ctx context.Context, result []byte) (*Receipt, error) {
-	return l.finish(ctx, Failed, result, nil)
+	return l.finish(ctx, Failed, result)
 }
 
-// CommitWith commits the receipt together with an effect in this engine:
-// effect writes into b (the application's own keys in db.Pebble()), and b
-// commits with the receipt in one synced batch. If the lease is lost, effect
-// is not called and nothing is written (ErrLeaseLost); if effect returns an
-// error, nothing is written, the lease is still held, and that error is
-// returned (wrapped). Effects staged with Stage are written first. On
-// another engine than Pebble it returns ErrUnsupported: Stage an Effect,
-// then Commit, on every engine.
-func (l *Lease) CommitWith(ctx context.Context, result []byte, effect func(b *pebble.Batch) error) (*Receipt, error) {
-	if effect == nil {
-		return l.Commit(ctx, result)
-	}
-	return l.finish(ctx, Succeeded, result, EffectOn(func(_ context.Context, b *pebble.Batch) error { return effect(b) }))
-}
-
-// finish is Commit, Fail and CommitWith: one gated call.
-func (l *Lease) finish(ctx context.Context, state State, result []byte, effect Effect) (*Receipt, error) {
+// finish is Commit and Fail: one gated call.
+func (l *Lease) finish(ctx context.Context, state State, result []byte) (*Receipt, error) {
 	if err := l.db.enter(); err != nil {
 		return nil, err
 	}
 	defer l.db.exit()
-	return l.settle(ctx, state, result, nil, effect)
+	return l.settle(ctx, state, result)
 }
 
 // settle records state and result. A Succeeded receipt commits with the
-// staged effects (Stage), then effect, if not nil (CommitWith), in the
-// engine's unit of atomic work (driver.Effects), and with b, if not nil,
-// which already holds an effect (DoBatch: the Pebble engine's batch).
-func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebble.Batch, effect Effect) (*Receipt, error) {
+// staged effects (Stage) in the engine's unit of atomic work
+// (driver.Effects); an engine package's own unit of work for the lease
+// travels in ctx, which the engine reads (pebblestore's batch).
+func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receipt, error) {
 	if err := validateResult(result); err != nil {
 		return nil, err
 	}
@@ -165,10 +147,9 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	if result == nil {
 		result = []byte{} // a committed result is never nil, first time or replayed
 	}
-	if state != Succeeded {
-		b, effect = nil, nil // a Failed receipt is written without the effect
-	} else {
-		effect = l.stagedEffect().then(effect)
+	var effect Effect
+	if state == Succeeded { // a Failed receipt is written without the effects
+		effect = l.stagedEffect()
 	}
 	stored, err := l.sealResult(ctx, driver.State(state), result)
 	if err != nil {
@@ -179,12 +160,6 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	ctx = l.db.withTrace(ctx)
 	k := l.skey
 	switch fx, ok := l.db.eng.(driver.Effects); {
-	case b != nil:
-		var write func(*pebble.Batch) error
-		if effect != nil {
-			write = func(b *pebble.Batch) error { return effect(ctx, b) }
-		}
-		rec, err = l.db.peb.FinishBatch(ctx, k, l.token, driver.State(state), stored, b, write)
 	case effect == nil:
 		rec, err = l.db.eng.Finish(ctx, k, l.token, driver.State(state), stored)
 	case ok:
@@ -195,15 +170,15 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte, b *pebbl
 	rec.Result = result // the plaintext (stored may be its envelope)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			l.observeFinish(ctx, OutcomeLeaseLost, start)
+			l.observeFinish(ctx, observe.OutcomeLeaseLost, start)
 		}
 		return nil, err
 	}
 	l.clearStaged()
 	r := l.db.finished(l, &rec)
-	out := OutcomeSucceeded
+	out := observe.OutcomeSucceeded
 	if rec.State == driver.Failed {
-		out = OutcomeFailed
+		out = observe.OutcomeFailed
 	}
 	l.observeFinish(ctx, out, start)
 	return r, nil
@@ -228,7 +203,7 @@ func (db *DB) finished(l *Lease, rec *driver.Record) *Receipt {
 // for it). If fn returns a record, it is the finished record as written:
 // Raw counts the commit or failure and returns its receipt. If fn returns
 // none (a fence check), Raw returns nil. Like database/sql's Conn.Raw, it
-// is for engine packages; applications call Commit, Fail or CommitWith.
+// is for engine packages; applications call Commit or Fail.
 func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.Engine, li driver.LeaseInfo) (*driver.Record, error)) (*Receipt, error) {
 	if err := l.db.enter(); err != nil {
 		return nil, err
@@ -237,7 +212,7 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 	start := l.db.traceStart(ctx)
 	rec, err := fn(l.db.withTrace(ctx), l.db.eng, l.info())
 	if errors.Is(err, ErrLeaseLost) {
-		l.observeFinish(ctx, OutcomeLeaseLost, start)
+		l.observeFinish(ctx, observe.OutcomeLeaseLost, start)
 	}
 	if err != nil || rec == nil {
 		return nil, err
@@ -246,9 +221,9 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 		return nil, err
 	}
 	r := l.db.finished(l, rec)
-	out := OutcomeSucceeded
+	out := observe.OutcomeSucceeded
 	if rec.State == driver.Failed {
-		out = OutcomeFailed
+		out = observe.OutcomeFailed
 	}
 	l.observeFinish(ctx, out, start)
 	return r, nil
@@ -280,7 +255,7 @@ func (l *Lease) release(ctx context.Context) error {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
 	}
-	l.observeWrite(ctx, OutcomeReleased, start, err)
+	l.observeWrite(ctx, observe.OutcomeReleased, start, err)
 	return err
 }
 
@@ -308,7 +283,7 @@ func (l *Lease) forget(ctx context.Context) error {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
 	}
-	l.observeWrite(ctx, OutcomeReleased, start, err)
+	l.observeWrite(ctx, observe.OutcomeReleased, start, err)
 	return err
 }
 
@@ -336,6 +311,6 @@ func (l *Lease) abandon(ctx context.Context) error {
 		l.db.settled(l)
 		l.db.n.abandons.Add(1)
 	}
-	l.observeWrite(ctx, OutcomeAbandoned, start, err)
+	l.observeWrite(ctx, observe.OutcomeAbandoned, start, err)
 	return err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -141,13 +142,13 @@ func TestClosed(t *testing.T) {
 	require.ErrorIs(t, err, receipts.ErrClosed)
 	_, err = s.db.Do(bg, k, []byte("fp"), nil)
 	require.ErrorIs(t, err, receipts.ErrClosed)
-	_, err = s.db.DoBatch(bg, k, []byte("fp"), nil)
+	_, err = pebblestore.DoBatch(bg, s.db, k, []byte("fp"), nil)
 	require.ErrorIs(t, err, receipts.ErrClosed)
 	_, err = s.db.Lookup(bg, k)
 	require.ErrorIs(t, err, receipts.ErrClosed)
 	_, err = s.db.GC(bg)
 	require.ErrorIs(t, err, receipts.ErrClosed)
-	require.ErrorIs(t, s.db.Checkpoint("cp"), receipts.ErrClosed)
+	require.ErrorIs(t, pebblestore.Checkpoint(s.db, "cp"), receipts.ErrClosed)
 	for _, err := range s.db.Scan(bg, receipts.Filter{}) {
 		require.ErrorIs(t, err, receipts.ErrClosed)
 	}
@@ -242,8 +243,8 @@ func TestOptionsValidation(t *testing.T) {
 		require.Equal(t, before.LeaseTTL, o.LeaseTTL)
 	}
 	// Defaults.
-	o := &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}}
-	db, err := receipts.Open("d", o)
+	o := &pebblestore.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}}
+	db, err := pebblestore.Open("d", o)
 	require.NoError(t, err)
 	st := db.Stats()
 	require.Equal(t, receipts.DefaultRetention, st.Retention)
@@ -262,7 +263,7 @@ func TestUnknownFormat(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pdb.Set(keys.Meta, b, pebble.Sync))
 	require.NoError(t, pdb.Close())
-	_, err = receipts.Open("d", &receipts.Options{Pebble: &pebble.Options{FS: fs}})
+	_, err = pebblestore.Open("d", &pebblestore.Options{Pebble: &pebble.Options{FS: fs}})
 	require.ErrorIs(t, err, receipts.ErrUnknownFormat)
 
 	// Damaged meta is corruption, not a fresh store.
@@ -270,7 +271,7 @@ func TestUnknownFormat(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pdb.Set(keys.Meta, []byte("garbage"), pebble.Sync))
 	require.NoError(t, pdb.Close())
-	_, err = receipts.Open("d", &receipts.Options{Pebble: &pebble.Options{FS: fs}})
+	_, err = pebblestore.Open("d", &pebblestore.Options{Pebble: &pebble.Options{FS: fs}})
 	require.ErrorIs(t, err, receipts.ErrCorrupt)
 }
 
@@ -292,7 +293,7 @@ func TestApplicationDataAlongside(t *testing.T) {
 	// The application's keys (anything not under the reserved prefix) are
 	// never seen by the store.
 	for _, k := range []string{"", "\x00", "\x00rcps", "\x00rcpu", "\xff", "app/1"} {
-		require.NoError(t, s.db.Pebble().Set([]byte(k+"x"), []byte("app"), pebble.Sync))
+		require.NoError(t, pebblestore.DB(s.db).Set([]byte(k+"x"), []byte("app"), pebble.Sync))
 	}
 	n := 0
 	for _, err := range s.db.Scan(bg, receipts.Filter{}) {
@@ -313,7 +314,7 @@ func TestCheckpoint(t *testing.T) {
 	k := key("a", "k")
 	_, err = db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("r"), nil })
 	require.NoError(t, err)
-	require.NoError(t, db.Checkpoint(filepath.Join(dir, "copy")))
+	require.NoError(t, pebblestore.Checkpoint(db, filepath.Join(dir, "copy")))
 	cp, err := receipts.Open(filepath.Join(dir, "copy"), &receipts.Options{GCInterval: -1})
 	require.NoError(t, err)
 	defer cp.Close()
@@ -395,7 +396,7 @@ func TestAbandonAndOptions(t *testing.T) {
 }
 
 func TestLeaseKeepAlive(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.LeaseTTL = 30 * time.Millisecond })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.LeaseTTL = 30 * time.Millisecond })
 	k := key("a", "k")
 	l, _, err := s.db.Claim(bg, k, []byte("fp"))
 	require.NoError(t, err)

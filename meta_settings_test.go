@@ -9,6 +9,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,8 +17,12 @@ const week = 7 * 24 * time.Hour
 
 func openSettings(t *testing.T, fs vfs.FS, retention, ttl time.Duration, readOnly bool) *receipts.DB {
 	t.Helper()
-	db, err := receipts.Open("db", &receipts.Options{
-		Retention: retention, LeaseTTL: ttl, GCInterval: -1,
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  retention,
+			LeaseTTL:   ttl,
+			GCInterval: -1,
+		},
 		Pebble: &pebble.Options{FS: fs, ReadOnly: readOnly},
 	})
 	require.NoError(t, err)
@@ -26,7 +31,7 @@ func openSettings(t *testing.T, fs vfs.FS, retention, ttl time.Duration, readOnl
 
 func storedMeta(t *testing.T, db *receipts.DB) *encoding.Meta {
 	t.Helper()
-	v, closer, err := db.Pebble().Get(keys.Meta)
+	v, closer, err := pebblestore.DB(db).Get(keys.Meta)
 	require.NoError(t, err)
 	defer closer.Close()
 	m, err := encoding.DecodeMeta(v)
@@ -83,7 +88,7 @@ func TestStoreRecordsRetention(t *testing.T) {
 
 	// A recorded LeaseTTL that the given Retention cannot hold is refused,
 	// and nothing changes.
-	_, err := receipts.Open("db", &receipts.Options{Retention: 4 * time.Minute, GCInterval: -1, Pebble: &pebble.Options{FS: fs}})
+	_, err := pebblestore.Open("db", &pebblestore.Options{Options: receipts.Options{Retention: 4 * time.Minute, GCInterval: -1}, Pebble: &pebble.Options{FS: fs}})
 	require.ErrorIs(t, err, receipts.ErrInvalidOptions)
 	db = openSettings(t, fs, 0, 0, false)
 	requireSettings(t, db, 48*time.Hour, 5*time.Minute)
@@ -118,8 +123,8 @@ func TestFormat1StoreOpens(t *testing.T) {
 	old := encoding.Meta{Format: 1, EpochWidth: m.EpochWidth, Secret: m.Secret, CreatedAt: m.CreatedAt}
 	b, err := encoding.EncodeMeta(&old)
 	require.NoError(t, err)
-	require.NoError(t, db.Pebble().Set(keys.Meta, b, pebble.Sync))
-	require.NoError(t, db.Pebble().Flush())
+	require.NoError(t, pebblestore.DB(db).Set(keys.Meta, b, pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Flush())
 	require.NoError(t, db.Close())
 
 	// Read-only: the defaults (nothing recorded), the meta untouched.

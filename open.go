@@ -6,72 +6,20 @@ import (
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/hot"
-	"github.com/receiptstore/receipts/internal/pebbleengine"
+	"github.com/receiptstore/receipts/observe"
 )
 
-// Open opens the store in dir on the Pebble engine, creating it if needed.
-// Open copies opts; nil means defaults. It fails with ErrInvalidOptions for
-// options that cannot work, ErrUnknownFormat for a store of a newer format,
-// ErrLocked if another process holds dir, and ErrCorrupt if the store's meta
-// data is damaged.
-//
-// The store records the Retention, LeaseTTL and TombstoneWindow it runs
-// with (Retention and LeaseTTL are described here; TombstoneWindow is
-// recorded the same way), so that
-// offline tools (receiptctl) see what the service sees. A zero Retention or
-// LeaseTTL means the store's recorded value (DefaultRetention and
-// DefaultLeaseTTL for a new store, or one written by a version that
-// recorded none); a non-zero one that differs is used and recorded (synced)
-// in its place, unless the store is opened read-only (Options.Pebble.ReadOnly),
-// which uses it without recording it. DB.Options reports the values in force.
-// With a zero Retention, a LeaseTTL of DefaultRetention or more is refused:
-// set Retention too.
-func Open(dir string, opts *Options) (*DB, error) {
-	var o Options
-	if opts != nil {
-		o = *opts
-	}
-	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0, tombstoneWindow: o.TombstoneWindow == 0}
-	o.ensureDefaults()
-	if o.ReplayCacheSize == 0 {
-		o.ReplayCacheSize = DefaultReplayCacheSize
-	}
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
-	h := new(hot.Line)
-	return openDB(o, stored, h, func(cfg driver.Config) (driver.Engine, error) {
-		return pebbleengine.Open(dir, pebbleengine.Config{
-			Config:          cfg,
-			Pebble:          o.Pebble,
-			CompactOnGC:     o.CompactOnGC,
-			ReplayCacheSize: o.ReplayCacheSize,
-			Hot:             h,
-		})
-	})
-}
-
-// OpenEngine returns a DB on another storage engine, for engine packages
-// (pgstore.Open calls it and returns the same *DB): it copies, defaults and
+// OpenEngine returns a DB on a storage engine, for engine packages
+// (pebblestore.Open and pgstore.Open call it and return the same *DB, as
+// database/sql's OpenDB takes a driver.Connector): it copies, defaults and
 // validates opts (nil means defaults), then calls open with the settings
 // every engine shares, and serves the contract on the engine open returns.
 // Options.Now left nil means the engine's own clock (the database's, for
-// PostgreSQL). The Pebble-only fields (Pebble, CompactOnGC,
-// ReplayCacheSize) must be zero: ErrInvalidOptions otherwise. If open
-// fails, its error is returned as is. On the DB it returns, Pebble returns
-// nil, and CommitWith, DoBatch and Checkpoint return ErrUnsupported.
+// PostgreSQL). If open fails, its error is returned as is.
 func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Options) (*DB, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
-	}
-	switch {
-	case o.Pebble != nil:
-		return nil, fmt.Errorf("%w: Options.Pebble is for the Pebble engine only", ErrInvalidOptions)
-	case o.CompactOnGC:
-		return nil, fmt.Errorf("%w: Options.CompactOnGC is for the Pebble engine only", ErrInvalidOptions)
-	case o.ReplayCacheSize != 0:
-		return nil, fmt.Errorf("%w: Options.ReplayCacheSize is for the Pebble engine only", ErrInvalidOptions)
 	}
 	stored := storedSettings{retention: o.Retention == 0, leaseTTL: o.LeaseTTL == 0, tombstoneWindow: o.TombstoneWindow == 0}
 	now := o.Now
@@ -80,7 +28,7 @@ func OpenEngine(open func(cfg driver.Config) (driver.Engine, error), opts *Optio
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	return openDB(o, stored, new(hot.Line), open)
+	return openDB(o, stored, open)
 }
 
 // storedSettings says which options were left zero at Open: those take
@@ -89,7 +37,8 @@ type storedSettings struct{ retention, leaseTTL, tombstoneWindow bool }
 
 // openDB opens the engine with o's shared settings and starts background GC.
 // REQUIRES: o defaulted and validated.
-func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
+func openDB(o Options, stored storedSettings, openEngine func(driver.Config) (driver.Engine, error)) (*DB, error) {
+	h := new(hot.Line)
 	closing := make(chan struct{})
 	closed := func() bool { return h.Gate.Load()&gateClosed != 0 }
 	eng, err := openEngine(driver.Config{
@@ -135,6 +84,7 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 		_ = eng.Close()
 		return nil, err
 	}
+	o.HashKeys = keyForm != nil // as the store records it (DB.Options)
 	db := &DB{
 		seal:       seal,
 		keys:       keyForm,
@@ -143,15 +93,14 @@ func openDB(o Options, stored storedSettings, h *hot.Line, openEngine func(drive
 		tombs:      tombs,
 		secret:     eng.Secret(),
 		hashKey:    deriveHashKey(eng.Secret()),
-		observesDo: observes(o.Observer, DoEvent),
+		observesDo: observe.Observes(o.Observer, observe.DoEvent),
 		engName:    eng.Name(),
 		ttl:        o.LeaseTTL,
 		hot:        h,
 		closing:    closing,
 		drained:    make(chan struct{}),
 	}
-	db.peb, _ = eng.(*pebbleengine.Engine)
-	db.beginner, _ = o.Observer.(Beginner)
+	db.beginner, _ = o.Observer.(observe.Beginner)
 	db.lastGC.Store(&GCStats{})
 	ctx, cancel := context.WithCancel(context.Background())
 	db.bgCancel = cancel

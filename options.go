@@ -6,27 +6,15 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/machine"
-	"github.com/receiptstore/receipts/internal/pebbleengine"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // Defaults.
 const (
 	DefaultRetention = 24 * time.Hour
 	DefaultLeaseTTL  = 30 * time.Second
-	// DefaultCacheSize is Pebble's block cache when Options.Pebble sets
-	// neither Cache nor CacheSize.
-	DefaultCacheSize = pebbleengine.DefaultCacheSize
-	// DefaultLBaseMaxBytes is Pebble's LBaseMaxBytes (the size of the level
-	// L0 is compacted into) when Options.Pebble leaves it zero: 8 MiB
-	// rather than Pebble's 64 MiB, because operation keys are spread over
-	// the key space and each such compaction rewrites most of that level.
-	DefaultLBaseMaxBytes = pebbleengine.DefaultLBaseMaxBytes
-	// DefaultReplayCacheSize is the memory kept for recently finished
-	// receipts when Options.ReplayCacheSize is zero.
-	DefaultReplayCacheSize = 8 << 20
 )
 
 // Bounds on the duration options. Open refuses anything outside them with
@@ -71,9 +59,9 @@ var (
 )
 
 // Options configure a DB. A nil *Options means all defaults. Open copies the
-// options; it never changes the caller's struct. Pebble, CompactOnGC and
-// ReplayCacheSize configure the Pebble engine (Open); OpenEngine, for other
-// engines, rejects them unless zero.
+// options; it never changes the caller's struct. The options here are
+// every engine's; an engine package adds its own beside them
+// (pebblestore.Options, pgstore.Options).
 type Options struct {
 	// Retention is how long a receipt, or an abandoned claim, stays visible
 	// after its last write; at most MaxRetention (100 years). The store
@@ -127,10 +115,6 @@ type Options struct {
 	// stored width is too narrow for a longer Retention given at a later
 	// Open is refused (ErrInvalidOptions) and left as it is.
 	EpochWidth time.Duration
-	// CompactOnGC makes GC ask Pebble to compact the dropped range at once,
-	// returning the disk space immediately rather than when Pebble's
-	// delete-only compactions get to it.
-	CompactOnGC bool
 	// Now is the clock. Default time.Now. Tests inject a fake one. Times
 	// before 1970 are read as 1970, and times after about 2162 (MaxInt64 ns
 	// less MaxRetention) as that limit: the store's clock saturates rather
@@ -144,33 +128,6 @@ type Options struct {
 	// With OpenEngine, nil means the engine's own clock (PostgreSQL: the
 	// database's).
 	Now func() time.Time
-	// Pebble tunes the engine (cache, FS, ...). It is cloned, never changed.
-	// Its FS lets tests use vfs.NewMem, vfs.NewCrashableMem or errorfs.
-	// Levels without a filter policy get 10-bit Bloom filters, the block
-	// cache is DefaultCacheSize unless Cache or CacheSize is set, and
-	// LBaseMaxBytes is DefaultLBaseMaxBytes unless set.
-	Pebble *pebble.Options
-	// ReplayCacheSize is the memory, in bytes, for remembering recently
-	// finished receipts, so that a retry of one is answered without the key
-	// lock or decoding: from memory for a small receipt (its stored bytes,
-	// if at most ReplayCacheSize/64 and 1 MiB, are kept), with a single
-	// engine read checked against the remembered record's checksum
-	// otherwise. Only receipts whose commit has been synced are remembered,
-	// and the answer is always the one an uncached read gives: a finished
-	// receipt never changes while it is visible, every write of a key drops
-	// its entry first, and expiry is judged at the read. Once DB.Pebble has
-	// handed out the engine (whose user could write the store's keys behind
-	// its back) replays are always checked against the engine. Zero means
-	// DefaultReplayCacheSize (about 15,000 receipts with 128-byte results
-	// and 44-byte keys); negative disables it. The size bounds the memory
-	// the cache holds, entries and table together: an entry takes about
-	// 170 bytes (its fixed fields and its share of the table), plus its key
-	// twice, its trace context and the receipt's stored bytes if they are
-	// kept. Entries are written into chunks of
-	// about 1/16 of the size (at most 64 MiB each); when the chunks are
-	// full, the oldest chunk's entries (the least recently written) are
-	// dropped together.
-	ReplayCacheSize int64
 	// Logger receives the store's own diagnostics (background GC, failed
 	// writes) and one record per transition: at Info a takeover, an
 	// abandoned claim, a lost lease, a retry of an expired key and a GC
@@ -189,7 +146,7 @@ type Options struct {
 	// finishes, GC): see Observer. Packages receiptsprom and receiptsotel
 	// adapt it to Prometheus and OpenTelemetry; Observers combines several.
 	// Nil costs nothing.
-	Observer Observer
+	Observer observe.Observer
 	// BeforeReplay, if set, runs before a stored result is exposed to a
 	// caller (Claim and Do replays, Lookup). Re-check the caller's current
 	// authorization there: if it returns an error, that error is returned

@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -46,8 +47,7 @@ func TestOpenRefusesUnboundedDurations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := vfs.NewMem()
 			o := tc.o
-			o.Pebble = &pebble.Options{FS: fs}
-			db, err := receipts.Open("db", &o)
+			db, err := pebblestore.Open("db", &pebblestore.Options{Options: o, Pebble: &pebble.Options{FS: fs}})
 			if err == nil {
 				_ = db.Close()
 			}
@@ -64,8 +64,7 @@ func TestOpenRefusesUnboundedDurations(t *testing.T) {
 		{GCInterval: time.Millisecond},
 		{GCInterval: maxRetention, Retention: time.Nanosecond * 2, LeaseTTL: time.Nanosecond},
 	} {
-		o.Pebble = &pebble.Options{FS: vfs.NewMem()}
-		db, err := receipts.Open("db", &o)
+		db, err := pebblestore.Open("db", &pebblestore.Options{Options: o, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 		require.NoError(t, err, "%+v", o)
 		require.NoError(t, db.Close())
 	}
@@ -84,14 +83,14 @@ func TestOpenRefusesStoredWidthTooNarrow(t *testing.T) {
 	o := s.opts
 	o.Retention = 1025 * 15 * time.Minute
 	o.Pebble = &pebble.Options{FS: s.fs}
-	db, err := receipts.Open(s.dir, &o)
+	db, err := pebblestore.Open(s.dir, &o)
 	if err == nil {
 		_ = db.Close()
 	}
 	require.ErrorIs(t, err, receipts.ErrInvalidOptions)
 
 	o.Retention = 1024 * 15 * time.Minute // the bound itself is fine
-	db, err = receipts.Open(s.dir, &o)
+	db, err = pebblestore.Open(s.dir, &o)
 	require.NoError(t, err)
 	require.NoError(t, db.Close())
 
@@ -120,9 +119,12 @@ func TestLongestRetentionReplays(t *testing.T) {
 		{"MaxInt64 retention", math.MaxInt64 - 1, time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db, err := receipts.Open("db", &receipts.Options{
-				Retention: tc.retention, GCInterval: -1,
-				Now:    func() time.Time { return tc.now },
+			db, err := pebblestore.Open("db", &pebblestore.Options{
+				Options: receipts.Options{
+					Retention:  tc.retention,
+					GCInterval: -1,
+					Now:        func() time.Time { return tc.now },
+				},
 				Pebble: &pebble.Options{FS: vfs.NewMem()},
 			})
 			if err != nil {

@@ -139,10 +139,6 @@ func (db *DB) shownKey(sk driver.Key, scope string) Key {
 	return Key(sk)
 }
 
-// HashesKeys reports whether the store keeps its keys as keyed hashes (Options.HashKeys, or
-// a store created with it).
-func (db *DB) HashesKeys() bool { return db.keys != nil }
-
 // openKeyForm settles the form of the store's keys at Open: hashed if the store records it,
 // or if hash asks for it and the store holds no record and no tombstone yet (then it is
 // recorded, under a hash key kr wraps if kr is not nil); as given otherwise. It returns nil

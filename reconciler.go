@@ -423,7 +423,7 @@ func (rc *Reconciler) reconcile(ctx context.Context, r *Receipt) Settlement {
 	result, cerr := rc.check(ctx, l, r)
 	// Check's NotPerformed means no attempt's effect happened: the key is
 	// forgotten, not released (a release would keep it Recovered).
-	o := l.conclude(detached, result, cerr, nil, l.forget)
+	o := l.conclude(detached, result, cerr, l.forget)
 	s.Receipt, s.Err = o.receipt, cerr
 	switch o.verdict {
 	case verdictCommit:

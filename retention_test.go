@@ -11,6 +11,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -96,7 +97,7 @@ func retGC(t *testing.T, db *receipts.DB) receipts.GCStats {
 // that GC has not dropped included), read straight from Pebble.
 func retEpochs(t *testing.T, db *receipts.DB) map[receipts.Key]uint64 {
 	t.Helper()
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	it, err := pebblestore.DB(db).NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	defer it.Close()
 	out := map[receipts.Key]uint64{}
@@ -112,7 +113,7 @@ func retEpochs(t *testing.T, db *receipts.DB) map[receipts.Key]uint64 {
 // retFloor reads the persisted GC floor (first epoch not dropped).
 func retFloor(t *testing.T, db *receipts.DB) uint64 {
 	t.Helper()
-	v, closer, err := db.Pebble().Get(keys.GCFloor)
+	v, closer, err := pebblestore.DB(db).Get(keys.GCFloor)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0
 	}

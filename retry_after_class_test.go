@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,8 +21,8 @@ func TestRetryAfterPerClass(t *testing.T) {
 	s := newTestStore(t, nil) // LeaseTTL 30s
 	fp := []byte("fp")
 	const slow, fast = 1500 * time.Millisecond, 2 * time.Millisecond
-	slowCtx := receipts.WithOperationClass(bg, "export_report")
-	fastCtx := receipts.WithOperationClass(bg, "get_weather")
+	slowCtx := observe.WithOperationClass(bg, "export_report")
+	fastCtx := observe.WithOperationClass(bg, "get_weather")
 	run := func(ctx context.Context, id string, took time.Duration) {
 		t.Helper()
 		_, err := s.db.Do(ctx, key("a", id), fp, func(context.Context, *receipts.Lease) ([]byte, error) {
@@ -52,7 +53,7 @@ func TestRetryAfterPerClass(t *testing.T) {
 	}
 	slowHint := hint(slowCtx, "slow-held")
 	fastHint := hint(fastCtx, "fast-held")
-	storeHint := hint(receipts.WithOperationClass(bg, "never_measured"), "other-held")
+	storeHint := hint(observe.WithOperationClass(bg, "never_measured"), "other-held")
 	noClassHint := hint(bg, "unclassed-held")
 	t.Logf("RetryAfter: slow class %s, fast class %s, unmeasured class %s, no class %s", slowHint, fastHint, storeHint, noClassHint)
 

@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/internal/detach"
 	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // Run executes fn under l and records its outcome the way Do does: it is
 // the one place where "run the work under a lease, renew it, record what
-// happened" is written, and Do, DoBatch and the HTTP and MCP front ends
-// all go through it.
+// happened" is written, and Do, the engines' own forms (pebblestore.DoBatch
+// and RunBatch) and the HTTP and MCP front ends all go through it.
 //
 // While fn runs, the lease is renewed in the background (every third of
 // its TTL: LeaseFor's length, or Options.LeaseTTL); if it is lost (another caller took the key over), fn's context
@@ -47,33 +46,11 @@ func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context, l *Lease) 
 		return nil, err
 	}
 	defer l.db.exit()
-	return l.run(ctx, nil, func(ctx context.Context, l *Lease, _ *pebble.Batch) ([]byte, error) {
-		return fn(ctx, l)
-	})
+	return l.run(ctx, fn)
 }
 
-// RunBatch is Run for effects that live in this same engine: fn writes its
-// effect into b (the application's own keys), and a Succeeded receipt
-// commits with b in one synced batch. For any other outcome b is discarded.
-// On another engine than Pebble it returns ErrUnsupported.
-func (l *Lease) RunBatch(ctx context.Context, fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error)) (*Receipt, error) {
-	if err := l.db.enter(); err != nil {
-		return nil, err
-	}
-	defer l.db.exit()
-	if l.db.peb == nil {
-		return nil, fmt.Errorf("%w: RunBatch on the %s engine", ErrUnsupported, l.db.eng.Name())
-	}
-	b := l.db.peb.NewBatch()
-	defer b.Close()
-	return l.run(ctx, b, fn)
-}
-
-// run is Run without the in-flight gate, which the caller holds. b, if not
-// nil, is handed to fn and committed with a Succeeded receipt.
-func (l *Lease) run(ctx context.Context, b *pebble.Batch,
-	fn func(ctx context.Context, l *Lease, b *pebble.Batch) ([]byte, error),
-) (*Receipt, error) {
+// run is Run without the in-flight gate, which the caller holds.
+func (l *Lease) run(ctx context.Context, fn func(ctx context.Context, l *Lease) ([]byte, error)) (*Receipt, error) {
 	db := l.db
 	detached := detach.Context(ctx)
 	fctx, cancel := context.WithCancelCause(ctx)
@@ -88,11 +65,11 @@ func (l *Lease) run(ctx context.Context, b *pebble.Batch,
 			_ = l.abandonUnknown(detached)
 		}
 	}()
-	result, ferr := fn(fctx, l, b)
+	result, ferr := fn(fctx, l)
 	finished = true
 	keep.stop()
 
-	o := l.conclude(detached, result, ferr, b, l.release)
+	o := l.conclude(detached, result, ferr, l.release)
 	switch o.verdict {
 	case verdictCommit:
 		if o.err != nil {
@@ -154,10 +131,11 @@ type outcome struct {
 
 // conclude records what fn's result and error say about l's attempt, on
 // ctx (detached from the caller's): the contract's outcome protocol,
-// written once for Do, DoBatch, Run, RunBatch, the front ends, pgstore.DoTx
-// (whose engine records it in the claim's transaction) and the Reconciler.
-//   - nil: result is committed as a Succeeded receipt, with b (DoBatch) and
-//     the staged effects;
+// written once for Do, Run (and the engine packages' forms built on it),
+// the front ends, pgstore.DoTx (whose engine records it in the claim's
+// transaction) and the Reconciler.
+//   - nil: result is committed as a Succeeded receipt, with the staged
+//     effects (and an engine's unit of work carried by ctx: pebblestore);
 //   - Permanent: a Failed receipt (result, or the error's text);
 //   - NotPerformed: free (Release; the Reconciler's Forget);
 //   - anything else: the claim is abandoned, and the next attempt is
@@ -165,7 +143,7 @@ type outcome struct {
 //
 // A result that cannot be recorded (larger than MaxResultSize, or a commit
 // that fails) also abandons the claim: the effect may have happened.
-func (l *Lease) conclude(ctx context.Context, result []byte, ferr error, b *pebble.Batch, free func(context.Context) error) outcome {
+func (l *Lease) conclude(ctx context.Context, result []byte, ferr error, free func(context.Context) error) outcome {
 	o := outcome{verdict: verdictOf(ferr)}
 	switch o.verdict {
 	case verdictCommit, verdictFail:
@@ -183,7 +161,7 @@ func (l *Lease) conclude(ctx context.Context, result []byte, ferr error, b *pebb
 			return o
 		}
 		var err error
-		if o.receipt, err = l.settle(ctx, state, result, b, nil); err != nil {
+		if o.receipt, err = l.settle(ctx, state, result); err != nil {
 			o.err = l.db.afterFinishError(ctx, l, err)
 		}
 	case verdictRelease:

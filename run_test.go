@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -87,13 +88,13 @@ func TestRunBatchSettlesByErrorKind(t *testing.T) {
 	run := func(id string, ferr error) (*receipts.Receipt, error) {
 		l, _, err := s.db.Claim(bg, key("a", id), fp)
 		require.NoError(t, err)
-		return l.RunBatch(bg, func(_ context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+		return pebblestore.RunBatch(bg, l, func(_ context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
 			require.NoError(t, b.Set([]byte("app/"+id), []byte("x"), nil))
 			return []byte(id), ferr
 		})
 	}
 	has := func(id string) bool {
-		_, c, err := s.db.Pebble().Get([]byte("app/" + id))
+		_, c, err := pebblestore.DB(s.db).Get([]byte("app/" + id))
 		if errors.Is(err, pebble.ErrNotFound) {
 			return false
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/keyring"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,7 +31,7 @@ func newKeyring(t testing.TB) *keyring.File {
 func TestEncryptedResults(t *testing.T) {
 	kr := newKeyring(t)
 	var seen [][]byte
-	s := newTestStore(t, func(o *receipts.Options) {
+	s := newTestStore(t, func(o *pebblestore.Options) {
 		o.Keyring = kr
 		o.BeforeReplay = func(_ context.Context, r *receipts.Receipt) error {
 			seen = append(seen, r.Result)
@@ -119,7 +120,7 @@ func TestEncryptionTurnedOn(t *testing.T) {
 
 // TestSealedResultBound: a result's ciphertext does not open under another key or state.
 func TestSealedResultBound(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.Keyring = newKeyring(t) })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.Keyring = newKeyring(t) })
 	a, b := key("tenant", "a"), key("tenant", "b")
 	for _, k := range []receipts.Key{a, b} {
 		_, err := s.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
@@ -128,7 +129,7 @@ func TestSealedResultBound(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// Copy a's stored record (ciphertext, token and all) over b's: b's result must not open.
-	pdb := s.db.Pebble()
+	pdb := pebblestore.DB(s.db)
 	var aVal []byte
 	var bKey []byte
 	it, err := pdb.NewIter(&pebble.IterOptions{LowerBound: []byte("\x00rcptr"), UpperBound: []byte("\x00rcpts")})
@@ -155,7 +156,7 @@ func TestSealedResultBound(t *testing.T) {
 // storedValues returns every value the store holds, read through Pebble.
 func storedValues(t *testing.T, db *receipts.DB) [][]byte {
 	t.Helper()
-	it, err := db.Pebble().NewIter(nil)
+	it, err := pebblestore.DB(db).NewIter(nil)
 	require.NoError(t, err)
 	defer it.Close()
 	var out [][]byte
@@ -198,8 +199,8 @@ func TestEncryptedAtRestPebble(t *testing.T) {
 				})
 				return err
 			})
-			require.NoError(t, db.Checkpoint(filepath.Join(dir, "checkpoint")))
-			require.NoError(t, db.Pebble().Flush()) // sstables as well as the WAL
+			require.NoError(t, pebblestore.Checkpoint(db, filepath.Join(dir, "checkpoint")))
+			require.NoError(t, pebblestore.DB(db).Flush()) // sstables as well as the WAL
 			hits, keyHits := filesWith(t, dir, marker), filesWith(t, dir, keyMarker)
 			require.NoError(t, db.Close())
 			hits += filesWith(t, dir, marker)
@@ -269,7 +270,7 @@ func filesWith(t *testing.T, dir string, marker []byte) int {
 // version can be retired and every result still opens; none was rewritten.
 func TestRewrapKeys(t *testing.T) {
 	kr := newKeyring(t)
-	s := newTestStore(t, func(o *receipts.Options) { o.Keyring = kr })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.Keyring = kr })
 	for i := range 20 {
 		k := key(fmt.Sprintf("tenant-%d", i%5), fmt.Sprint(i))
 		_, err := s.db.Do(bg, k, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {

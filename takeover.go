@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // TakeOver takes over exactly the abandoned claim r, as listed by
@@ -45,7 +46,7 @@ func (db *DB) TakeOver(ctx context.Context, r *Receipt, opts ...ClaimOption) (*L
 		}
 		return l, err
 	}
-	ctx = db.begin(ctx, ClaimEvent)
+	ctx = db.begin(ctx, observe.ClaimEvent)
 	start := time.Now()
 	l, err := db.takeOver(ctx, r, claimOptions(opts))
 	k := Key{}
@@ -90,9 +91,9 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 	case driver.TookOver:
 		db.hot.Claims.Add(1)
 		db.n.takeovers.Add(1)
-		return &Lease{db: db, key: r.Key, skey: sk, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: OperationClass(ctx)}, nil
+		return &Lease{db: db, key: r.Key, skey: sk, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}, nil
 	case driver.InProgress:
-		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now, OperationClass(ctx)), db: db}
+		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now, observe.OperationClass(ctx)), db: db}
 	}
 	return nil, fmt.Errorf("receipts: take over %s: the %s engine answered outcome %d", db.keyName(r.Key), db.eng.Name(), res.Outcome)
 }

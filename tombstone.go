@@ -112,13 +112,13 @@ func (db *DB) keyTooOld(ctx context.Context, k Key) error {
 	return nil
 }
 
-// keyClock is the time KeyTime's answers are compared with: the Pebble
-// engine's clock (no I/O), Options.Now, or the process's clock for an
+// keyClock is the time KeyTime's answers are compared with: the engine's
+// clock where it is read without I/O (driver.LocalClock: Pebble's), Options.Now, or the process's clock for an
 // engine whose clock is remote (a key's mint time comes from some
 // client's clock anyway).
 func (db *DB) keyClock(ctx context.Context) (time.Time, error) {
-	if db.peb != nil {
-		return db.peb.Now(ctx)
+	if c, ok := db.eng.(driver.LocalClock); ok {
+		return c.LocalNow(), nil
 	}
 	return db.clock(), nil
 }

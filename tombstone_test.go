@@ -16,6 +16,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -46,14 +47,14 @@ func TestTombstoneMigrationFromFormat2(t *testing.T) {
 	old.Format, old.TombstoneWindow = 2, 0
 	b, err := encoding.EncodeMeta(&old)
 	require.NoError(t, err)
-	require.NoError(t, db.Pebble().DeleteRange(keys.MarkersStart, keys.MarkersEnd, pebble.Sync))
-	require.NoError(t, db.Pebble().Set(keys.Meta, b, pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).DeleteRange(keys.MarkersStart, keys.MarkersEnd, pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(keys.Meta, b, pebble.Sync))
 	require.NoError(t, db.Close())
 
 	// Read-only: nothing written.
 	ro := s.opts
 	ro.Pebble = &pebble.Options{FS: s.fs, ReadOnly: true}
-	rdb, err := receipts.Open(s.dir, &ro)
+	rdb, err := pebblestore.Open(s.dir, &ro)
 	require.NoError(t, err)
 	require.Equal(t, 2, storedMeta(t, rdb).Format)
 	require.Zero(t, countMarkers(t, rdb))
@@ -80,7 +81,7 @@ func TestTombstoneMigrationFromFormat2(t *testing.T) {
 
 func countMarkers(t *testing.T, db *receipts.DB) int {
 	t.Helper()
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.MarkersStart, UpperBound: keys.MarkersEnd})
+	it, err := pebblestore.DB(db).NewIter(&pebble.IterOptions{LowerBound: keys.MarkersStart, UpperBound: keys.MarkersEnd})
 	require.NoError(t, err)
 	defer it.Close()
 	n := 0
@@ -103,8 +104,7 @@ func TestCrashTombstoneSurvivesPowerLoss(t *testing.T) {
 	opts := receipts.Options{Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1, Now: clock.Now}
 	open := func(fs vfs.FS) *receipts.DB {
 		o := opts
-		o.Pebble = &pebble.Options{FS: fs}
-		db, err := receipts.Open("db", &o)
+		db, err := pebblestore.Open("db", &pebblestore.Options{Options: o, Pebble: &pebble.Options{FS: fs}})
 		require.NoError(t, err)
 		return db
 	}
@@ -164,7 +164,7 @@ func TestTombstoneCorruptMarker(t *testing.T) {
 	_, _, err := db.Claim(bg, k, retFP)
 	require.ErrorIs(t, err, receipts.ErrExpired)
 	mk := keys.AppendMarker(nil, uint64(r.UpdatedAt.UnixNano()/int64(retW)), k.Scope, k.ID)
-	require.NoError(t, db.Pebble().Set(mk, []byte("garbage"), pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(mk, []byte("garbage"), pebble.Sync))
 	_, _, err = db.Claim(bg, k, retFP)
 	require.ErrorIs(t, err, receipts.ErrCorrupt)
 	_, err = db.Lookup(bg, k)
@@ -203,8 +203,7 @@ func TestCrashDuringGCKeepsTombstones(t *testing.T) {
 	opts := receipts.Options{Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1, Now: clock.Now}
 	open := func(fs vfs.FS) *receipts.DB {
 		o := opts
-		o.Pebble = &pebble.Options{FS: fs}
-		db, err := receipts.Open("db", &o)
+		db, err := pebblestore.Open("db", &pebblestore.Options{Options: o, Pebble: &pebble.Options{FS: fs}})
 		require.NoError(t, err)
 		return db
 	}
@@ -262,7 +261,7 @@ func TestCrashDuringGCKeepsTombstones(t *testing.T) {
 
 func countRecords(t *testing.T, db *receipts.DB) int {
 	t.Helper()
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	it, err := pebblestore.DB(db).NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	defer it.Close()
 	n := 0
@@ -290,7 +289,7 @@ func TestTombstoneFormat3Markers(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// What format 3 wrote beside each record: its marker, same epoch, same time.
-	pdb := db.Pebble()
+	pdb := pebblestore.DB(db)
 	it, err := pdb.NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	for ok := it.First(); ok; ok = it.Next() {

@@ -88,7 +88,7 @@ func openEngineWith(b *testing.B, mode engine.Mode, now func() time.Time, mod fu
 	b.Helper()
 	opts := engine.Options(now)
 	if mod != nil {
-		mod(opts)
+		mod(&opts.Options)
 	}
 	if *memFS {
 		opts.Pebble.FS = vfs.NewMem()

@@ -10,9 +10,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/bench/internal/engine"
 	"github.com/receiptstore/receipts/bench/internal/stores"
+	"github.com/receiptstore/receipts/observe"
 	"github.com/receiptstore/receipts/receiptsotel"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
@@ -26,15 +26,15 @@ import (
 func BenchmarkObserved(b *testing.B) {
 	for _, obs := range []struct {
 		name string
-		new  func(b *testing.B) receipts.Observer
+		new  func(b *testing.B) observe.Observer
 	}{
-		{"none", func(*testing.B) receipts.Observer { return nil }},
-		{"prometheus", func(b *testing.B) receipts.Observer {
+		{"none", func(*testing.B) observe.Observer { return nil }},
+		{"prometheus", func(b *testing.B) observe.Observer {
 			c := receiptsprom.New(nil)
 			prometheus.NewRegistry().MustRegister(c)
 			return c
 		}},
-		{"otel", func(b *testing.B) receipts.Observer {
+		{"otel", func(b *testing.B) observe.Observer {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}))
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 			b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
@@ -45,7 +45,7 @@ func BenchmarkObserved(b *testing.B) {
 			return o
 		}},
 		// otel-1pct: the same with a 1% ratio sampler (parent-based), as services sample.
-		{"otel-1pct", func(b *testing.B) receipts.Observer {
+		{"otel-1pct", func(b *testing.B) observe.Observer {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}),
 				sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))))
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
@@ -68,7 +68,7 @@ func BenchmarkObserved(b *testing.B) {
 	}
 }
 
-func openObserved(b *testing.B, o receipts.Observer) (*engine.Store, *stores.SyncCounter) {
+func openObserved(b *testing.B, o observe.Observer) (*engine.Store, *stores.SyncCounter) {
 	b.Helper()
 	opts := engine.Options(nil)
 	opts.Observer = o

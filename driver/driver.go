@@ -33,6 +33,10 @@ var (
 
 	// ErrClosed: Claim was called, or decided, once Config.Closing reported true.
 	ErrClosed = errors.New("receipts: closed")
+
+	// ErrLocked: an embedded engine's directory is held by another process (or another
+	// store in this process).
+	ErrLocked = errors.New("receipts: store is locked by another process (use the service's admin endpoint, or open a checkpoint)")
 )
 
 // State of a record.
@@ -109,7 +113,6 @@ type ClaimRequest struct {
 	Key         Key
 	Fingerprint []byte
 	LeaseTTL    time.Duration // lease length for this claim (> 0, < Retention)
-	NoSync      bool          // Pebble DoBatch only: the claim need not be synced (PostgreSQL ignores it)
 }
 
 // ClaimResult is what the engine decided, and its clock at the decision.
@@ -419,4 +422,12 @@ type Metric struct {
 // the same order, on every call.
 type MetricsReporter interface {
 	Metrics() []Metric
+}
+
+// LocalClock is implemented by an engine whose clock is read without I/O (Pebble: the
+// configured clock with its never-backwards high-water mark). The root compares keys' mint
+// times (receipts.KeyTime) with it; an engine without it is compared with the process's clock.
+type LocalClock interface {
+	// LocalNow returns the engine's time, as Engine.Now would, without I/O.
+	LocalNow() time.Time
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 )
 
 const (
@@ -126,7 +127,7 @@ type harness struct {
 
 // snapshot is every key and value in the engine.
 func (h *harness) snapshot() string {
-	it, err := h.db.Pebble().NewIter(nil)
+	it, err := pebblestore.DB(h.db).NewIter(nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -273,7 +274,7 @@ func (h *harness) step(p *prog) {
 		case 1:
 			r, err = hl.l.Fail(ctx, res)
 		default:
-			r, err = hl.l.CommitWith(ctx, res, func(b *pebble.Batch) error {
+			r, err = pebblestore.CommitWith(ctx, hl.l, res, func(b *pebble.Batch) error {
 				if err := b.Set([]byte(fmt.Sprintf("app/%d", hl.l.Token())), res, nil); err != nil {
 					return err
 				}
@@ -464,12 +465,14 @@ func fuzzAPI(t *testing.T, b []byte) {
 		return
 	}
 	h := &harness{t: t, now: time.Date(2026, 10, 7, 12, 0, 0, 0, time.UTC), done: map[receipts.Key]done{}}
-	db, err := receipts.Open("db", &receipts.Options{
-		Retention:  retention,
-		LeaseTTL:   leaseTTL,
-		GCInterval: -1,
-		Now:        func() time.Time { return h.now },
-		Pebble:     &pebble.Options{FS: vfs.NewMem()},
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  retention,
+			LeaseTTL:   leaseTTL,
+			GCInterval: -1,
+			Now:        func() time.Time { return h.now },
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
 	})
 	if err != nil {
 		t.Fatal(err)

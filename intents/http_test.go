@@ -19,6 +19,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/intents"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receipthttp"
 	"github.com/receiptstore/receipts/receiptstest"
 )
@@ -53,8 +54,15 @@ func newHTTPService(t *testing.T) *httpService {
 	t.Helper()
 	s := &httpService{t: t, clock: receiptstest.NewClock(time.Now()),
 		effects: map[string]int{}, keys: map[string]map[string]bool{}, dropped: map[string]bool{}}
-	db, err := receipts.Open("svc", &receipts.Options{Now: s.clock.Now, Retention: time.Hour, LeaseTTL: 2 * time.Second,
-		GCInterval: -1, Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	db, err := pebblestore.Open("svc", &pebblestore.Options{
+		Options: receipts.Options{
+			Now:        s.clock.Now,
+			Retention:  time.Hour,
+			LeaseTTL:   2 * time.Second,
+			GCInterval: -1,
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receipthttp"
 )
 
@@ -74,7 +75,7 @@ func TestStagedEffects(t *testing.T) {
 	if _, err := l.Commit(bg, nil); !errors.Is(err, receipts.ErrUnsupported) {
 		t.Fatalf("a Pebble effect on PostgreSQL: %v", err)
 	}
-	if _, err := l.CommitWith(bg, nil, func(*pebble.Batch) error { return nil }); !errors.Is(err, receipts.ErrUnsupported) {
+	if _, err := pebblestore.CommitWith(bg, l, nil, func(*pebble.Batch) error { return nil }); !errors.Is(err, receipts.ErrUnsupported) {
 		t.Fatalf("CommitWith on PostgreSQL: %v", err)
 	}
 	if err := l.Release(bg); err != nil {

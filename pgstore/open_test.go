@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
@@ -93,14 +92,11 @@ func testOpenServesTheContract(t *testing.T, d *testDB) {
 	_ = l2
 }
 
-// The Pebble engine's options are refused, and so is a bad schema name; nothing is created.
-func TestOpenRefusesPebbleOptions(t *testing.T) {
+// Options that cannot work are refused, and so is a bad schema name; nothing is created.
+func TestOpenRefusesBadOptions(t *testing.T) {
 	d := newTestDB(t)
 	for name, o := range map[string]Options{
-		"Pebble":          {Options: receipts.Options{Pebble: &pebble.Options{}}},
-		"CompactOnGC":     {Options: receipts.Options{CompactOnGC: true}},
-		"ReplayCacheSize": {Options: receipts.Options{ReplayCacheSize: 1}},
-		"LeaseTTL":        {Options: receipts.Options{LeaseTTL: 2 * time.Hour, Retention: time.Hour}},
+		"LeaseTTL": {Options: receipts.Options{LeaseTTL: 2 * time.Hour, Retention: time.Hour}},
 	} {
 		if _, _, err := d.tryOpenDB(o); !errors.Is(err, receipts.ErrInvalidOptions) {
 			t.Errorf("%s: %v", name, err)

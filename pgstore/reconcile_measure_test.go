@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/tests/measure"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/tests/measure"
 )
 
 // TestMeasureReconcile is the root package's TestMeasureReconcile on PostgreSQL: a

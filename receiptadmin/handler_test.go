@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
@@ -66,8 +67,7 @@ func newTestStore(t *testing.T, mod func(*receipts.Options)) *testStore {
 	leakCheck(t)
 	s := &testStore{clock: receiptstest.NewClock(time.Time{})}
 	o := testOptions(s.clock, mod)
-	o.Pebble = &pebble.Options{FS: vfs.NewMem()}
-	db, err := receipts.Open("db", &o)
+	db, err := pebblestore.Open("db", &pebblestore.Options{Options: o, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	require.NoError(t, err)
 	s.db = db
 	t.Cleanup(func() {
@@ -239,7 +239,7 @@ func TestHandlerListCorrupt(t *testing.T) {
 	s := newTestStore(t, nil)
 	adminFixture(t, s)
 	// Overwrite the first record's value with garbage.
-	it, err := s.db.Pebble().NewIter(nil)
+	it, err := pebblestore.DB(s.db).NewIter(nil)
 	require.NoError(t, err)
 	var k []byte
 	for valid := it.First(); valid; valid = it.Next() {
@@ -250,7 +250,7 @@ func TestHandlerListCorrupt(t *testing.T) {
 	}
 	require.NoError(t, it.Close())
 	require.NotNil(t, k)
-	require.NoError(t, s.db.Pebble().Set(k, []byte("garbage"), nil))
+	require.NoError(t, pebblestore.DB(s.db).Set(k, []byte("garbage"), nil))
 
 	var l receiptadmin.List
 	require.Equal(t, http.StatusOK, adminGet(t, receiptadmin.Handler(s.db), "GET", "/list", &l))
@@ -316,7 +316,7 @@ func TestHandlerErrors(t *testing.T) {
 // A service mounts the admin handler on its admin listener; receiptctl
 // --addr (or any HTTP client) reads it.
 func ExampleHandler() {
-	db, err := receipts.Open("db", &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	db, err := pebblestore.Open("db", &pebblestore.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	if err != nil {
 		panic(err)
 	}

@@ -3,7 +3,6 @@ package receipthttp
 import (
 	"context"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 )
 
@@ -47,7 +46,7 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 // Stage stages an effect that commits with the stored response, in the
 // engine's unit of atomic work (receipts.Lease.Stage): a *pebble.Batch on
 // the embedded engine, a pgx.Tx on PostgreSQL; write it with
-// receipts.EffectOn. Either both the effect and the stored response become
+// receipts.EffectOn (pebblestore.Effect for a batch). Either both the effect and the stored response become
 // durable, or neither does. Effects run in the order they were staged, and
 // only when Config.Policy answers Succeed for the response; otherwise they
 // are dropped. An effect that returns an error makes the commit fail:
@@ -61,13 +60,4 @@ func (a *Attempt) Stage(effect receipts.Effect) {
 		panic("receipthttp: Stage on an Attempt not made by the middleware")
 	}
 	a.lease.Stage(effect)
-}
-
-// AddEffect stages a write to the Pebble engine's database
-// (receipts.DB.Pebble) that commits in the same synced batch as the
-// receipt: Stage with an effect on a *pebble.Batch. On another engine the
-// commit fails (the client gets 503 ProblemNotRecorded): use Stage with an
-// effect for that engine's unit of work.
-func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
-	a.Stage(receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error { return effect(b) }))
 }

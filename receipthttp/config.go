@@ -52,7 +52,7 @@ type Outcome uint8
 
 const (
 	// Succeed commits the response as a Succeeded receipt, together with any
-	// effects the handler staged with Attempt.AddEffect (one synced batch).
+	// effects the handler staged with Attempt.Stage (one synced batch).
 	Succeed Outcome = iota + 1
 	// Fail commits the response as a Failed receipt (a definitive failure,
 	// replayed like a success). Staged effects are dropped.

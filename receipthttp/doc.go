@@ -126,7 +126,7 @@
 // (For a row that may not exist yet: INSERT ... ON CONFLICT (id) DO UPDATE
 // SET ... WHERE work_items.fence < EXCLUDED.fence.) A stale attempt's writes
 // then change nothing, whenever they land; see the example of Attempt. The
-// effects staged with Attempt.AddEffect need no fence: they commit with the
+// effects staged with Attempt.Stage need no fence: they commit with the
 // receipt, which is fenced.
 //
 // # Disconnects

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // New returns middleware that makes each request carrying an
@@ -113,11 +114,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	key := receipts.Key{Scope: scope, ID: id}
-	if r.Pattern != "" && receipts.OperationClass(r.Context()) == "" {
+	if r.Pattern != "" && observe.OperationClass(r.Context()) == "" {
 		// The route is the operation class, unless the application named
-		// one (receipts.WithOperationClass): the metrics label, and the
+		// one (observe.WithOperationClass): the metrics label, and the
 		// estimate behind Retry-After (receipts.InProgressError.RetryAfter).
-		r = r.WithContext(receipts.WithOperationClass(r.Context(), r.Pattern))
+		r = r.WithContext(observe.WithOperationClass(r.Context(), r.Pattern))
 	}
 	lease, rec, err := h.claim(r.Context(), key, fp)
 	switch {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receipthttp"
 )
 
@@ -24,12 +25,12 @@ func TestUnrecordedResponseAbandonsClaim(t *testing.T) {
 		a, _ := receipthttp.AttemptFrom(r.Context())
 		attempts <- *a
 		fail := failEffect
-		a.AddEffect(func(b *pebble.Batch) error {
+		a.Stage(pebblestore.Effect(func(b *pebble.Batch) error {
 			if fail {
 				return errors.New("disk quota exceeded")
 			}
 			return b.Set([]byte("app/"+a.Key.ID), []byte("done"), nil)
-		})
+		}))
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprint(w, `{"ok":true}`)
 	})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receipthttp"
 	"github.com/receiptstore/receipts/receiptstest"
 	"go.uber.org/goleak"
@@ -651,9 +652,9 @@ func TestEffectCommitsWithReceipt(t *testing.T) {
 	var db *receipts.DB
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a, _ := receipthttp.AttemptFrom(r.Context())
-		a.AddEffect(func(b *pebble.Batch) error {
+		a.Stage(pebblestore.Effect(func(b *pebble.Batch) error {
 			return b.Set([]byte("app/"+a.Key.ID), []byte("done"), nil)
-		})
+		}))
 		if fail.Load() {
 			w.WriteHeader(http.StatusBadGateway)
 			return
@@ -663,7 +664,7 @@ func TestEffectCommitsWithReceipt(t *testing.T) {
 	e := newEnv(t, receipthttp.Config{}, app)
 	db = e.db
 	get := func(k string) bool {
-		v, closer, err := db.Pebble().Get([]byte(k))
+		v, closer, err := pebblestore.DB(db).Get([]byte(k))
 		if errors.Is(err, pebble.ErrNotFound) {
 			return false
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync/atomic"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 )
 
@@ -51,7 +50,7 @@ func AttemptFrom(ctx context.Context) (a *Attempt, ok bool) {
 // Stage stages an effect that commits with the stored result, in the
 // engine's unit of atomic work (receipts.Lease.Stage): a *pebble.Batch on
 // the embedded engine, a pgx.Tx on PostgreSQL; write it with
-// receipts.EffectOn. The effect and the stored result become durable
+// receipts.EffectOn (pebblestore.Effect for a batch). The effect and the stored result become durable
 // together, or neither does. Effects run in the order they were staged, and
 // only when the tool returns a finished result without isError; otherwise
 // they are dropped. If an effect returns an error, nothing is recorded, the
@@ -63,13 +62,4 @@ func (a *Attempt) Stage(effect receipts.Effect) {
 	}
 	a.staged.Store(true)
 	a.lease.Stage(effect)
-}
-
-// AddEffect stages a write to the Pebble engine's database
-// (receipts.DB.Pebble) that commits in the same synced batch as the
-// receipt: Stage with an effect on a *pebble.Batch. On another engine the
-// commit fails (the client gets CodeNotRecorded): use Stage with an effect
-// for that engine's unit of work.
-func (a *Attempt) AddEffect(effect func(b *pebble.Batch) error) {
-	a.Stage(receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error { return effect(b) }))
 }

@@ -29,7 +29,7 @@ const (
 	// its key by.
 	CodeUnauthenticated int64 = -31401
 	// CodeNotRecorded: the tool ran but its outcome could not be recorded,
-	// and its effects staged with Attempt.AddEffect were not applied. Retry
+	// and its effects staged with Attempt.Stage were not applied. Retry
 	// with the same key.
 	CodeNotRecorded int64 = -31503
 	// CodeInternal (-32603) is used when a stored result cannot be read or

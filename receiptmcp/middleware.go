@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 )
 
 const methodCallTool = "tools/call"
@@ -112,10 +113,10 @@ func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *
 	}
 
 	key := receipts.Key{Scope: scope, ID: id}
-	if receipts.OperationClass(ctx) == "" {
+	if observe.OperationClass(ctx) == "" {
 		// The tool is the operation class: its metrics label, and the
 		// estimate behind retryAfterMs (receipts.InProgressError.RetryAfter).
-		ctx = receipts.WithOperationClass(ctx, tool)
+		ctx = observe.WithOperationClass(ctx, tool)
 	}
 	lease, rec, err := m.claim(ctx, key, fp)
 	switch {

@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptmcp"
 	"github.com/receiptstore/receipts/receiptstest"
 )
@@ -46,8 +47,13 @@ func newSlowServer(t *testing.T) *slowServer {
 }
 
 func (s *slowServer) openDB() {
-	db, err := receipts.Open("/db", &receipts.Options{
-		Now: s.clk.Now, LeaseTTL: leaseTTL, GCInterval: -1, Logger: quiet,
+	db, err := pebblestore.Open("/db", &pebblestore.Options{
+		Options: receipts.Options{
+			Now:        s.clk.Now,
+			LeaseTTL:   leaseTTL,
+			GCInterval: -1,
+			Logger:     quiet,
+		},
 		Pebble: &pebble.Options{FS: s.fs},
 	})
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptmcp"
 	"github.com/receiptstore/receipts/receiptstest"
 )
@@ -38,12 +39,14 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 func openDB(t testing.TB) (*receipts.DB, *receiptstest.Clock) {
 	t.Helper()
 	clk := receiptstest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	db, err := receipts.Open("/db", &receipts.Options{
-		Now:        clk.Now,
-		LeaseTTL:   leaseTTL,
-		GCInterval: -1,
-		Pebble:     &pebble.Options{FS: vfs.NewMem()},
-		Logger:     quiet,
+	db, err := pebblestore.Open("/db", &pebblestore.Options{
+		Options: receipts.Options{
+			Now:        clk.Now,
+			LeaseTTL:   leaseTTL,
+			GCInterval: -1,
+			Logger:     quiet,
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -911,7 +914,7 @@ func TestClientCancelMidCallAndRetry(t *testing.T) {
 	}
 }
 
-func TestAddEffectCommitsWithReceipt(t *testing.T) {
+func TestStagedPebbleEffectCommitsWithReceipt(t *testing.T) {
 	db, _ := openDB(t)
 	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, &mcp.ServerOptions{Logger: quiet})
 	var runs atomic.Int64
@@ -921,12 +924,12 @@ func TestAddEffectCommitsWithReceipt(t *testing.T) {
 		if !ok {
 			return nil, nil, errors.New("no attempt")
 		}
-		a.AddEffect(func(b *pebble.Batch) error {
+		a.Stage(pebblestore.Effect(func(b *pebble.Batch) error {
 			if in.Title == "bad" {
 				return errors.New("cannot write")
 			}
 			return b.Set([]byte("app/"+in.Title), []byte("x"), nil)
-		})
+		}))
 		if in.Points < 0 {
 			return nil, nil, errors.New("negative points")
 		}
@@ -937,7 +940,7 @@ func TestAddEffectCommitsWithReceipt(t *testing.T) {
 	cs := f.connect(nil)
 
 	mustCall(t, cs, "k1", "put", map[string]any{"title": "a"})
-	if v, closer, err := db.Pebble().Get([]byte("app/a")); err != nil || string(v) != "x" {
+	if v, closer, err := pebblestore.DB(db).Get([]byte("app/a")); err != nil || string(v) != "x" {
 		t.Fatalf("effect not applied: %q %v", v, err)
 	} else {
 		closer.Close()
@@ -947,7 +950,7 @@ func TestAddEffectCommitsWithReceipt(t *testing.T) {
 	if res := mustCall(t, cs, "k2", "put", map[string]any{"title": "b", "points": -1}); !res.IsError {
 		t.Fatal("want isError")
 	}
-	if _, _, err := db.Pebble().Get([]byte("app/b")); !errors.Is(err, pebble.ErrNotFound) {
+	if _, _, err := pebblestore.DB(db).Get([]byte("app/b")); !errors.Is(err, pebble.ErrNotFound) {
 		t.Fatalf("effect of an isError result applied: %v", err)
 	}
 	// An effect that fails: nothing is recorded, the client is told so.

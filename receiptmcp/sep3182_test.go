@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptmcp"
 )
 
@@ -24,7 +25,7 @@ import (
 // handler is wrapped with AcceptIdempotencyKeyParam.
 func sep3182Server(t *testing.T, wrap bool) (url string, runs *atomic.Int64) {
 	t.Helper()
-	db, err := receipts.Open("s", &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}, GCInterval: -1})
+	db, err := pebblestore.Open("s", &pebblestore.Options{Options: receipts.Options{GCInterval: -1}, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestIdempotencyKeyParamUnwrapped(t *testing.T) {
 // client connection that writes the messages a SEP-3182 client sends.
 func TestIdempotencyKeyParamTransport(t *testing.T) {
 	ctx := context.Background()
-	db, err := receipts.Open("s", &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}, GCInterval: -1})
+	db, err := pebblestore.Open("s", &pebblestore.Options{Options: receipts.Options{GCInterval: -1}, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	if err != nil {
 		t.Fatal(err)
 	}

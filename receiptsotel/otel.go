@@ -16,7 +16,7 @@
 //
 // A replay's receipts.do and receipts.claim spans link to the span that
 // recorded the receipt (for a Do, its receipts.do span; for Commit or Fail,
-// the span in their context): the Observer is a receipts.TraceRecorder and
+// the span in their context): the Observer is a observe.TraceRecorder and
 // stores that span's W3C traceparent (55 bytes) with the receipt, on every
 // engine, for as long as the receipt is kept.
 //
@@ -43,7 +43,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // ScopeName is the instrumentation scope of the tracer and the meter.
@@ -55,13 +55,13 @@ type Options struct {
 	TracerProvider trace.TracerProvider
 	// MeterProvider makes the metrics. Default otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
-	// KeyHash adds receipts.key_hash (receipts.Event.KeyHash) to every
+	// KeyHash adds receipts.key_hash (observe.Event.KeyHash) to every
 	// span: it lets one follow a key across traces without revealing it,
 	// at the cost of one HMAC per span.
 	KeyHash bool
 }
 
-// Observer is a receipts.Observer (and receipts.Beginner) that records
+// Observer is a observe.Observer (and observe.Beginner) that records
 // spans and metrics. It is safe for concurrent use.
 type Observer struct {
 	tracer  trace.Tracer
@@ -74,7 +74,7 @@ type Observer struct {
 }
 
 // New returns an Observer; set it as Options.Observer, alone or with others
-// through receipts.Observers.
+// through observe.Observers.
 func New(opts *Options) (*Observer, error) {
 	var o Options
 	if opts != nil {
@@ -107,11 +107,11 @@ func New(opts *Options) (*Observer, error) {
 	return ob, nil
 }
 
-// Begin starts the span of a Do or a claim (receipts.Beginner); Observe
+// Begin starts the span of a Do or a claim (observe.Beginner); Observe
 // ends it.
-func (o *Observer) Begin(ctx context.Context, kind receipts.EventKind) context.Context {
+func (o *Observer) Begin(ctx context.Context, kind observe.EventKind) context.Context {
 	name := "receipts.claim"
-	if kind == receipts.DoEvent {
+	if kind == observe.DoEvent {
 		name = "receipts.do"
 	}
 	ctx, _ = o.tracer.Start(ctx, name, internalSpan...)
@@ -123,13 +123,13 @@ func (o *Observer) Begin(ctx context.Context, kind receipts.EventKind) context.C
 // allocations per span).
 var internalSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 
-// Observe records e (receipts.Observer): it ends the span Begin started
+// Observe records e (observe.Observer): it ends the span Begin started
 // for a Do or a claim, records the other events as spans of their own with
 // the event's times, and counts e.
-func (o *Observer) Observe(ctx context.Context, e receipts.Event) {
+func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 	end := e.Start.Add(e.Duration)
 	switch e.Kind {
-	case receipts.ClaimEvent, receipts.DoEvent:
+	case observe.ClaimEvent, observe.DoEvent:
 		span := trace.SpanFromContext(ctx)
 		if span.IsRecording() { // a span sampled out gets nothing: build nothing for it
 			if sc, ok := parseTraceparent(e.Trace); ok { // a replay: the recorded execution
@@ -146,19 +146,19 @@ func (o *Observer) Observe(ctx context.Context, e receipts.Event) {
 	}
 
 	switch e.Kind {
-	case receipts.ClaimEvent:
+	case observe.ClaimEvent:
 		o.claims.Add(ctx, 1, o.attrSet(e, "").add...)
 		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "claim").rec...)
-	case receipts.WaitEvent:
+	case observe.WaitEvent:
 		o.waitDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "").rec...)
-	case receipts.FinishEvent:
+	case observe.FinishEvent:
 		o.finishes.Add(ctx, 1, o.attrSet(e, "").add...)
 		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "finish").rec...)
 		o.opDur.Record(ctx, e.Held.Seconds(), o.attrSet(e, "attempt").rec...)
-	case receipts.GCEvent:
+	case observe.GCEvent:
 		o.gcRuns.Add(ctx, 1, o.attrSet(e, "").add...)
 		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "gc").rec...)
-	case receipts.DoEvent:
+	case observe.DoEvent:
 		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "do").rec...)
 	}
 }
@@ -178,7 +178,7 @@ type setKey struct{ engine, class, outcome, op string }
 // attrSet returns the measurement options for e's attributes (with op, if
 // not ""), built once per distinct set: attribute sets are what the SDK's
 // aggregation is keyed by, and building one sorts and copies.
-func (o *Observer) attrSet(e receipts.Event, op string) *measureOpts {
+func (o *Observer) attrSet(e observe.Event, op string) *measureOpts {
 	k := setKey{e.Engine, e.Class, string(e.Outcome), op}
 	if v, ok := o.sets.Load(k); ok {
 		return v.(*measureOpts)
@@ -192,25 +192,25 @@ func (o *Observer) attrSet(e receipts.Event, op string) *measureOpts {
 	return v.(*measureOpts)
 }
 
-func spanName(e receipts.Event) string {
+func spanName(e observe.Event) string {
 	switch e.Kind {
-	case receipts.WaitEvent:
+	case observe.WaitEvent:
 		return "receipts.wait"
-	case receipts.GCEvent:
+	case observe.GCEvent:
 		return "receipts.gc"
 	}
 	switch e.Outcome {
-	case receipts.OutcomeReleased:
+	case observe.OutcomeReleased:
 		return "receipts.release"
-	case receipts.OutcomeAbandoned:
+	case observe.OutcomeAbandoned:
 		return "receipts.abandon"
-	case receipts.OutcomeLeaseLost:
+	case observe.OutcomeLeaseLost:
 		return "receipts.lease_lost"
 	}
 	return "receipts.commit"
 }
 
-func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
+func (o *Observer) attrs(e observe.Event) []attribute.KeyValue {
 	n := 2 // engine, outcome
 	if e.Class != "" {
 		n++
@@ -218,7 +218,7 @@ func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
 	if e.Attempt != 0 {
 		n += 2
 	}
-	if e.Kind == receipts.GCEvent {
+	if e.Kind == observe.GCEvent {
 		n += 2
 	} else if o.keyHash {
 		n++
@@ -231,7 +231,7 @@ func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
 	if e.Attempt != 0 {
 		a = append(a, attribute.Int("receipts.attempt", int(e.Attempt)), attribute.Bool("receipts.recovered", e.Recovered))
 	}
-	if e.Kind == receipts.GCEvent {
+	if e.Kind == observe.GCEvent {
 		a = append(a, attribute.Int("receipts.gc.epochs_dropped", e.EpochsDropped), attribute.Int64("receipts.gc.bytes_freed", int64(min(e.BytesFreed, 1<<62))))
 	} else if o.keyHash {
 		a = append(a, attribute.String("receipts.key_hash", e.KeyHash()))
@@ -240,7 +240,7 @@ func (o *Observer) attrs(e receipts.Event) []attribute.KeyValue {
 }
 
 // metricAttrs are the bounded attributes of e's metrics.
-func (o *Observer) metricAttrs(e receipts.Event) []attribute.KeyValue {
+func (o *Observer) metricAttrs(e observe.Event) []attribute.KeyValue {
 	return []attribute.KeyValue{
 		attribute.String("receipts.engine", e.Engine),
 		attribute.String("receipts.class", e.Class),
@@ -249,15 +249,15 @@ func (o *Observer) metricAttrs(e receipts.Event) []attribute.KeyValue {
 }
 
 // setStatus marks a span whose outcome is an error.
-func setStatus(span trace.Span, out receipts.Outcome) {
+func setStatus(span trace.Span, out observe.Outcome) {
 	switch out {
-	case receipts.OutcomeError, receipts.OutcomeLeaseLost, receipts.OutcomeAbandoned:
+	case observe.OutcomeError, observe.OutcomeLeaseLost, observe.OutcomeAbandoned:
 		span.SetStatus(codes.Error, string(out))
 	}
 }
 
 // TraceContext is the W3C traceparent of the span in ctx, stored with the
-// receipt that a finish with ctx records (receipts.TraceRecorder), or nil
+// receipt that a finish with ctx records (observe.TraceRecorder), or nil
 // if ctx has no valid span.
 func (o *Observer) TraceContext(ctx context.Context) []byte {
 	sc := trace.SpanContextFromContext(ctx)
@@ -306,6 +306,6 @@ func parseTraceparent(b []byte) (trace.SpanContext, bool) {
 }
 
 var (
-	_ receipts.Beginner      = (*Observer)(nil)
-	_ receipts.TraceRecorder = (*Observer)(nil)
+	_ observe.Beginner      = (*Observer)(nil)
+	_ observe.TraceRecorder = (*Observer)(nil)
 )

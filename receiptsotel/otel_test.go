@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptsotel"
 	"github.com/receiptstore/receipts/receiptstest"
 )
@@ -37,8 +38,15 @@ func TestSpansAndMetrics(t *testing.T) {
 	obs, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp, MeterProvider: mp, KeyHash: true})
 	require.NoError(t, err)
 	clock := receiptstest.NewClock(time.Time{})
-	db, err := receipts.Open("db", &receipts.Options{GCInterval: -1, LeaseTTL: 30 * time.Second, Now: clock.Now, Observer: obs,
-		Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			GCInterval: -1,
+			LeaseTTL:   30 * time.Second,
+			Now:        clock.Now,
+			Observer:   obs,
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
+	})
 	require.NoError(t, err)
 	defer db.Close()
 
@@ -144,7 +152,7 @@ func TestReplayLinksToRecordedExecution(t *testing.T) {
 	require.NoError(t, err)
 	fs := vfs.NewMem()
 	open := func() *receipts.DB {
-		db, err := receipts.Open("db", &receipts.Options{GCInterval: -1, Observer: obs, Pebble: &pebble.Options{FS: fs}})
+		db, err := pebblestore.Open("db", &pebblestore.Options{Options: receipts.Options{GCInterval: -1, Observer: obs}, Pebble: &pebble.Options{FS: fs}})
 		require.NoError(t, err)
 		return db
 	}

@@ -30,6 +30,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/observe"
 	"github.com/receiptstore/receipts/receiptsprom"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
@@ -292,7 +293,7 @@ func exported(t *testing.T) (names, labels map[string]bool) {
 	require.NoError(t, reg.Register(c))
 	work := func(db *receipts.DB) {
 		c.Watch(db)
-		ctx := receipts.WithOperationClass(bg, "check")
+		ctx := observe.WithOperationClass(bg, "check")
 		_, err := db.Do(ctx, receipts.Key{Scope: "s", ID: "a"}, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil })
 		require.NoError(t, err)
 		_, err = db.Do(ctx, receipts.Key{Scope: "s", ID: "a"}, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return nil, errors.New("never runs") })

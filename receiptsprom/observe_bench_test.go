@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
@@ -16,7 +16,7 @@ import (
 func BenchmarkObserveReplay(b *testing.B) {
 	c := receiptsprom.New(nil)
 	prometheus.NewRegistry().MustRegister(c)
-	e := receipts.Event{Kind: receipts.ClaimEvent, Outcome: receipts.OutcomeReplayed, Engine: "pebble", Duration: 800 * time.Nanosecond, Attempt: 1}
+	e := observe.Event{Kind: observe.ClaimEvent, Outcome: observe.OutcomeReplayed, Engine: "pebble", Duration: 800 * time.Nanosecond, Attempt: 1}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -1,6 +1,6 @@
 // Package receiptsprom exports a receipts store's events and figures as
 // Prometheus metrics. The core package does not import Prometheus: this
-// package adapts receipts.Observer.
+// package adapts observe.Observer.
 //
 //	c := receiptsprom.New(nil)
 //	db, err := receipts.Open(dir, &receipts.Options{Observer: c})
@@ -10,7 +10,7 @@
 //	http.Handle("/metrics", promhttp.Handler())
 //
 // Metrics (every one has the labels engine="pebble"|"postgres" and, where
-// it applies, class: the caller's operation class, receipts.WithOperationClass,
+// it applies, class: the caller's operation class, observe.WithOperationClass,
 // "" if none; no label ever carries a key's scope or ID, a token, or any
 // other unbounded value):
 //
@@ -45,6 +45,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 )
 
 // DefaultBuckets are the duration histograms' buckets, in seconds: from a
@@ -70,7 +71,7 @@ type Options struct {
 	ScanTimeout time.Duration
 }
 
-// Collector is a receipts.Observer that counts events, and a
+// Collector is a observe.Observer that counts events, and a
 // prometheus.Collector that exports them with the watched stores' gauges.
 // It is safe for concurrent use. One Collector may observe several stores
 // (give each its own ConstLabels and Collector if they share an engine
@@ -193,22 +194,22 @@ type series struct {
 	// slice searched in order (the common outcomes first) is cheaper than
 	// a map lookup, which hashes the outcome.
 	claims, finishes []outcomeCounter
-	mu               sync.Mutex                 // guards waits
-	waits            map[receipts.Outcome]*hist // filled as waits end (rare)
+	mu               sync.Mutex                // guards waits
+	waits            map[observe.Outcome]*hist // filled as waits end (rare)
 }
 
 var (
-	claimOutcomes = []receipts.Outcome{receipts.OutcomeReplayed, receipts.OutcomeClaimed, receipts.OutcomeTookOver,
-		receipts.OutcomeInProgress, receipts.OutcomeMismatch, receipts.OutcomeExpired, receipts.OutcomeCanceled, receipts.OutcomeClosed, receipts.OutcomeError}
-	finishOutcomes = []receipts.Outcome{receipts.OutcomeSucceeded, receipts.OutcomeFailed, receipts.OutcomeReleased,
-		receipts.OutcomeAbandoned, receipts.OutcomeLeaseLost}
+	claimOutcomes = []observe.Outcome{observe.OutcomeReplayed, observe.OutcomeClaimed, observe.OutcomeTookOver,
+		observe.OutcomeInProgress, observe.OutcomeMismatch, observe.OutcomeExpired, observe.OutcomeCanceled, observe.OutcomeClosed, observe.OutcomeError}
+	finishOutcomes = []observe.Outcome{observe.OutcomeSucceeded, observe.OutcomeFailed, observe.OutcomeReleased,
+		observe.OutcomeAbandoned, observe.OutcomeLeaseLost}
 )
 
 type seriesKey struct{ engine, class string }
 
 // outcomeCounter is the counter of one outcome.
 type outcomeCounter struct {
-	out receipts.Outcome
+	out observe.Outcome
 	ctr *ctr
 }
 
@@ -227,7 +228,7 @@ func (c *Collector) series(engine, class string) *series {
 		finishDur:  newHist(c.opDurDesc, c.upper, engine, class, "finish"),
 		attemptDur: newHist(c.opDurDesc, c.upper, engine, class, "attempt"),
 		leases:     c.leases.WithLabelValues(engine),
-		waits:      map[receipts.Outcome]*hist{},
+		waits:      map[observe.Outcome]*hist{},
 	}
 	for _, o := range claimOutcomes {
 		s.claims = append(s.claims, outcomeCounter{o, newCtr(c.claimsDesc, engine, class, string(o))})
@@ -242,7 +243,7 @@ func (c *Collector) series(engine, class string) *series {
 
 // inc counts out: in m, or (an outcome this version does not list) in
 // vec's child for it.
-func (s *series) inc(sh int, m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out receipts.Outcome) {
+func (s *series) inc(sh int, m []outcomeCounter, vec *prometheus.CounterVec, k seriesKey, out observe.Outcome) {
 	for _, oc := range m {
 		if oc.out == out {
 			oc.ctr.inc(sh)
@@ -252,7 +253,7 @@ func (s *series) inc(sh int, m []outcomeCounter, vec *prometheus.CounterVec, k s
 	vec.WithLabelValues(k.engine, k.class, string(out)).Inc()
 }
 
-func (s *series) wait(c *Collector, out receipts.Outcome) *hist {
+func (s *series) wait(c *Collector, out observe.Outcome) *hist {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h, ok := s.waits[out]
@@ -294,36 +295,36 @@ func (c *Collector) gcHist(engine string) *hist {
 	return h
 }
 
-// ObservesKind declines DoEvents (receipts.KindFilter): a Do's claim and
+// ObservesKind declines DoEvents (observe.KindFilter): a Do's claim and
 // finish events already carry what the metrics count.
-func (c *Collector) ObservesKind(kind receipts.EventKind) bool { return kind != receipts.DoEvent }
+func (c *Collector) ObservesKind(kind observe.EventKind) bool { return kind != observe.DoEvent }
 
-// Observe counts e (receipts.Observer).
-func (c *Collector) Observe(_ context.Context, e receipts.Event) {
+// Observe counts e (observe.Observer).
+func (c *Collector) Observe(_ context.Context, e observe.Event) {
 	k := seriesKey{e.Engine, e.Class}
 	switch e.Kind {
-	case receipts.ClaimEvent:
+	case observe.ClaimEvent:
 		s := c.series(e.Engine, e.Class)
 		sh := stripe()
 		s.inc(sh, s.claims, c.claims, k, e.Outcome)
 		s.claimDur.observe(sh, e.Duration.Seconds())
-		if e.Outcome == receipts.OutcomeClaimed || e.Outcome == receipts.OutcomeTookOver {
+		if e.Outcome == observe.OutcomeClaimed || e.Outcome == observe.OutcomeTookOver {
 			s.leases.Inc()
 		}
-	case receipts.WaitEvent:
+	case observe.WaitEvent:
 		s := c.series(e.Engine, e.Class)
 		s.wait(c, e.Outcome).observe(stripe(), e.Duration.Seconds())
-	case receipts.FinishEvent:
+	case observe.FinishEvent:
 		s := c.series(e.Engine, e.Class)
 		sh := stripe()
 		s.inc(sh, s.finishes, c.finishes, k, e.Outcome)
 		s.finishDur.observe(sh, e.Duration.Seconds())
 		s.attemptDur.observe(sh, e.Held.Seconds())
 		s.leases.Dec()
-	case receipts.GCEvent:
+	case observe.GCEvent:
 		c.gcRuns.WithLabelValues(e.Engine, string(e.Outcome)).Inc()
 		c.gcHist(e.Engine).observe(stripe(), e.Duration.Seconds())
-		if e.Outcome == receipts.OutcomeOK {
+		if e.Outcome == observe.OutcomeOK {
 			c.gcDropped.WithLabelValues(e.Engine).Add(float64(e.EpochsDropped))
 			c.gcFreed.WithLabelValues(e.Engine).Add(float64(e.BytesFreed))
 			c.gcLast.WithLabelValues(e.Engine).Set(float64(e.Start.Add(e.Duration).UnixNano()) / 1e9)
@@ -338,7 +339,7 @@ func (c *Collector) Observe(_ context.Context, e receipts.Event) {
 func (c *Collector) Watch(db *receipts.DB) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.watched = append(c.watched, &watched{db: db, engine: db.EngineName()})
+	c.watched = append(c.watched, &watched{db: db, engine: db.Driver().Name()})
 }
 
 // Describe sends nothing (prometheus.Collector): the engines' own figures

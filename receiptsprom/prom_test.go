@@ -18,6 +18,8 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/observe"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/pgstore"
 	"github.com/receiptstore/receipts/receiptsprom"
 	"github.com/receiptstore/receipts/receiptstest"
@@ -33,8 +35,14 @@ var bg = context.Background()
 type store func(t *testing.T, c *receiptsprom.Collector, clock *receiptstest.Clock) *receipts.DB
 
 func pebbleStore(t *testing.T, c *receiptsprom.Collector, clock *receiptstest.Clock) *receipts.DB {
-	db, err := receipts.Open(filepath.Join(t.TempDir(), "db"), &receipts.Options{
-		Retention: time.Hour, LeaseTTL: 30 * time.Second, GCInterval: -1, Now: clock.Now, Observer: c,
+	db, err := pebblestore.Open(filepath.Join(t.TempDir(), "db"), &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  time.Hour,
+			LeaseTTL:   30 * time.Second,
+			GCInterval: -1,
+			Now:        clock.Now,
+			Observer:   c,
+		},
 		Pebble: &pebble.Options{FS: vfs.Default},
 	})
 	require.NoError(t, err)
@@ -73,8 +81,8 @@ func TestMetricsFollowTheWorkload(t *testing.T) {
 		c.Watch(db)
 		reg := prometheus.NewPedanticRegistry()
 		require.NoError(t, reg.Register(c))
-		eng := db.EngineName()
-		pay := receipts.WithOperationClass(bg, "pay")
+		eng := db.Driver().Name()
+		pay := observe.WithOperationClass(bg, "pay")
 		k := func(id string) receipts.Key { return receipts.Key{Scope: "tenant-a1", ID: id} }
 
 		claims := func(class, outcome string) float64 {
@@ -217,7 +225,7 @@ func FuzzScrapeHasNoKeys(f *testing.F) {
 	f.Add("scope with spaces", "id\"quoted\"", "cls")
 	c := receiptsprom.New(&receiptsprom.Options{ScanEvery: -1})
 	clock := receiptstest.NewClock(time.Time{})
-	db, err := receipts.Open("db", &receipts.Options{GCInterval: -1, Now: clock.Now, Observer: c, Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	db, err := pebblestore.Open("db", &pebblestore.Options{Options: receipts.Options{GCInterval: -1, Now: clock.Now, Observer: c}, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	require.NoError(f, err)
 	defer db.Close()
 	c.Watch(db)
@@ -230,7 +238,7 @@ func FuzzScrapeHasNoKeys(f *testing.F) {
 		k := receipts.Key{Scope: scope, ID: id}
 		ctx := bg
 		if class != "" && len(class) < 16 && !strings.Contains(scope, class) && !strings.Contains(id, class) {
-			ctx = receipts.WithOperationClass(bg, class)
+			ctx = observe.WithOperationClass(bg, class)
 		}
 		l, _, err := db.Claim(ctx, k, []byte("fp"))
 		if err != nil {

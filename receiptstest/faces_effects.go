@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -42,7 +43,7 @@ func newEffects(t *testing.T, f *faceEnv) *effects {
 	if x, ok := f.store.(Effects); ok {
 		return &effects{f: f, x: x}
 	}
-	if f.db.Pebble() == nil {
+	if pebblestore.DB(f.db) == nil {
 		t.Skip("the Store does not implement receiptstest.Effects and the engine is not Pebble: no effect to stage")
 	}
 	return &effects{f: f}
@@ -83,7 +84,7 @@ func (x *effects) has(t testing.TB, name string) bool {
 			got = append(got, x.x.HasEffect(t, db, name))
 			continue
 		}
-		_, closer, err := db.Pebble().Get(pebbleEffectKey(name))
+		_, closer, err := pebblestore.DB(db).Get(pebbleEffectKey(name))
 		if errors.Is(err, pebble.ErrNotFound) {
 			got = append(got, false)
 			continue

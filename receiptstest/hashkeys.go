@@ -37,7 +37,7 @@ func hashEnv(t *testing.T, s Store, mod func(*receipts.Options)) *env {
 		t.Skipf("this engine records no settings (Open with HashKeys: %v)", err)
 	}
 	require.NoError(t, err, "Store.Open")
-	require.True(t, db.HashesKeys())
+	require.True(t, db.Options().HashKeys)
 	e := &env{t: t, store: s, clock: clock, opts: opts, db: db}
 	t.Cleanup(func() {
 		if e.db != nil {
@@ -154,7 +154,7 @@ func testHashRecorded(t *testing.T, s Store) {
 	e.record(k)
 	e.opts.HashKeys = false // a tool that does not know: the store says
 	e.reopen()
-	require.True(t, e.db.HashesKeys())
+	require.True(t, e.db.Options().HashKeys)
 	e.replays(k)
 }
 
@@ -169,7 +169,7 @@ func testHashRefused(t *testing.T, s Store) {
 	db, err = e.store.Reopen(t, e.db, e.opts)
 	require.NoError(t, err)
 	e.db = db
-	require.False(t, e.db.HashesKeys())
+	require.False(t, e.db.Options().HashKeys)
 	e.replays(key("alice", "1"))
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -169,7 +170,7 @@ func (e *env) resolution() time.Duration {
 }
 
 // isPebble reports whether the engine serves the Pebble-only methods.
-func (e *env) isPebble() bool { return e.db.Pebble() != nil }
+func (e *env) isPebble() bool { return pebblestore.DB(e.db) != nil }
 
 // claim claims k and requires a lease (and no receipt).
 func (e *env) claim(k receipts.Key, fp string, opts ...receipts.ClaimOption) *receipts.Lease {

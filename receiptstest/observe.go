@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
 	"github.com/stretchr/testify/require"
 )
 
@@ -32,17 +33,17 @@ var observeTests = []test{
 // recorder is an Observer that keeps every event.
 type recorder struct {
 	mu     sync.Mutex
-	events []receipts.Event // protected by mu
+	events []observe.Event // protected by mu
 }
 
-func (r *recorder) Observe(_ context.Context, e receipts.Event) {
+func (r *recorder) Observe(_ context.Context, e observe.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
 }
 
 // take returns the events since the last take.
-func (r *recorder) take() []receipts.Event {
+func (r *recorder) take() []observe.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ev := r.events
@@ -52,14 +53,14 @@ func (r *recorder) take() []receipts.Event {
 
 // ev is the part of an Event a test compares.
 type ev struct {
-	Kind      receipts.EventKind
-	Outcome   receipts.Outcome
+	Kind      observe.EventKind
+	Outcome   observe.Outcome
 	Attempt   uint32
 	Recovered bool
 	Class     string
 }
 
-func evs(events []receipts.Event) []ev {
+func evs(events []observe.Event) []ev {
 	out := make([]ev, len(events))
 	for i, e := range events {
 		out[i] = ev{e.Kind, e.Outcome, e.Attempt, e.Recovered, e.Class}
@@ -79,8 +80,8 @@ func newObservedEnv(t *testing.T, s Store) (*env, *recorder) {
 func testObserveTransitions(t *testing.T, s Store) {
 	e, rec := newObservedEnv(t, s)
 	db := e.db
-	claim, finish := receipts.ClaimEvent, receipts.FinishEvent
-	refund := receipts.WithOperationClass(bg, "refund")
+	claim, finish := observe.ClaimEvent, observe.FinishEvent
+	refund := observe.WithOperationClass(bg, "refund")
 
 	// A first call, its commit, a replay and a mismatch.
 	k1 := key("obs", "k1")
@@ -94,10 +95,10 @@ func testObserveTransitions(t *testing.T, s Store) {
 	require.ErrorIs(t, err, receipts.ErrIntentMismatch)
 	got := rec.take()
 	require.Equal(t, []ev{
-		{claim, receipts.OutcomeClaimed, 1, false, "refund"},
-		{finish, receipts.OutcomeSucceeded, 1, false, "refund"},
-		{claim, receipts.OutcomeReplayed, 1, false, ""},
-		{claim, receipts.OutcomeMismatch, 0, false, ""},
+		{claim, observe.OutcomeClaimed, 1, false, "refund"},
+		{finish, observe.OutcomeSucceeded, 1, false, "refund"},
+		{claim, observe.OutcomeReplayed, 1, false, ""},
+		{claim, observe.OutcomeMismatch, 0, false, ""},
 	}, evs(got))
 	require.Equal(t, 2*time.Second, got[1].Held, "Held: claim to commit by the store's clock")
 	for _, x := range got {
@@ -119,11 +120,11 @@ func testObserveTransitions(t *testing.T, s Store) {
 	require.ErrorIs(t, err, receipts.ErrLeaseLost)
 	require.NoError(t, nl.Abandon(bg))
 	require.Equal(t, []ev{
-		{claim, receipts.OutcomeClaimed, 1, false, ""},
-		{claim, receipts.OutcomeInProgress, 0, false, ""},
-		{claim, receipts.OutcomeTookOver, 2, true, ""},
-		{finish, receipts.OutcomeLeaseLost, 1, false, ""}, // once per lease
-		{finish, receipts.OutcomeAbandoned, 2, true, ""},
+		{claim, observe.OutcomeClaimed, 1, false, ""},
+		{claim, observe.OutcomeInProgress, 0, false, ""},
+		{claim, observe.OutcomeTookOver, 2, true, ""},
+		{finish, observe.OutcomeLeaseLost, 1, false, ""}, // once per lease
+		{finish, observe.OutcomeAbandoned, 2, true, ""},
 	}, evs(rec.take()))
 
 	// Release, a Do that fails permanently, a Do that is not performed.
@@ -138,14 +139,14 @@ func testObserveTransitions(t *testing.T, s Store) {
 	})
 	require.Error(t, err)
 	require.Equal(t, []ev{
-		{claim, receipts.OutcomeClaimed, 1, false, ""},
-		{finish, receipts.OutcomeReleased, 1, false, ""},
-		{claim, receipts.OutcomeClaimed, 1, false, ""},
-		{finish, receipts.OutcomeFailed, 1, false, ""},
-		{receipts.DoEvent, receipts.OutcomeFailed, 1, false, ""},
-		{claim, receipts.OutcomeClaimed, 1, false, ""},
-		{finish, receipts.OutcomeReleased, 1, false, ""},
-		{receipts.DoEvent, receipts.OutcomeReleased, 0, false, ""},
+		{claim, observe.OutcomeClaimed, 1, false, ""},
+		{finish, observe.OutcomeReleased, 1, false, ""},
+		{claim, observe.OutcomeClaimed, 1, false, ""},
+		{finish, observe.OutcomeFailed, 1, false, ""},
+		{observe.DoEvent, observe.OutcomeFailed, 1, false, ""},
+		{claim, observe.OutcomeClaimed, 1, false, ""},
+		{finish, observe.OutcomeReleased, 1, false, ""},
+		{observe.DoEvent, observe.OutcomeReleased, 0, false, ""},
 	}, evs(rec.take()))
 	_, err = db.Do(bg, k4, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
 		panic("a replay must not run")
@@ -156,17 +157,17 @@ func testObserveTransitions(t *testing.T, s Store) {
 	})
 	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
 	require.Equal(t, []ev{
-		{claim, receipts.OutcomeReplayed, 1, false, ""},
-		{receipts.DoEvent, receipts.OutcomeReplayed, 1, false, ""},
-		{claim, receipts.OutcomeClaimed, 1, false, ""},
-		{finish, receipts.OutcomeAbandoned, 1, false, ""},
-		{receipts.DoEvent, receipts.OutcomeAbandoned, 0, false, ""},
+		{claim, observe.OutcomeReplayed, 1, false, ""},
+		{observe.DoEvent, observe.OutcomeReplayed, 1, false, ""},
+		{claim, observe.OutcomeClaimed, 1, false, ""},
+		{finish, observe.OutcomeAbandoned, 1, false, ""},
+		{observe.DoEvent, observe.OutcomeAbandoned, 0, false, ""},
 	}, evs(rec.take()))
 
 	// Bad input is an error outcome, and changes nothing.
 	_, _, err = db.Claim(bg, receipts.Key{Scope: "obs"}, []byte("fp"))
 	require.ErrorIs(t, err, receipts.ErrInvalidKey)
-	require.Equal(t, []ev{{claim, receipts.OutcomeError, 0, false, ""}}, evs(rec.take()))
+	require.Equal(t, []ev{{claim, observe.OutcomeError, 0, false, ""}}, evs(rec.take()))
 }
 
 // A claim that waits reports the wait, with how it ended, before the claim.
@@ -175,13 +176,13 @@ func testObserveWaits(t *testing.T, s Store) {
 	k := key("obs", "wait")
 	holder := e.claim(k, "fp")
 	rec.take()
-	claim, wait := receipts.ClaimEvent, receipts.WaitEvent
+	claim, wait := observe.ClaimEvent, observe.WaitEvent
 
 	// Bounded by WaitAtMost: it waits, then answers in progress.
 	_, _, err := e.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(200*time.Millisecond))
 	require.ErrorIs(t, err, receipts.ErrInProgress)
 	got := rec.take()
-	require.Equal(t, []ev{{wait, receipts.OutcomeInProgress, 0, false, ""}, {claim, receipts.OutcomeInProgress, 0, false, ""}}, evs(got))
+	require.Equal(t, []ev{{wait, observe.OutcomeInProgress, 0, false, ""}, {claim, observe.OutcomeInProgress, 0, false, ""}}, evs(got))
 	require.Positive(t, got[0].Duration)
 	require.GreaterOrEqual(t, got[1].Duration, 200*time.Millisecond, "the claim lasted its bound (process clock)")
 
@@ -190,7 +191,7 @@ func testObserveWaits(t *testing.T, s Store) {
 	defer cancel()
 	_, _, err = e.db.Claim(ctx, k, []byte("fp"), receipts.WaitForResult())
 	require.ErrorIs(t, err, receipts.ErrInProgress)
-	require.Equal(t, []ev{{wait, receipts.OutcomeCanceled, 0, false, ""}, {claim, receipts.OutcomeCanceled, 0, false, ""}}, evs(rec.take()))
+	require.Equal(t, []ev{{wait, observe.OutcomeCanceled, 0, false, ""}, {claim, observe.OutcomeCanceled, 0, false, ""}}, evs(rec.take()))
 
 	// Ended by the holder's commit: the waiter gets the receipt.
 	done := make(chan error, 1)
@@ -211,18 +212,18 @@ func testObserveWaits(t *testing.T, s Store) {
 	// The holder's finish and the waiter's events come from two goroutines: the waiter is
 	// woken as the commit lands, so either may be reported first. The waiter's own come in
 	// order.
-	var holderEvs, waiterEvs []receipts.Event
+	var holderEvs, waiterEvs []observe.Event
 	for _, x := range rec.take() {
-		if x.Kind == receipts.FinishEvent {
+		if x.Kind == observe.FinishEvent {
 			holderEvs = append(holderEvs, x)
 		} else {
 			waiterEvs = append(waiterEvs, x)
 		}
 	}
-	require.Equal(t, []ev{{receipts.FinishEvent, receipts.OutcomeSucceeded, 1, false, ""}}, evs(holderEvs))
+	require.Equal(t, []ev{{observe.FinishEvent, observe.OutcomeSucceeded, 1, false, ""}}, evs(holderEvs))
 	require.Equal(t, []ev{
-		{wait, receipts.OutcomeReplayed, 0, false, ""},
-		{claim, receipts.OutcomeReplayed, 1, false, ""},
+		{wait, observe.OutcomeReplayed, 0, false, ""},
+		{claim, observe.OutcomeReplayed, 1, false, ""},
 	}, evs(waiterEvs))
 }
 
@@ -277,8 +278,8 @@ func testObserveGC(t *testing.T, s Store) {
 	e.gc()
 	got := rec.take()
 	require.Len(t, got, 1)
-	require.Equal(t, receipts.GCEvent, got[0].Kind)
-	require.Equal(t, receipts.OutcomeOK, got[0].Outcome)
+	require.Equal(t, observe.GCEvent, got[0].Kind)
+	require.Equal(t, observe.OutcomeOK, got[0].Outcome)
 	require.Zero(t, got[0].EpochsDropped)
 	require.Empty(t, got[0].KeyHash())
 
@@ -286,8 +287,8 @@ func testObserveGC(t *testing.T, s Store) {
 	e.gc()
 	got = rec.take()
 	require.Len(t, got, 1)
-	require.Equal(t, receipts.GCEvent, got[0].Kind)
-	require.Equal(t, receipts.OutcomeOK, got[0].Outcome)
+	require.Equal(t, observe.GCEvent, got[0].Kind)
+	require.Equal(t, observe.OutcomeOK, got[0].Outcome)
 	require.Positive(t, got[0].EpochsDropped)
 }
 
@@ -314,7 +315,7 @@ func testObserveLogs(t *testing.T, s Store) {
 			require.NoError(t, nl.Abandon(bg))
 			var hash string
 			for _, x := range rec.take() {
-				if x.Outcome == receipts.OutcomeTookOver {
+				if x.Outcome == observe.OutcomeTookOver {
 					hash = x.KeyHash()
 				}
 			}
@@ -361,20 +362,20 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // beginner records what Begin saw and marks the context it returns.
 type beginner struct {
 	recorder
-	begun []receipts.EventKind // protected by recorder.mu
+	begun []observe.EventKind // protected by recorder.mu
 }
 
 type beginMark struct{}
 
-func (b *beginner) Begin(ctx context.Context, kind receipts.EventKind) context.Context {
+func (b *beginner) Begin(ctx context.Context, kind observe.EventKind) context.Context {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.begun = append(b.begun, kind)
-	marks, _ := ctx.Value(beginMark{}).([]receipts.EventKind)
-	return context.WithValue(ctx, beginMark{}, append(append([]receipts.EventKind(nil), marks...), kind))
+	marks, _ := ctx.Value(beginMark{}).([]observe.EventKind)
+	return context.WithValue(ctx, beginMark{}, append(append([]observe.EventKind(nil), marks...), kind))
 }
 
-// An observer that is a receipts.Beginner sees a Do and its claim begin;
+// An observer that is a observe.Beginner sees a Do and its claim begin;
 // the context it returns is the one fn runs with and the one the
 // operation's events are observed with.
 func testObserveBegin(t *testing.T, s Store) {
@@ -382,23 +383,23 @@ func testObserveBegin(t *testing.T, s Store) {
 	var mu sync.Mutex
 	var marks []string
 	obs := struct {
-		receipts.Beginner
-		receipts.Observer
-	}{b, receipts.ObserverFunc(func(ctx context.Context, e receipts.Event) {
-		m, _ := ctx.Value(beginMark{}).([]receipts.EventKind)
+		observe.Beginner
+		observe.Observer
+	}{b, observe.ObserverFunc(func(ctx context.Context, e observe.Event) {
+		m, _ := ctx.Value(beginMark{}).([]observe.EventKind)
 		mu.Lock()
 		marks = append(marks, fmt.Sprint(e.Kind, m))
 		mu.Unlock()
 	})}
 	e := newEnv(t, s, func(o *receipts.Options) { o.Observer = obs })
-	var inFn []receipts.EventKind
+	var inFn []observe.EventKind
 	_, err := e.db.Do(bg, key("obs", "begin"), []byte("fp"), func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
-		inFn, _ = ctx.Value(beginMark{}).([]receipts.EventKind)
+		inFn, _ = ctx.Value(beginMark{}).([]observe.EventKind)
 		return []byte("ok"), nil
 	})
 	require.NoError(t, err)
-	require.Equal(t, []receipts.EventKind{receipts.DoEvent, receipts.ClaimEvent}, b.begun)
-	require.Equal(t, []receipts.EventKind{receipts.DoEvent}, inFn, "fn runs with the context Begin(DoEvent) returned")
+	require.Equal(t, []observe.EventKind{observe.DoEvent, observe.ClaimEvent}, b.begun)
+	require.Equal(t, []observe.EventKind{observe.DoEvent}, inFn, "fn runs with the context Begin(DoEvent) returned")
 	require.Equal(t, []string{"claim [do claim]", "finish [do]", "do [do]"}, marks)
 }
 
@@ -418,16 +419,16 @@ func testObserveExpired(t *testing.T, s Store) {
 	})
 	require.ErrorIs(t, err, receipts.ErrExpired)
 	require.Equal(t, []ev{
-		{receipts.ClaimEvent, receipts.OutcomeExpired, 0, false, ""},
-		{receipts.ClaimEvent, receipts.OutcomeExpired, 0, false, ""},
-		{receipts.DoEvent, receipts.OutcomeExpired, 0, false, ""},
+		{observe.ClaimEvent, observe.OutcomeExpired, 0, false, ""},
+		{observe.ClaimEvent, observe.OutcomeExpired, 0, false, ""},
+		{observe.DoEvent, observe.OutcomeExpired, 0, false, ""},
 	}, evs(rec.take()))
 }
 
-// noDo is a recorder that declines DoEvents (receipts.KindFilter).
+// noDo is a recorder that declines DoEvents (observe.KindFilter).
 type noDo struct{ recorder }
 
-func (*noDo) ObservesKind(k receipts.EventKind) bool { return k != receipts.DoEvent }
+func (*noDo) ObservesKind(k observe.EventKind) bool { return k != observe.DoEvent }
 
 // An observer that is a KindFilter gets only the kinds it takes.
 func testObserveKindFilter(t *testing.T, s Store) {
@@ -436,12 +437,12 @@ func testObserveKindFilter(t *testing.T, s Store) {
 	_, err := e.db.Do(bg, key("obs", "f"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil })
 	require.NoError(t, err)
 	require.Equal(t, []ev{
-		{receipts.ClaimEvent, receipts.OutcomeClaimed, 1, false, ""},
-		{receipts.FinishEvent, receipts.OutcomeSucceeded, 1, false, ""},
+		{observe.ClaimEvent, observe.OutcomeClaimed, 1, false, ""},
+		{observe.FinishEvent, observe.OutcomeSucceeded, 1, false, ""},
 	}, evs(rec.take()), "no DoEvent")
 }
 
-// traceRecorder is a recorder that is also a receipts.TraceRecorder: it
+// traceRecorder is a recorder that is also a observe.TraceRecorder: it
 // stores the trace context the finishing call's context carries (traceIn).
 type traceRecorder struct{ recorder }
 
@@ -458,15 +459,15 @@ func (r *traceRecorder) TraceContext(ctx context.Context) []byte {
 
 // replayTraces returns the Trace of the replayed ClaimEvent and DoEvent
 // among evs (nil: none of that kind).
-func replayTraces(evs []receipts.Event) (claim, do []byte) {
+func replayTraces(evs []observe.Event) (claim, do []byte) {
 	for _, e := range evs {
-		if e.Outcome != receipts.OutcomeReplayed {
+		if e.Outcome != observe.OutcomeReplayed {
 			continue
 		}
 		switch e.Kind {
-		case receipts.ClaimEvent:
+		case observe.ClaimEvent:
 			claim = e.Trace
-		case receipts.DoEvent:
+		case observe.DoEvent:
 			do = e.Trace
 		}
 	}
@@ -491,7 +492,7 @@ func testObserveTrace(t *testing.T, s Store) {
 	require.NoError(t, err)
 	_, err = l.Commit(traceIn(bg, "00-commit"), []byte("r"))
 	require.NoError(t, err)
-	_, err = e.db.Do(traceIn(bg, strings.Repeat("x", receipts.MaxTraceContext+1)), kLong, []byte("fp"), fn)
+	_, err = e.db.Do(traceIn(bg, strings.Repeat("x", observe.MaxTraceContext+1)), kLong, []byte("fp"), fn)
 	require.NoError(t, err)
 
 	for _, restarted := range []bool{false, true} {

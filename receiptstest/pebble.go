@@ -7,6 +7,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,7 +37,7 @@ func newPebbleEnv(t *testing.T, s Store) *env {
 // pebbleGet reads an application key: its value, or "" and false.
 func pebbleGet(t *testing.T, db *receipts.DB, k string) (string, bool) {
 	t.Helper()
-	v, closer, err := db.Pebble().Get([]byte(k))
+	v, closer, err := pebblestore.DB(db).Get([]byte(k))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return "", false
 	}
@@ -53,7 +54,7 @@ func testCommitWith(t *testing.T, s Store) {
 	l := e.claim(k, "fp")
 
 	boom := errors.New("effect failed")
-	_, err := l.CommitWith(bg, []byte("r"), func(b *pebble.Batch) error {
+	_, err := pebblestore.CommitWith(bg, l, []byte("r"), func(b *pebble.Batch) error {
 		_ = b.Set([]byte("app/x"), []byte("half"), nil)
 		return boom
 	})
@@ -62,7 +63,7 @@ func testCommitWith(t *testing.T, s Store) {
 	require.False(t, ok, "nothing written")
 	require.Equal(t, receipts.Pending, e.lookup(k).State, "the lease is still held")
 
-	r, err := l.CommitWith(bg, []byte("r"), func(b *pebble.Batch) error {
+	r, err := pebblestore.CommitWith(bg, l, []byte("r"), func(b *pebble.Batch) error {
 		return b.Set([]byte("app/x"), []byte("whole"), nil)
 	})
 	require.NoError(t, err)
@@ -87,7 +88,7 @@ func testCommitWithStale(t *testing.T, s Store) {
 	e.clock.Advance(leaseTTL)
 	cur := e.claim(k, "fp")
 	effectRan := false
-	_, err := old.CommitWith(bg, []byte("stale"), func(b *pebble.Batch) error {
+	_, err := pebblestore.CommitWith(bg, old, []byte("stale"), func(b *pebble.Batch) error {
 		effectRan = true
 		return b.Set([]byte("app/stale"), []byte("x"), nil)
 	})
@@ -108,10 +109,10 @@ func testDoBatch(t *testing.T, s Store) {
 		runs++
 		return []byte("item-1"), b.Set([]byte("app/items/1"), []byte("Review evals"), nil)
 	}
-	r, err := e.db.DoBatch(bg, k, []byte("fp"), fn)
+	r, err := pebblestore.DoBatch(bg, e.db, k, []byte("fp"), fn)
 	require.NoError(t, err)
 	require.Equal(t, []byte("item-1"), r.Result)
-	r2, err := e.db.DoBatch(bg, k, []byte("fp"), fn)
+	r2, err := pebblestore.DoBatch(bg, e.db, k, []byte("fp"), fn)
 	require.NoError(t, err)
 	sameReceipt(t, r, r2)
 	require.Equal(t, 1, runs)
@@ -125,7 +126,7 @@ func testDoBatch(t *testing.T, s Store) {
 		errors.New("unknown"),
 	} {
 		k2 := key("a", "item2-"+fnErr.Error())
-		_, err = e.db.DoBatch(bg, k2, []byte("fp"), func(ctx context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+		_, err = pebblestore.DoBatch(bg, e.db, k2, []byte("fp"), func(ctx context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
 			_ = b.Set([]byte("app/items/2"), []byte("nope"), nil)
 			return nil, fnErr
 		})
@@ -144,7 +145,7 @@ func testApplicationData(t *testing.T, s Store) {
 	})
 	require.NoError(t, err)
 	for _, k := range []string{"", "\x00", "\x00rcps", "\x00rcpu", "\xff", "app/1"} {
-		require.NoError(t, e.db.Pebble().Set([]byte(k+"x"), []byte("app"), pebble.Sync))
+		require.NoError(t, pebblestore.DB(e.db).Set([]byte(k+"x"), []byte("app"), pebble.Sync))
 	}
 	e.wantCounts(counts{Succeeded: 1})
 	e.reopen()
@@ -160,9 +161,9 @@ func testPebbleUseAfterClose(t *testing.T, s Store) {
 	e := newPebbleEnv(t, s)
 	l := e.claim(key("a", "k"), "fp")
 	require.NoError(t, e.db.Close())
-	_, err := e.db.DoBatch(bg, key("a", "k"), []byte("fp"), nil)
+	_, err := pebblestore.DoBatch(bg, e.db, key("a", "k"), []byte("fp"), nil)
 	require.ErrorIs(t, err, receipts.ErrClosed)
-	require.ErrorIs(t, e.db.Checkpoint("cp"), receipts.ErrClosed)
-	_, err = l.CommitWith(bg, nil, func(*pebble.Batch) error { return nil })
+	require.ErrorIs(t, pebblestore.Checkpoint(e.db, "cp"), receipts.ErrClosed)
+	_, err = pebblestore.CommitWith(bg, l, nil, func(*pebble.Batch) error { return nil })
 	require.ErrorIs(t, err, receipts.ErrClosed)
 }

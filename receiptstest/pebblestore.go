@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -62,10 +63,11 @@ func (s *PebbleStore) Reopen(t testing.TB, db *receipts.DB, opts receipts.Option
 }
 
 func (s *PebbleStore) open(t testing.TB, p pebblePlace, opts receipts.Options) (*receipts.DB, error) {
+	po := pebblestore.Options{Options: opts}
 	if p.fs != nil {
-		opts.Pebble = &pebble.Options{FS: p.fs}
+		po.Pebble = &pebble.Options{FS: p.fs}
 	}
-	db, err := receipts.Open(p.dir, &opts)
+	db, err := pebblestore.Open(p.dir, &po)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +84,7 @@ func (s *PebbleStore) open(t testing.TB, p pebblePlace, opts receipts.Options) (
 // Corrupt implements Corrupter: it writes garbage over k's record (found
 // through the engine's key layout), synced.
 func (s *PebbleStore) Corrupt(t testing.TB, db *receipts.DB, k receipts.Key) {
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	it, err := pebblestore.DB(db).NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	var rk []byte
 	for ok := it.First(); ok; ok = it.Next() {
@@ -94,5 +96,5 @@ func (s *PebbleStore) Corrupt(t testing.TB, db *receipts.DB, k receipts.Key) {
 	}
 	require.NoError(t, it.Close())
 	require.NotNil(t, rk, "no record of %s", k)
-	require.NoError(t, db.Pebble().Set(rk, []byte("\x8f\x13garbage\xff\x00\x01 that is not a record"), pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(rk, []byte("\x8f\x13garbage\xff\x00\x01 that is not a record"), pebble.Sync))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/keyring"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -492,6 +493,6 @@ func (s *PebbleStore) Backup(t testing.TB, db *receipts.DB) func(opts receipts.O
 	if p.fs != nil {
 		cp.dir = p.dir + "-checkpoint"
 	}
-	require.NoError(t, db.Checkpoint(cp.dir))
+	require.NoError(t, pebblestore.Checkpoint(db, cp.dir))
 	return func(opts receipts.Options) (*receipts.DB, error) { return s.open(t, cp, opts) }
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
@@ -229,7 +230,7 @@ func TestLocked(t *testing.T) {
 
 	// A checkpoint of the running store opens.
 	cp := filepath.Join(t.TempDir(), "cp")
-	require.NoError(t, db.Checkpoint(cp))
+	require.NoError(t, pebblestore.Checkpoint(db, cp))
 	require.Len(t, lsIDs(t, "--dir", cp), 6)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receipthttp"
 	"github.com/stretchr/testify/require"
 )
@@ -150,8 +151,7 @@ func TestVerifyProgress(t *testing.T) {
 	db, err := receipts.Open(dir, &receipts.Options{GCInterval: -1})
 	require.NoError(t, err)
 	for i := range 3000 {
-		_, err := db.DoBatch(context.Background(), receipts.Key{Scope: "s", ID: fmt.Sprint("op-", i)}, fp,
-			func(context.Context, *receipts.Lease, *pebble.Batch) ([]byte, error) { return []byte("ok"), nil })
+		_, err := pebblestore.DoBatch(context.Background(), db, receipts.Key{Scope: "s", ID: fmt.Sprint("op-", i)}, fp, func(context.Context, *receipts.Lease, *pebble.Batch) ([]byte, error) { return []byte("ok"), nil })
 		require.NoError(t, err)
 	}
 	var seen []int

@@ -9,6 +9,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/stretchr/testify/require"
 )
@@ -76,14 +77,14 @@ func TestOfflineFormat1Store(t *testing.T) {
 	dir := newFixtureOpts(t, &receipts.Options{Retention: 72 * time.Hour, GCInterval: -1, Now: func() time.Time { return then }})
 	db, err := receipts.Open(dir, &receipts.Options{Retention: 72 * time.Hour, GCInterval: -1})
 	require.NoError(t, err)
-	v, closer, err := db.Pebble().Get(keys.Meta)
+	v, closer, err := pebblestore.DB(db).Get(keys.Meta)
 	require.NoError(t, err)
 	m, err := encoding.DecodeMeta(v)
 	require.NoError(t, err)
 	closer.Close()
 	b, err := encoding.EncodeMeta(&encoding.Meta{Format: 1, EpochWidth: m.EpochWidth, Secret: m.Secret, CreatedAt: m.CreatedAt})
 	require.NoError(t, err)
-	require.NoError(t, db.Pebble().Set(keys.Meta, b, pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(keys.Meta, b, pebble.Sync))
 	require.NoError(t, db.Close())
 
 	require.Empty(t, lsIDs(t, "--dir", dir)) // the default 24h

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pebbleengine"
+	"github.com/receiptstore/receipts/pebblestore"
 )
 
 // retentionFlags are the settings flags of the offline commands.
@@ -59,7 +60,7 @@ func (f retentionFlags) check() error {
 // recordedSettings returns the Retention and LeaseTTL that db's meta
 // records; zero for a store of the previous format, which records none.
 func recordedSettings(db *receipts.DB) (retention, leaseTTL time.Duration, err error) {
-	retention, leaseTTL, err = pebbleengine.RecordedSettings(db.Pebble())
+	retention, leaseTTL, err = pebbleengine.RecordedSettings(pebblestore.DB(db))
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the store's meta: %w", err)
 	}
@@ -142,16 +143,18 @@ func openStoreOpts(dir string, retention, ttl time.Duration, readOnly, compact b
 	if err := checkStoreDir(dir); err != nil {
 		return nil, err
 	}
-	opts := &receipts.Options{
-		Retention:   retention,
-		LeaseTTL:    ttl,
-		GCInterval:  -1,
+	opts := &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  retention,
+			LeaseTTL:   ttl,
+			GCInterval: -1,
+			Logger:     newLogger(stderr),
+			Keyring:    kr,
+		},
 		CompactOnGC: compact,
-		Logger:      newLogger(stderr),
 		Pebble:      &pebble.Options{ReadOnly: readOnly},
-		Keyring:     kr,
 	}
-	db, err := receipts.Open(dir, opts)
+	db, err := pebblestore.Open(dir, opts)
 	switch {
 	case errors.Is(err, receipts.ErrLocked):
 		return nil, &lockedError{dir: dir, err: err}

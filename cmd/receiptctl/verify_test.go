@@ -9,13 +9,14 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
 // recordKey returns the stored key of scope/id in db.
 func recordKey(t *testing.T, db *receipts.DB, scope, id string) []byte {
 	t.Helper()
-	it, err := db.Pebble().NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
+	it, err := pebblestore.DB(db).NewIter(&pebble.IterOptions{LowerBound: keys.RecordsStart, UpperBound: keys.RecordsEnd})
 	require.NoError(t, err)
 	defer it.Close()
 	for valid := it.First(); valid; valid = it.Next() {
@@ -45,7 +46,7 @@ func TestVerify(t *testing.T) {
 	// key under the store's prefix.
 	db, err := receipts.Open(dir, &receipts.Options{GCInterval: -1})
 	require.NoError(t, err)
-	p := db.Pebble()
+	p := pebblestore.DB(db)
 	require.NoError(t, p.Set(recordKey(t, db, "acct_1", "op-ok"), []byte("garbage"), pebble.Sync))
 	future := recordKey(t, db, "acct_1", "op-bin")
 	v, closer, err := p.Get(future)
@@ -100,7 +101,7 @@ func TestVerifyCorruptMeta(t *testing.T) {
 	dir := newFixture(t)
 	db, err := receipts.Open(dir, &receipts.Options{GCInterval: -1})
 	require.NoError(t, err)
-	require.NoError(t, db.Pebble().Set(keys.Meta, []byte("R\x01garbage-garbage"), pebble.Sync))
+	require.NoError(t, pebblestore.DB(db).Set(keys.Meta, []byte("R\x01garbage-garbage"), pebble.Sync))
 	require.NoError(t, db.Close())
 
 	r := cli(t, "--dir", dir, "verify").requireCode(t, exitProblem)

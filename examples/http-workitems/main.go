@@ -49,6 +49,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/examples/internal/exampledb"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
@@ -129,7 +130,7 @@ func start(ctx context.Context, c config) (*instance, error) {
 	}
 	s := &service{
 		db:     store.DB,
-		items:  pebbleItems{store.DB.Pebble()},
+		items:  pebbleItems{pebblestore.DB(store.DB)},
 		tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"},
 		delay:  c.delay,
 		now:    now,

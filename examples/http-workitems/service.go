@@ -12,6 +12,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/encoding"
+	"github.com/receiptstore/receipts/observe"
 	"github.com/receiptstore/receipts/receipthttp"
 )
 
@@ -181,6 +182,6 @@ func problem(w http.ResponseWriter, status int, title, detail string) {
 // carry it as the class label).
 func withClass(class string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r.WithContext(receipts.WithOperationClass(r.Context(), class)))
+		h.ServeHTTP(w, r.WithContext(observe.WithOperationClass(r.Context(), class)))
 	})
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/transcript"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
@@ -30,7 +31,7 @@ func TestReadmeTranscript(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	s := &service{db: db, items: pebbleItems{db.Pebble()}, tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"}, delay: delay, now: time.Now}
+	s := &service{db: db, items: pebbleItems{pebblestore.DB(db)}, tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"}, delay: delay, now: time.Now}
 	h, err := s.handler()
 	if err != nil {
 		t.Fatal(err)

@@ -43,6 +43,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/examples/internal/exampledb"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptmcp"
 )
 
@@ -93,7 +94,7 @@ func run(ctx context.Context, w io.Writer, o options) (err error) {
 	if store.Pool != nil {
 		tracker, err = openPGTracker(ctx, store.Pool, store.Schema)
 	} else {
-		tracker, err = openPebbleTracker(db.Pebble())
+		tracker, err = openPebbleTracker(pebblestore.DB(db))
 	}
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/intents/intentsmcp"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptmcp"
 	"github.com/receiptstore/receipts/receiptstest"
 	"go.uber.org/goleak"
@@ -63,8 +64,15 @@ func newService(t *testing.T) *service {
 	t.Helper()
 	s := &service{t: t, clock: receiptstest.NewClock(time.Now()), effects: map[string]int{},
 		keys: map[string]map[string]bool{}, dropped: map[string]bool{}}
-	db, err := receipts.Open("svc", &receipts.Options{Now: s.clock.Now, Retention: time.Hour, LeaseTTL: 2 * time.Second,
-		GCInterval: -1, Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	db, err := pebblestore.Open("svc", &pebblestore.Options{
+		Options: receipts.Options{
+			Now:        s.clock.Now,
+			Retention:  time.Hour,
+			LeaseTTL:   2 * time.Second,
+			GCInterval: -1,
+		},
+		Pebble: &pebble.Options{FS: vfs.NewMem()},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

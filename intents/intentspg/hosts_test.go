@@ -16,6 +16,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/intents/intentspg"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receipthttp"
 )
 
@@ -26,7 +27,7 @@ import (
 func TestTwoHostsShareAJournal(t *testing.T) {
 	leakCheck(t)
 	ctx := context.Background()
-	db, err := receipts.Open("svc", &receipts.Options{Pebble: &pebble.Options{FS: vfs.NewMem()}, GCInterval: -1})
+	db, err := pebblestore.Open("svc", &pebblestore.Options{Options: receipts.Options{GCInterval: -1}, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,10 @@
 package keys
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 
 	"github.com/receiptstore/receipts/internal/mutate"
@@ -238,3 +241,23 @@ func AppendLockKey(dst []byte, scope, id string) []byte {
 
 // MaxLockKeyLen is the longest lock key.
 const MaxLockKeyLen = 1 + 2*MaxPartLen
+
+// MAC appends to dst the HMAC-SHA256, under secret, of the key (scope, id)
+// in its lock-key form (AppendLockKey). It is the one definition of the
+// bytes behind receipts' external identifiers: Lease.ProviderKey (under the
+// store's secret, which users store for good) and Event.KeyHash (under a key
+// derived from it). Changing it changes every provider key ever handed out.
+func MAC(dst, secret []byte, scope, id string) []byte {
+	var lk [MaxLockKeyLen]byte
+	mac := hmac.New(sha256.New, secret)
+	mac.Write(AppendLockKey(lk[:0], scope, id))
+	return mac.Sum(dst)
+}
+
+// Hash is an observer's name for the key (scope, id) under hk: the first 12
+// bytes of MAC, in hex (24 characters). observe.Event.KeyHash and the
+// store's log records ("key#" and the hash) use it.
+func Hash(hk []byte, scope, id string) string {
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(MAC(sum[:0], hk, scope, id)[:12])
+}

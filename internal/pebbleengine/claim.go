@@ -16,7 +16,7 @@ import (
 //     without the key lock;
 //  2. otherwise rmw under the key lock: machine.Claim decides from the
 //     visible record; a new or taken-over claim gets a fresh token and is
-//     written to the current epoch, synced unless req.NoSync. A key with
+//     written to the current epoch, synced unless it guards an unbound Unit (WithUnit). A key with
 //     no visible record whose tombstone is in force answers Expired.
 func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	k := req.Key
@@ -27,7 +27,7 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	}
 	var tomb tombOut
 	var erased erasedSpan
-	wo := writeOpts{noSync: req.NoSync, claim: true, tomb: &tomb, erased: &erased}
+	wo := writeOpts{noSync: claimUnsynced(ctx), claim: true, tomb: &tomb, erased: &erased}
 	var mres machine.ClaimResult
 	var seen encoding.Record // the visible record, when nothing is written
 	next, now, err := e.rmw(ctx, k, lockKey, nil, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {

@@ -63,3 +63,6 @@ func (e *Engine) newToken() (uint64, error) {
 	e.tok.next++
 	return t, nil
 }
+
+// LocalNow implements driver.LocalClock: Now, which does no I/O.
+func (e *Engine) LocalNow() time.Time { return e.time(e.now()) }

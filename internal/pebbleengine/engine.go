@@ -19,7 +19,6 @@
 package pebbleengine
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -33,8 +32,8 @@ import (
 )
 
 // ErrLocked is returned by Open when another process (or another DB in this
-// process) holds the directory. receipts.ErrLocked is this error.
-var ErrLocked = errors.New("receipts: store is locked by another process (use the service's admin endpoint, or open a checkpoint)")
+// process) holds the directory: driver.ErrLocked (receipts.ErrLocked).
+var ErrLocked = driver.ErrLocked
 
 // Config is the engine's configuration: the shared settings (validated by
 // the root) and Pebble's own.
@@ -97,6 +96,12 @@ type Engine struct {
 
 	gcMu sync.Mutex // one GC at a time
 
+	// closeMu guards closed: the calls an engine package makes outside the
+	// root's in-flight gate (Checkpoint, Metrics) hold it for reading, and
+	// Close sets closed under it before it closes Pebble.
+	closeMu sync.RWMutex
+	closed  bool
+
 	// erased holds the erasures in force (privacy.go); eraseMu serializes EraseScope and
 	// MarkKeyDestroyed; keysMu serializes the writes of data keys.
 	erased  atomic.Pointer[erasedSet]
@@ -137,6 +142,11 @@ func (e *Engine) NewBatch() *pebble.Batch { return e.pdb.NewBatch() }
 // Checkpoint writes a consistent copy of the store to dir, which must not
 // exist.
 func (e *Engine) Checkpoint(dir string) error {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return driver.ErrClosed
+	}
 	if err := e.pdb.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return fmt.Errorf("receipts: checkpoint to %s: %w", dir, err)
 	}
@@ -145,6 +155,11 @@ func (e *Engine) Checkpoint(dir string) error {
 
 // Metrics reports Pebble's health figures (driver.MetricsReporter).
 func (e *Engine) Metrics() []driver.Metric {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return nil
+	}
 	m := e.pdb.Metrics()
 	return []driver.Metric{
 		{Name: "pebble_compaction_debt_bytes", Help: "Pebble's estimate of the bytes compactions must rewrite to reach a healthy LSM shape.", Value: float64(m.Compact.EstimatedDebt)},

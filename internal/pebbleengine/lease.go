@@ -60,6 +60,23 @@ func (e *Engine) Finish(ctx context.Context, k driver.Key, token uint64, state d
 func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte,
 	b *pebble.Batch, effect func(*pebble.Batch) error,
 ) (driver.Record, error) {
+	if u := unitFor(ctx, token); u != nil && b == nil && state == driver.Succeeded {
+		// The application's unit of work (WithUnit): its batch carries the
+		// receipt, its effect runs after the staged ones.
+		b = u.Batch
+		switch {
+		case effect == nil:
+			effect = u.Effect
+		case u.Effect != nil:
+			staged, mine := effect, u.Effect
+			effect = func(b *pebble.Batch) error {
+				if err := staged(b); err != nil {
+					return err
+				}
+				return mine(b)
+			}
+		}
+	}
 	if b == nil && effect != nil {
 		b = e.pdb.NewBatch()
 		defer b.Close()

@@ -273,6 +273,9 @@ func (e *Engine) getCounter(key []byte) (uint64, error) {
 // Close persists the clock and closes Pebble and the directory lock. The
 // root calls it once, after every call in flight has ended.
 func (e *Engine) Close() (err error) {
+	e.closeMu.Lock()
+	e.closed = true
+	e.closeMu.Unlock()
 	defer func() {
 		// Runs even if the clock write below panics (a WAL sync failure
 		// under a logger whose Fatalf panics): the engine and the directory
@@ -293,4 +296,22 @@ func (e *Engine) Close() (err error) {
 		err = e.pdb.Set(keys.Clock, encoding.EncodeUint64(uint64(e.hot.Clock.Load())), pebble.Sync)
 	}
 	return err
+}
+
+// DefaultReplayCacheSize is the replay cache's memory when the options
+// leave it zero (receipts.Open; pebblestore.Options.ReplayCacheSize).
+const DefaultReplayCacheSize = 8 << 20
+
+// Opener returns receipts.OpenEngine's open function for the store in dir,
+// with c's Pebble settings and the shared ones OpenEngine hands it: the one
+// way receipts.Open and pebblestore.Open reach the engine.
+func Opener(dir string, c Config) func(driver.Config) (driver.Engine, error) {
+	return func(cfg driver.Config) (driver.Engine, error) {
+		c.Config = cfg
+		e, err := Open(dir, c)
+		if err != nil {
+			return nil, err // not a nil *Engine in a non-nil interface
+		}
+		return e, nil
+	}
 }

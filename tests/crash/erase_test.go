@@ -18,6 +18,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/keyring"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/receiptstore/receipts/tests/internal/workload"
 )
@@ -50,9 +51,14 @@ func TestCrashDuringErase(t *testing.T) {
 		}
 		open := func(fs vfs.FS, kr receipts.Keyring) *receipts.DB {
 			t.Helper()
-			db, err := receipts.Open("db", &receipts.Options{
-				Retention: time.Hour, GCInterval: -1, Now: clock.Now, Keyring: kr,
-				Logger: slog.New(slog.DiscardHandler),
+			db, err := pebblestore.Open("db", &pebblestore.Options{
+				Options: receipts.Options{
+					Retention:  time.Hour,
+					GCInterval: -1,
+					Now:        clock.Now,
+					Keyring:    kr,
+					Logger:     slog.New(slog.DiscardHandler),
+				},
 				Pebble: &pebble.Options{FS: fs, Logger: &workload.TestLogger{}},
 			})
 			if err != nil {

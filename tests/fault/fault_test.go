@@ -21,6 +21,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/peek"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/receiptstore/receipts/tests/internal/workload"
 )
@@ -130,12 +131,17 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 		markDeath, fxDeath = rec.Mark(), len(prov.Effects())
 		deathImage = mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 100, RNG: imgRNG})
 	}}
-	opts := &receipts.Options{
-		Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+	opts := &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  workload.Retention,
+			LeaseTTL:   workload.TTL,
+			GCInterval: -1,
+			Now:        clock.Now,
+		},
 		Pebble: &pebble.Options{FS: errorfs.Wrap(mem, inj), Logger: logger},
 	}
 
-	db, err := receipts.Open("db", opts)
+	db, err := pebblestore.Open("db", opts)
 	if err != nil {
 		t.Fatalf("k=%d: open: %v", k, err)
 	}
@@ -220,8 +226,13 @@ func faultRunAtK(t *testing.T, seed uint64, k, ops int, st *faultKStats) bool {
 			continue
 		}
 		clock.Advance(workload.TTL + time.Second)
-		db2, err := receipts.Open("db", &receipts.Options{
-			Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+		db2, err := pebblestore.Open("db", &pebblestore.Options{
+			Options: receipts.Options{
+				Retention:  workload.Retention,
+				LeaseTTL:   workload.TTL,
+				GCInterval: -1,
+				Now:        clock.Now,
+			},
 			Pebble: &pebble.Options{FS: w.fs, Logger: &workload.TestLogger{}},
 		})
 		if err != nil {
@@ -353,14 +364,20 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 	})
 	cache := pebble.NewCache(1 << 10)
 	defer cache.Unref()
-	opts := &receipts.Options{
-		Retention: 8 * time.Hour, LeaseTTL: time.Hour, EpochWidth: time.Hour, GCInterval: -1, Now: clock.Now,
+	opts := &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  8 * time.Hour,
+			LeaseTTL:   time.Hour,
+			EpochWidth: time.Hour,
+			GCInterval: -1,
+			Now:        clock.Now,
+		},
 		Pebble: &pebble.Options{
 			FS: errorfs.Wrap(mem, inj), Logger: &workload.TestLogger{}, Cache: cache,
 			DisableTableStats: true, DisableAutomaticCompactions: true,
 		},
 	}
-	db, err := receipts.Open("db", opts)
+	db, err := pebblestore.Open("db", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +445,7 @@ func faultReadRun(t *testing.T, seed uint64, p float64, rounds int) faultReadSta
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if db, err = receipts.Open("db", opts); err != nil {
+	if db, err = pebblestore.Open("db", opts); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
@@ -686,9 +703,11 @@ func faultWALSyncChild() {
 		}
 		return nil
 	})
-	db, err := receipts.Open("db", &receipts.Options{
-		GCInterval: -1,
-		Pebble:     &pebble.Options{FS: errorfs.Wrap(vfs.NewMem(), inj)},
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			GCInterval: -1,
+		},
+		Pebble: &pebble.Options{FS: errorfs.Wrap(vfs.NewMem(), inj)},
 	})
 	if err != nil {
 		fmt.Println("OPEN FAILED", err)
@@ -786,8 +805,13 @@ func faultOpenChild() {
 		os.Exit(1)
 	}
 	open := func(fs vfs.FS, clock *receiptstest.Clock, logger pebble.Logger) (*receipts.DB, error) {
-		return receipts.Open("db", &receipts.Options{
-			Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+		return pebblestore.Open("db", &pebblestore.Options{
+			Options: receipts.Options{
+				Retention:  workload.Retention,
+				LeaseTTL:   workload.TTL,
+				GCInterval: -1,
+				Now:        clock.Now,
+			},
 			Pebble: &pebble.Options{FS: fs, Logger: logger},
 		})
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/receiptstore/receipts/tests/internal/workload"
 )
@@ -129,8 +130,13 @@ func TestKillProcess(t *testing.T) {
 	}
 	ackedEvents = len(evs)
 	clock := receiptstest.NewClock(workload.Start.Add(time.Duration(cycles+1) * time.Hour))
-	db, err := receipts.Open(filepath.Join(dir, "db"), &receipts.Options{
-		Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+	db, err := pebblestore.Open(filepath.Join(dir, "db"), &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  workload.Retention,
+			LeaseTTL:   workload.TTL,
+			GCInterval: -1,
+			Now:        clock.Now,
+		},
 		Pebble: &pebble.Options{FS: vfs.Default, Logger: &workload.TestLogger{}},
 	})
 	if err != nil {
@@ -227,8 +233,13 @@ func TestKillProcessChild(t *testing.T) {
 	defer prov.F.Close()
 
 	clock := receiptstest.NewClock(workload.Start.Add(time.Duration(gen) * time.Hour))
-	db, err := receipts.Open(filepath.Join(dir, "db"), &receipts.Options{
-		Retention: workload.Retention, LeaseTTL: workload.TTL, GCInterval: -1, Now: clock.Now,
+	db, err := pebblestore.Open(filepath.Join(dir, "db"), &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  workload.Retention,
+			LeaseTTL:   workload.TTL,
+			GCInterval: -1,
+			Now:        clock.Now,
+		},
 		Pebble: &pebble.Options{FS: vfs.Default, Logger: &workload.TestLogger{}},
 	})
 	if err != nil {

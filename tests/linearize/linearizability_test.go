@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -259,15 +260,15 @@ func linErrOut(err error) linOutput {
 func linHistory(t *testing.T, seed uint64) ([]porcupine.Operation, []uint64) {
 	var clock atomic.Int64
 	clock.Store(modelBase)
-	db, err := receipts.Open("db", &receipts.Options{
-		Retention:       linRetention,
-		TombstoneWindow: linWindow,
-		LeaseTTL:        linTTL,
-		GCInterval:      -1,
-		// The replay cache at its default size, off, or one set of four
-		// entries that the keys keep evicting from each other.
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:       linRetention,
+			TombstoneWindow: linWindow,
+			LeaseTTL:        linTTL,
+			GCInterval:      -1,
+			Now:             func() time.Time { return time.Unix(0, clock.Load()) },
+		},
 		ReplayCacheSize: []int64{0, -1, 512}[seed%3],
-		Now:             func() time.Time { return time.Unix(0, clock.Load()) },
 		Pebble:          &pebble.Options{FS: vfs.NewMem()},
 	})
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/peek"
 	"github.com/receiptstore/receipts/internal/testkit"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -82,7 +83,7 @@ type mhandle struct {
 
 type modelSM struct {
 	fs   *vfs.MemFS
-	opts receipts.Options
+	opts pebblestore.Options
 	fake atomic.Int64 // the injected clock, Unix ns
 	db   *receipts.DB
 	gen  int
@@ -130,14 +131,16 @@ func newModelSMWith(t *rapid.T, privacy bool) *modelSM {
 		provKeys: map[receipts.Key]string{},
 	}
 	m.fake.Store(modelBase)
-	m.opts = receipts.Options{
-		Retention:       ret,
-		LeaseTTL:        ttl,
-		EpochWidth:      width,
-		GCInterval:      -1,
+	m.opts = pebblestore.Options{
+		Options: receipts.Options{
+			Retention:       ret,
+			LeaseTTL:        ttl,
+			EpochWidth:      width,
+			GCInterval:      -1,
+			TombstoneWindow: window,
+			Now:             func() time.Time { return time.Unix(0, m.fake.Load()) },
+		},
 		ReplayCacheSize: cache,
-		TombstoneWindow: window,
-		Now:             func() time.Time { return time.Unix(0, m.fake.Load()) },
 	}
 	if privacy {
 		m.opts.Keyring, m.erased = modelKeyring, map[string]int64{}
@@ -150,7 +153,7 @@ func newModelSMWith(t *rapid.T, privacy bool) *modelSM {
 func (m *modelSM) open(t *rapid.T) {
 	o := m.opts
 	o.Pebble = &pebble.Options{FS: m.fs}
-	db, err := receipts.Open("db", &o)
+	db, err := pebblestore.Open("db", &o)
 	require.NoError(t, err, "open")
 	m.db = db
 }
@@ -388,13 +391,13 @@ func (m *modelSM) CommitWith(t *rapid.T) {
 		return nil
 	}
 	if h.gen != m.gen {
-		_, err := h.l.CommitWith(modelCtx, res, effect)
+		_, err := pebblestore.CommitWith(modelCtx, h.l, res, effect)
 		require.ErrorIs(t, err, receipts.ErrClosed)
 		require.False(t, called, "effect of a closed store's lease")
 		return
 	}
 	now := m.tick()
-	rc, err := h.l.CommitWith(modelCtx, res, effect)
+	rc, err := pebblestore.CommitWith(modelCtx, h.l, res, effect)
 	cur := m.holds(h, now)
 	switch {
 	case cur == nil:
@@ -862,13 +865,18 @@ func TestModelReleasedKeyStaysGone(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(modelBase)
 	fs := vfs.NewMem()
-	opts := &receipts.Options{
-		Retention: time.Hour, LeaseTTL: time.Minute, EpochWidth: 4 * time.Second, GCInterval: -1,
-		TombstoneWindow: -1, // the key is reused right after retention
-		Now:             func() time.Time { return time.Unix(0, clock.Load()) },
-		Pebble:          &pebble.Options{FS: fs},
+	opts := &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:       time.Hour,
+			LeaseTTL:        time.Minute,
+			EpochWidth:      4 * time.Second,
+			GCInterval:      -1,
+			TombstoneWindow: -1,
+			Now:             func() time.Time { return time.Unix(0, clock.Load()) },
+		},
+		Pebble: &pebble.Options{FS: fs},
 	}
-	db, err := receipts.Open("db", opts)
+	db, err := pebblestore.Open("db", opts)
 	require.NoError(t, err)
 	k, fp := receipts.Key{Scope: "s", ID: "op"}, []byte("fp")
 	_, err = db.Do(modelCtx, k, fp, func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("old"), nil })
@@ -884,7 +892,7 @@ func TestModelReleasedKeyStaysGone(t *testing.T) {
 	require.NoError(t, db.Close())
 
 	clock.Add(-int64(time.Hour)) // the machine restarts with its clock behind
-	db, err = receipts.Open("db", opts)
+	db, err = pebblestore.Open("db", opts)
 	require.NoError(t, err)
 	defer db.Close()
 	rc, err = db.Lookup(modelCtx, k)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/pgstore"
 )
 
@@ -44,8 +45,11 @@ const harnessTTL = 500 * time.Millisecond
 
 // pebbleOpen opens the Pebble engine on the directory dsn. Only one process may hold it.
 func pebbleOpen(_ context.Context, dsn string) (*receipts.DB, io.Closer, error) {
-	db, err := receipts.Open(dsn, &receipts.Options{
-		LeaseTTL: harnessTTL, GCInterval: -1,
+	db, err := pebblestore.Open(dsn, &pebblestore.Options{
+		Options: receipts.Options{
+			LeaseTTL:   harnessTTL,
+			GCInterval: -1,
+		},
 		Pebble: &pebble.Options{FS: vfs.Default, Logger: quietLogger{}},
 	})
 	return db, nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/receiptstore/receipts/bench/internal/engine"
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
+	"github.com/receiptstore/receipts/pebblestore"
 )
 
 // memPoint is one checkpoint of the memory run.
@@ -85,7 +86,7 @@ func runMem(ctx context.Context, cfg *config) error {
 			return err
 		}
 		e.Label = cfg.memStore
-		s, pdb = e, e.DB.Pebble()
+		s, pdb = e, pebblestore.DB(e.DB)
 	case "pebble-floor":
 		f, err := stores.OpenFloor(dir, opts.Pebble)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/receiptstore/receipts/bench/internal/stores"
 	"github.com/receiptstore/receipts/bench/internal/workload"
 	"github.com/receiptstore/receipts/internal/peek"
+	"github.com/receiptstore/receipts/pebblestore"
 )
 
 // Mode is the API path an operation takes.
@@ -45,23 +46,25 @@ type Store struct {
 // Options returns the engine options benchmarks use: Pebble on disk with the same
 // options as the floor, background GC off (GC is measured on its own), quiet logging.
 // now may be nil (wall clock).
-func Options(now func() time.Time) *receipts.Options {
-	return &receipts.Options{
-		Retention:  time.Hour,
-		LeaseTTL:   30 * time.Second,
-		GCInterval: -1,
-		Now:        now,
-		Pebble:     stores.PebbleOptions(),
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+func Options(now func() time.Time) *pebblestore.Options {
+	return &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  time.Hour,
+			LeaseTTL:   30 * time.Second,
+			GCInterval: -1,
+			Now:        now,
+			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		},
+		Pebble: stores.PebbleOptions(),
 	}
 }
 
 // Open opens (creating) an engine store in dir; opts nil means Options(nil).
-func Open(dir string, opts *receipts.Options, mode Mode) (*Store, error) {
+func Open(dir string, opts *pebblestore.Options, mode Mode) (*Store, error) {
 	if opts == nil {
 		opts = Options(nil)
 	}
-	db, err := receipts.Open(dir, opts)
+	db, err := pebblestore.Open(dir, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -105,11 +108,11 @@ func (s *Store) Do(ctx context.Context, k workload.Key, fp, result []byte) (bool
 			return false, err
 		}
 		ek, ev := workload.Effect(k)
-		_, err = l.CommitWith(ctx, result, func(b *pebble.Batch) error { return b.Set(ek, ev, nil) })
+		_, err = pebblestore.CommitWith(ctx, l, result, func(b *pebble.Batch) error { return b.Set(ek, ev, nil) })
 		return false, err
 	case ModeDoBatch:
 		ran := false
-		_, err := s.DB.DoBatch(ctx, key, fp, func(_ context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+		_, err := pebblestore.DoBatch(ctx, s.DB, key, fp, func(_ context.Context, _ *receipts.Lease, b *pebble.Batch) ([]byte, error) {
 			ran = true
 			s.Firsts.Add(1)
 			ek, ev := workload.Effect(k)

@@ -10,8 +10,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 
-	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/bench/internal/workload"
+	"github.com/receiptstore/receipts/pebblestore"
 )
 
 // CacheSize is the Pebble block cache both the floor and the engine get in benchmarks.
@@ -24,11 +24,11 @@ const CacheSize = 64 << 20
 // PebbleOptions returns the Pebble options both the floor and the engine run with in
 // benchmarks: Pebble's defaults, on disk, with a CacheSize block cache, bloom filters on
 // every level (what makes a probe of an absent key cheap) and the engine's default
-// LBaseMaxBytes (receipts.DefaultLBaseMaxBytes, 8 MiB against Pebble's 64 MiB), so that
+// LBaseMaxBytes (pebblestore.DefaultLBaseMaxBytes, 8 MiB against Pebble's 64 MiB), so that
 // the floor is raw Pebble tuned as the engine is. Each call returns a fresh
 // value.
 func PebbleOptions() *pebble.Options {
-	o := &pebble.Options{CacheSize: CacheSize, LBaseMaxBytes: receipts.DefaultLBaseMaxBytes}
+	o := &pebble.Options{CacheSize: CacheSize, LBaseMaxBytes: pebblestore.DefaultLBaseMaxBytes}
 	for i := range o.Levels {
 		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/peek"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
@@ -750,7 +751,7 @@ func (w *Load) doBatchOp(ctx context.Context, rng *rand.Rand) {
 		want    []byte
 		outcome error
 	)
-	r, err := w.DB.DoBatch(ctx, k, FP(k), func(_ context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
+	r, err := pebblestore.DoBatch(ctx, w.DB, k, FP(k), func(_ context.Context, l *receipts.Lease, b *pebble.Batch) ([]byte, error) {
 		lease = l
 		w.granted(l, false)
 		if l.Recovered() {
@@ -1122,12 +1123,14 @@ type Fatal string
 // given Pebble logger. It fails the test if Open fails.
 func Open(t testing.TB, fs vfs.FS, clock *receiptstest.Clock, logger pebble.Logger) *receipts.DB {
 	t.Helper()
-	db, err := receipts.Open("db", &receipts.Options{
-		Retention:  Retention,
-		LeaseTTL:   TTL,
-		GCInterval: -1,
-		Now:        clock.Now,
-		Pebble:     &pebble.Options{FS: fs, Logger: logger},
+	db, err := pebblestore.Open("db", &pebblestore.Options{
+		Options: receipts.Options{
+			Retention:  Retention,
+			LeaseTTL:   TTL,
+			GCInterval: -1,
+			Now:        clock.Now,
+		},
+		Pebble: &pebble.Options{FS: fs, Logger: logger},
 	})
 	if err != nil {
 		t.Fatalf("open: %v", err)
