@@ -30,7 +30,7 @@ func open(t *testing.T, fs vfs.FS) *receipts.DB {
 	db, err := pebblestore.Open("db", &pebblestore.Options{
 		Options: receipts.Options{Retention: time.Hour, LeaseTTL: time.Minute, GCInterval: -1,
 			Now: func() time.Time { return time.Unix(0, now.Load()) }},
-		Pebble:  &pebble.Options{FS: fs},
+		Pebble: &pebble.Options{FS: fs},
 	})
 	require.NoError(t, err)
 	return db
