@@ -20,6 +20,15 @@ func TestParseRetryAfter(t *testing.T) {
 		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
 		{now.Add(-time.Minute).Format(http.TimeFormat), 0, true},
 		{"999999999", 24 * time.Hour, true},
+		{"86399", 86399 * time.Second, true},
+		{"4294967295", 24 * time.Hour, true},
+		{"4294967296", 24 * time.Hour, true}, // was ignored: retried at once
+		{"18446744073709551615", 24 * time.Hour, true},
+		{"18446744073709551616", 24 * time.Hour, true},
+		{"99999999999999999999999999999999999999", 24 * time.Hour, true},
+		{"+5", 0, false},
+		{"1.5", 0, false},
+		{" 5", 0, false},
 		{"soon", 0, false},
 		{"-1", 0, false},
 	} {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -138,13 +139,23 @@ func problemType(h http.Header, body []byte) string {
 	return p.Error.Type
 }
 
-// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP-date.
+// maxRetryAfter caps the wait a service's Retry-After asks for.
+const maxRetryAfter = 24 * time.Hour
+
+// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP-date,
+// capped at maxRetryAfter. Delay-seconds too large to parse (any run of
+// digits) is a long wait, capped as the others are, never a retry at once.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	if n, err := strconv.ParseUint(v, 10, 32); err == nil {
-		return min(time.Duration(n)*time.Second, 24*time.Hour), true
+	if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+		if n >= uint64(maxRetryAfter/time.Second) {
+			return maxRetryAfter, true
+		}
+		return time.Duration(n) * time.Second, true
+	} else if errors.Is(err, strconv.ErrRange) {
+		return maxRetryAfter, true // digits only, beyond uint64
 	}
 	t, err := http.ParseTime(v)
 	if err != nil {
@@ -154,5 +165,5 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	if d < 0 {
 		d = 0
 	}
-	return min(d, 24*time.Hour), true
+	return min(d, maxRetryAfter), true
 }

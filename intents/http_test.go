@@ -449,3 +449,24 @@ func TestNoTransport(t *testing.T) {
 		t.Fatalf("%+v; %d keys at the service", got, svc.keysOf("n1"))
 	}
 }
+
+// TestHTTPRetryAfterTooLargeIsALongWait: a 503 whose Retry-After is more
+// delay-seconds than 32 (or 64) bits hold is a long wait, capped at 24
+// hours as the others are, over a real HTTP round trip. It was ignored
+// (ParseUint(v, 10, 32) failed), so the action was retried at once.
+func TestHTTPRetryAfterTooLargeIsALongWait(t *testing.T) {
+	for _, v := range []string{"4294967296", "18446744073709551616", "99999999999999999999999999999999"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", v)
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+		}))
+		tr := &intents.HTTPTransport{BaseURL: srv.URL}
+		_, err := tr.Deliver(context.Background(), &intents.Action{Key: "0190f1d2-0000-7000-8000-000000000001",
+			Target: "svc", Operation: "POST /v1/charges", Arguments: json.RawMessage(`{}`)})
+		srv.Close()
+		var re *intents.RetryError
+		if !errors.As(err, &re) || re.After != 24*time.Hour {
+			t.Errorf("Retry-After: %s: %v (%#v), want a RetryError of 24h", v, err, re)
+		}
+	}
+}
