@@ -161,10 +161,23 @@ type Action struct {
 	Deadline   time.Time `json:"deadline"`
 	// State is where the action stands.
 	State State `json:"state"`
-	// Attempts counts the deliveries the Dispatcher recorded. It is
-	// bookkeeping, written without waiting for the disk: after a crash it
-	// may count fewer attempts than were made.
+	// Attempts counts the deliveries of the action, by every host that
+	// shares the journal: a Dispatcher counts each one in the journal as it
+	// claims the action, before it sends it (a host that dies between the
+	// two counts one delivery more than the service saw). It is
+	// bookkeeping, written without waiting for the disk: after a crash of
+	// the machine (or of PostgreSQL) it may count fewer than were made.
 	Attempts uint32 `json:"attempts"`
+	// Holder names the host that holds the action's delivery lease (its
+	// DispatcherOptions.HostName), while the action is Approved: at most
+	// one host delivers an action at a time. "" when none does (not picked
+	// up yet, released by a Dispatcher's Close, or done).
+	Holder string `json:"holder,omitempty"`
+	// LeaseUntil is when Holder's lease ends: the end of its attempt in
+	// flight, or of its wait before the next one, plus
+	// DispatcherOptions.LeaseMargin. After it another host may take the
+	// action over: that is how a host that died is replaced.
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
 	// LastError is why the last attempt got no answer, or why the action
 	// turned Uncertain.
 	LastError string `json:"last_error,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"time"
 )
@@ -16,6 +17,7 @@ const (
 	DefaultAttemptTimeout = 30 * time.Second
 	DefaultMinBackoff     = 100 * time.Millisecond
 	DefaultMaxBackoff     = 30 * time.Second
+	DefaultLeaseMargin    = 5 * time.Second
 )
 
 // DispatcherOptions configures a Dispatcher.
@@ -45,6 +47,22 @@ type DispatcherOptions struct {
 	// Logger receives attempts that failed and answers that could not be
 	// recorded. Default: the journal's Options.Logger.
 	Logger *slog.Logger
+	// HostName names this Dispatcher in the journal: the holder of the
+	// delivery leases it takes (Action.Holder, receiptctl actions), at
+	// most MaxFieldLen bytes. Dispatchers that run at the same time on one
+	// journal need different names; a second live Dispatcher with the
+	// same name in this process is refused (ErrHostNameInUse). A host
+	// that restarts under the same name takes its own leases back at once.
+	// Default: the machine's host name and the process id, "web-1:4711"
+	// ("web-1:4711/2", "/3"... for more Dispatchers in the process).
+	HostName string
+	// LeaseMargin is how long a delivery lease outlasts what its holder is
+	// doing: its attempt in flight (at most AttemptTimeout) or its wait
+	// before the next attempt. If the host dies, another host takes the
+	// action over that long after the attempt would have timed out or the
+	// wait would have ended. It also absorbs the hosts' clock skew, which
+	// should stay well below it. Default DefaultLeaseMargin.
+	LeaseMargin time.Duration
 }
 
 // Dispatcher delivers a Journal's Approved actions through their
@@ -58,14 +76,22 @@ type DispatcherOptions struct {
 // Uncertain. The answer of an attempt whose recording a crash cut short
 // is fetched again on restart: the service replays it.
 //
-// Several Dispatchers may share a journal on PostgreSQL (several hosts):
-// each delivers every Approved action, which the key makes safe; the first
-// answer recorded wins.
+// Several Dispatchers may share a journal (several hosts on PostgreSQL, or
+// several Dispatchers on one Journal): at most one delivers an action at a
+// time, under a lease in the journal that it claims atomically before each
+// attempt and holds through the attempt and its wait before the next one
+// (see DispatcherOptions.LeaseMargin). A host that dies is replaced when
+// its lease ends; Close releases the leases at once. Every delivery by
+// every host is counted in Action.Attempts. The key keeps a second
+// delivery (hosts whose clocks disagree, a lease that ran out during a
+// slow attempt) from being a second effect; the first answer recorded
+// wins.
 type Dispatcher struct {
-	j   *Journal
-	o   DispatcherOptions
-	log *slog.Logger
-	sem chan struct{} // one token per attempt in flight
+	j    *Journal
+	o    DispatcherOptions
+	host string // the holder name of its leases
+	log  *slog.Logger
+	sem  chan struct{} // one token per attempt in flight
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -73,6 +99,8 @@ type Dispatcher struct {
 
 	mu     sync.Mutex      // protects active
 	active map[string]bool // keys this Dispatcher is delivering
+
+	closeOnce sync.Once
 }
 
 // NewDispatcher starts delivering j's Approved actions. Close stops it.
@@ -100,6 +128,9 @@ func NewDispatcher(j *Journal, opts DispatcherOptions) (*Dispatcher, error) {
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = DefaultMaxBackoff
 	}
+	if opts.LeaseMargin == 0 {
+		opts.LeaseMargin = DefaultLeaseMargin
+	}
 	switch {
 	case opts.Concurrency < 0:
 		return nil, bad(fmt.Errorf("intents: DispatcherOptions.Concurrency %d < 0", opts.Concurrency))
@@ -107,13 +138,21 @@ func NewDispatcher(j *Journal, opts DispatcherOptions) (*Dispatcher, error) {
 		return nil, bad(fmt.Errorf("intents: DispatcherOptions.AttemptTimeout %s out of (0, %s]", opts.AttemptTimeout, maxDuration))
 	case opts.MinBackoff < 0 || opts.MaxBackoff < opts.MinBackoff || opts.MaxBackoff > maxDuration:
 		return nil, bad(fmt.Errorf("intents: DispatcherOptions backoff %s..%s: want 0 < MinBackoff <= MaxBackoff <= %s", opts.MinBackoff, opts.MaxBackoff, maxDuration))
+	case opts.LeaseMargin < 0 || opts.LeaseMargin > maxDuration:
+		return nil, bad(fmt.Errorf("intents: DispatcherOptions.LeaseMargin %s out of (0, %s]", opts.LeaseMargin, maxDuration))
+	case len(opts.HostName) > MaxFieldLen:
+		return nil, bad(fmt.Errorf("%w: DispatcherOptions.HostName of %d bytes (max %d)", ErrTooLong, len(opts.HostName), MaxFieldLen))
+	}
+	host, err := takeHostName(opts.HostName)
+	if err != nil {
+		return nil, err
 	}
 	log := opts.Logger
 	if log == nil {
 		log = j.opts.Logger
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &Dispatcher{j: j, o: opts, log: log, sem: make(chan struct{}, opts.Concurrency),
+	d := &Dispatcher{j: j, o: opts, host: host, log: log, sem: make(chan struct{}, opts.Concurrency),
 		ctx: ctx, cancel: cancel, active: map[string]bool{}}
 	d.wg.Add(1)
 	go d.loop()
@@ -121,13 +160,60 @@ func NewDispatcher(j *Journal, opts DispatcherOptions) (*Dispatcher, error) {
 }
 
 // Close stops delivery and waits for the Dispatcher's goroutines. Actions
-// in delivery stay Approved, with their keys: the next Dispatcher resumes
-// them. An answer that has arrived is still recorded. A second Close
-// returns nil.
+// in delivery stay Approved, with their keys, and their leases are
+// released: another Dispatcher (or the next one) resumes them at once. An
+// answer that has arrived is still recorded. A second Close returns nil.
 func (d *Dispatcher) Close() error {
 	d.cancel()
 	d.wg.Wait()
+	d.closeOnce.Do(func() { dropHostName(d.host) })
 	return nil
+}
+
+// HostName returns the name the Dispatcher holds its leases under
+// (DispatcherOptions.HostName, or the default it made).
+func (d *Dispatcher) HostName() string { return d.host }
+
+// hostNames are the HostNames of this process's open Dispatchers.
+var hostNames = struct {
+	sync.Mutex
+	live map[string]bool
+	n    int // default names made
+}{live: map[string]bool{}}
+
+// takeHostName reserves name for a new Dispatcher, or makes the default.
+func takeHostName(name string) (string, error) {
+	hostNames.Lock()
+	defer hostNames.Unlock()
+	if name != "" {
+		if hostNames.live[name] {
+			return "", bad(fmt.Errorf("%w: %q", ErrHostNameInUse, name))
+		}
+		hostNames.live[name] = true
+		return name, nil
+	}
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "host"
+	}
+	base := fmt.Sprintf("%s:%d", h, os.Getpid())
+	for {
+		hostNames.n++
+		name = base
+		if hostNames.n > 1 {
+			name = fmt.Sprintf("%s/%d", base, hostNames.n)
+		}
+		if !hostNames.live[name] {
+			hostNames.live[name] = true
+			return name, nil
+		}
+	}
+}
+
+func dropHostName(name string) {
+	hostNames.Lock()
+	defer hostNames.Unlock()
+	delete(hostNames.live, name)
 }
 
 // loop starts a delivery for each Approved action not in delivery, at
@@ -150,13 +236,19 @@ func (d *Dispatcher) loop() {
 	}
 }
 
+// scan starts a delivery of each Approved action that no other host
+// holds a lease on (the claim before each attempt decides).
 func (d *Dispatcher) scan() {
+	now := d.j.Now()
 	for a, err := range d.j.List(d.ctx, Approved) {
 		if err != nil {
 			if d.ctx.Err() == nil && !errors.Is(err, ErrClosed) {
 				d.log.Error("intents: listing approved actions failed", "err", err)
 			}
 			return
+		}
+		if !free(a, d.host, now) {
+			continue // another host delivers it; looked at again after its lease
 		}
 		d.mu.Lock()
 		if d.active[a.Key] {
@@ -170,7 +262,8 @@ func (d *Dispatcher) scan() {
 	}
 }
 
-// deliver delivers a until it is answered, turns Uncertain, or d closes.
+// deliver delivers the action key until it is answered, turns Uncertain,
+// another host takes it over, or d closes.
 func (d *Dispatcher) deliver(key string) {
 	defer d.wg.Done()
 	defer func() {
@@ -182,50 +275,80 @@ func (d *Dispatcher) deliver(key string) {
 	// just recorded. On an error (the store is restarting), the next scan
 	// starts it again.
 	a, err := d.j.Get(d.ctx, key)
-	if err != nil || a.State != Approved {
+	if err != nil || a.State != Approved || !free(a, d.host, d.j.Now()) {
 		return
 	}
-	attempts := a.Attempts
+	held := false // d may hold a lease on it: release it when leaving
+	defer func() {
+		if held {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 5*time.Second)
+			defer cancel()
+			if err := d.j.release(ctx, key, d.host); err != nil && !errors.Is(err, ErrClosed) {
+				d.log.Warn("intents: releasing a delivery lease failed; it ends on its own", "key", key, "err", err)
+			}
+		}
+	}()
 	var last error
 	for {
-		left := a.Deadline.Sub(d.j.Now())
-		if left <= 0 {
-			d.giveUp(a, attempts, last)
+		if !a.Deadline.After(d.j.Now()) {
+			d.giveUp(a, last)
+			held = false // Uncertain, or another host's
 			return
 		}
 		tr := d.o.Transports[a.Target]
 		var ans *Answer
 		var err error
 		if tr == nil {
+			// Not this host's to deliver, and maybe another's: no lease.
 			err = fmt.Errorf("%w %q", ErrNoTransport, a.Target)
 		} else {
-			ans, err = d.attempt(tr, a, min(left, d.o.AttemptTimeout))
-			attempts++
+			var claimed *Action
+			claimed, ans, err = d.attempt(tr, a)
+			if claimed == nil {
+				switch {
+				case err == nil: // its deadline passed while it waited
+					continue
+				case errors.Is(err, errHeld), errors.Is(err, ErrWrongState), errors.Is(err, ErrNotFound),
+					errors.Is(err, ErrClosed), d.ctx.Err() != nil:
+					return // another host has it, it was settled, or d closes
+				}
+				// The journal failed: wait, and claim it again.
+			} else {
+				a, held = claimed, true
+			}
 		}
 		if d.ctx.Err() != nil && ans == nil {
-			return // closing: the action stays Approved
+			return // closing: the action stays Approved, its lease released
 		}
 		if err == nil {
 			if !ans.State.Answered() {
 				err = fmt.Errorf("intents: transport for %q answered %v, not an answer", a.Target, ans.State)
-			} else if d.record(a, ans, attempts) {
+			} else if d.record(a, ans) {
+				held = false
 				return
 			} else {
 				err = errors.New("intents: recording the answer failed")
 			}
 		}
 		last = err
-		d.log.Debug("intents: attempt got no answer", "key", a.Key, "target", a.Target, "attempt", attempts, "err", err)
-		if err := d.j.attempted(d.ctx, a.Key, attempts, err.Error()); err != nil {
-			if errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound) {
-				return // settled elsewhere (another host, a person)
+		d.log.Debug("intents: attempt got no answer", "key", a.Key, "target", a.Target, "attempt", a.Attempts, "err", err)
+		wait := min(d.backoff(a.Attempts, err), a.Deadline.Sub(d.j.Now()))
+		var until time.Time
+		if held {
+			// Hold it through the wait: no other host sends it sooner
+			// than this one would (a Retry-After binds them all).
+			until = d.j.Now().Add(max(wait, 0) + d.o.LeaseMargin)
+		}
+		if err := d.j.attempted(d.ctx, a.Key, d.host, err.Error(), until); err != nil {
+			if errors.Is(err, errHeld) || errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound) {
+				held = false
+				return // taken over, or settled elsewhere (another host, a person)
 			}
 			if d.ctx.Err() != nil || errors.Is(err, ErrClosed) {
 				return
 			}
 			d.log.Warn("intents: recording an attempt failed", "key", a.Key, "err", err)
 		}
-		wait := min(d.backoff(attempts, err), a.Deadline.Sub(d.j.Now()))
 		if wait > 0 {
 			t := time.NewTimer(wait)
 			select {
@@ -238,22 +361,35 @@ func (d *Dispatcher) deliver(key string) {
 	}
 }
 
-// attempt runs one Deliver, holding a concurrency token.
-func (d *Dispatcher) attempt(tr Transport, a *Action, timeout time.Duration) (*Answer, error) {
+// attempt claims a's lease, counting the delivery, and sends it once,
+// holding a concurrency token. It returns the claimed action (nil when the
+// claim failed, or a's deadline passed while it waited for a token), and
+// the transport's answer or error.
+func (d *Dispatcher) attempt(tr Transport, a *Action) (*Action, *Answer, error) {
 	select {
 	case d.sem <- struct{}{}:
 	case <-d.ctx.Done():
-		return nil, d.ctx.Err()
+		return nil, nil, d.ctx.Err()
 	}
 	defer func() { <-d.sem }()
+	now := d.j.Now()
+	timeout := min(a.Deadline.Sub(now), d.o.AttemptTimeout)
+	if timeout <= 0 {
+		return nil, nil, nil
+	}
+	claimed, err := d.j.claim(d.ctx, a.Key, d.host, now.Add(timeout+d.o.LeaseMargin))
+	if err != nil {
+		return nil, nil, err
+	}
 	ctx, cancel := context.WithTimeout(d.ctx, timeout)
 	defer cancel()
-	return tr.Deliver(ctx, a.clone())
+	ans, err := tr.Deliver(ctx, claimed.clone())
+	return claimed, ans, err
 }
 
 // record records ans, also while d closes: it arrived, and recording it
 // saves a retry. It reports whether delivery of a is over.
-func (d *Dispatcher) record(a *Action, ans *Answer, attempts uint32) bool {
+func (d *Dispatcher) record(a *Action, ans *Answer) bool {
 	if len(ans.Body) > MaxAnswerSize {
 		c := *ans
 		c.Body, c.Truncated = c.Body[:MaxAnswerSize], true
@@ -261,7 +397,7 @@ func (d *Dispatcher) record(a *Action, ans *Answer, attempts uint32) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), 30*time.Second)
 	defer cancel()
-	_, err := d.j.answer(ctx, a.Key, ans, attempts)
+	_, err := d.j.answer(ctx, a.Key, ans)
 	switch {
 	case err == nil, errors.Is(err, ErrWrongState), errors.Is(err, ErrNotFound):
 		return true // recorded, or settled elsewhere first
@@ -273,14 +409,14 @@ func (d *Dispatcher) record(a *Action, ans *Answer, attempts uint32) bool {
 }
 
 // giveUp turns a Uncertain: its deadline came without an answer.
-func (d *Dispatcher) giveUp(a *Action, attempts uint32, last error) {
-	why := fmt.Sprintf("deadline %s passed after %d attempts without an answer", a.Deadline.Format(time.RFC3339), attempts)
+func (d *Dispatcher) giveUp(a *Action, last error) {
+	why := fmt.Sprintf("deadline %s passed after %d attempts without an answer", a.Deadline.Format(time.RFC3339), a.Attempts)
 	if last != nil {
 		why += ": " + last.Error()
 	}
-	u, err := d.j.uncertain(d.ctx, a.Key, why, attempts)
+	u, err := d.j.uncertain(d.ctx, a.Key, d.host, why)
 	if err != nil {
-		if d.ctx.Err() == nil && !errors.Is(err, ErrWrongState) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrClosed) {
+		if d.ctx.Err() == nil && !errors.Is(err, ErrWrongState) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrClosed) && !errors.Is(err, errHeld) {
 			d.log.Error("intents: recording an uncertain action failed", "key", a.Key, "err", err)
 		}
 		return

@@ -47,6 +47,10 @@ var (
 	// Target. The action stays Approved (and turns Uncertain at its
 	// deadline, since it cannot tell whether an earlier process sent it).
 	ErrNoTransport = errors.New("intents: no transport for the action's target")
+	// ErrHostNameInUse: NewDispatcher with the HostName of another open
+	// Dispatcher of this process. Two Dispatchers under one name would
+	// both hold each action's delivery lease.
+	ErrHostNameInUse = errors.New("intents: host name in use by another dispatcher")
 )
 
 // invalid marks err as bad input (errors.Is(err, ErrInvalid)).

@@ -42,10 +42,12 @@ type httpService struct {
 	effects map[string]int             // intent → effects performed
 	keys    map[string]map[string]bool // intent → keys it arrived with
 	dropped map[string]bool            // intents whose first response was dropped
+	reqs    map[string]int             // intent → requests received (deliveries)
 
 	dropFirst atomic.Bool            // drop the first response of each intent after it is recorded
 	slow      chan struct{}          // when set, creates wait on it
 	down      atomic.Bool            // answer 503 to everything
+	busyFor   atomic.Pointer[string] // when set, answer 503 with this Retry-After
 	runs      atomic.Int64           // handler runs
 	lastReq   atomic.Pointer[string] // the last Idempotency-Key seen
 }
@@ -53,7 +55,7 @@ type httpService struct {
 func newHTTPService(t *testing.T) *httpService {
 	t.Helper()
 	s := &httpService{t: t, clock: receiptstest.NewClock(time.Now()),
-		effects: map[string]int{}, keys: map[string]map[string]bool{}, dropped: map[string]bool{}}
+		effects: map[string]int{}, keys: map[string]map[string]bool{}, dropped: map[string]bool{}, reqs: map[string]int{}}
 	db, err := pebblestore.Open("svc", &pebblestore.Options{
 		Options: receipts.Options{
 			Now:        s.clock.Now,
@@ -84,11 +86,17 @@ func newHTTPService(t *testing.T) *httpService {
 			s.keys[c.Intent] = map[string]bool{}
 		}
 		s.keys[c.Intent][key] = true
+		s.reqs[c.Intent]++
 		drop := s.dropFirst.Load() && !s.dropped[c.Intent]
 		s.dropped[c.Intent] = true
 		s.mu.Unlock()
 		if s.down.Load() {
 			http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+			return
+		}
+		if v := s.busyFor.Load(); v != nil {
+			w.Header().Set("Retry-After", *v)
+			http.Error(w, "busy", http.StatusServiceUnavailable)
 			return
 		}
 		if drop {
@@ -132,6 +140,12 @@ func (s *httpService) effectsOf(intent string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.effects[intent]
+}
+
+func (s *httpService) requestsOf(intent string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reqs[intent]
 }
 
 func (s *httpService) keysOf(intent string) int {

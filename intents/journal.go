@@ -354,46 +354,117 @@ func (j *Journal) update(ctx context.Context, key string, from []State, sync boo
 	return a, nil
 }
 
-// answer records a definitive answer to an Approved or Uncertain action.
-func (j *Journal) answer(ctx context.Context, key string, ans *Answer, attempts uint32) (*Action, error) {
+// answer records a definitive answer to an Approved or Uncertain action,
+// whoever holds it: an answer is the service's, and ends the lease.
+func (j *Journal) answer(ctx context.Context, key string, ans *Answer) (*Action, error) {
 	now := j.opts.Now()
 	return j.update(ctx, key, []State{Approved, Uncertain}, true, func(a *Action) error {
 		c := *ans
 		c.At = now
 		a.State = c.State
 		a.Answer = &c
-		a.Attempts = max(a.Attempts, attempts)
 		a.LastError = ""
+		a.Holder, a.LeaseUntil = "", time.Time{}
 		a.UpdatedAt = now
 		return nil
 	})
 }
 
-// uncertain turns an Approved action Uncertain.
-func (j *Journal) uncertain(ctx context.Context, key string, why string, attempts uint32) (*Action, error) {
+// errHeld: another host holds the action's delivery lease.
+var errHeld = errors.New("intents: another host holds the action's delivery lease")
+
+// free reports whether host may deliver a at now: no other host holds a
+// lease on it that has not ended.
+func free(a *Action, host string, now time.Time) bool {
+	return a.Holder == "" || a.Holder == host || !now.Before(a.LeaseUntil)
+}
+
+func heldBy(a *Action) error {
+	return fmt.Errorf("%w: %s holds %s until %s", errHeld, a.Holder, a.Key, a.LeaseUntil.Format(time.RFC3339Nano))
+}
+
+// uncertain turns an Approved action Uncertain, unless another host holds
+// it.
+func (j *Journal) uncertain(ctx context.Context, key, host, why string) (*Action, error) {
 	now := j.opts.Now()
 	return j.update(ctx, key, []State{Approved}, true, func(a *Action) error {
+		if !free(a, host, now) {
+			return heldBy(a)
+		}
 		a.State = Uncertain
-		a.Attempts = max(a.Attempts, attempts)
 		a.LastError = why
+		a.Holder, a.LeaseUntil = "", time.Time{}
 		a.UpdatedAt = now
 		return nil
 	})
 }
 
-// attempted records, without waiting for the disk, that an attempt got no
-// answer.
-func (j *Journal) attempted(ctx context.Context, key string, attempts uint32, why string) error {
+// claim takes (or keeps) host's delivery lease on the Approved action key,
+// until until, and counts the delivery host is about to make: Attempts
+// counts every host's. It fails with errHeld while another host's lease
+// runs. Like attempted, it does not wait for the disk.
+func (j *Journal) claim(ctx context.Context, key, host string, until time.Time) (*Action, error) {
+	if err := j.enter(); err != nil {
+		return nil, err
+	}
+	defer j.leave()
+	now := j.opts.Now()
+	return j.store.Update(ctx, key, []State{Approved}, false, func(a *Action) error {
+		if !free(a, host, now) {
+			return heldBy(a)
+		}
+		a.Holder, a.LeaseUntil = host, until
+		a.Attempts++
+		a.UpdatedAt = now
+		return nil
+	})
+}
+
+// attempted records, without waiting for the disk, why an attempt got no
+// answer, unless another host holds the action. With a non-zero until,
+// host holds the action until then (its wait before the next attempt).
+func (j *Journal) attempted(ctx context.Context, key, host, why string, until time.Time) error {
 	if err := j.enter(); err != nil {
 		return err
 	}
 	defer j.leave()
 	now := j.opts.Now()
 	_, err := j.store.Update(ctx, key, []State{Approved}, false, func(a *Action) error {
-		a.Attempts = max(a.Attempts, attempts)
+		if !free(a, host, now) {
+			return heldBy(a)
+		}
+		if !until.IsZero() {
+			a.Holder, a.LeaseUntil = host, until
+		}
 		a.LastError = why
 		a.UpdatedAt = now
 		return nil
 	})
+	return err
+}
+
+// errNotHeld: release found the action not held by the host.
+var errNotHeld = errors.New("intents: not held")
+
+// release ends host's lease on the Approved action key, if it holds it,
+// so that another host takes it over at once.
+func (j *Journal) release(ctx context.Context, key, host string) error {
+	if err := j.enter(); err != nil {
+		return err
+	}
+	defer j.leave()
+	_, err := j.store.Update(ctx, key, []State{Approved}, false, func(a *Action) error {
+		if a.Holder != host {
+			return errNotHeld
+		}
+		a.Holder, a.LeaseUntil = "", time.Time{}
+		return nil
+	})
+	switch {
+	case err == nil:
+		j.notify() // another Dispatcher of this journal may take it now
+	case errors.Is(err, errNotHeld), errors.Is(err, ErrWrongState), errors.Is(err, ErrNotFound):
+		return nil
+	}
 	return err
 }

@@ -31,6 +31,11 @@ type record struct {
 	LastError  string        `msgpack:"err,omitempty"`
 	UpdatedAt  int64         `msgpack:"up"`
 	Answer     *answerRecord `msgpack:"ans,omitempty"`
+	// Holder and LeaseUntil, the delivery lease, came after format 1's
+	// first release: a record without them has no lease, and a version
+	// before them skips them.
+	Holder     string `msgpack:"hd,omitempty"`
+	LeaseUntil int64  `msgpack:"lu,omitempty"`
 }
 
 func nanos(t time.Time) int64 {
@@ -66,6 +71,7 @@ func encodeAction(a *Action) ([]byte, error) {
 		Key: a.Key, Target: a.Target, Operation: a.Operation, Arguments: a.Arguments,
 		ApprovedBy: a.ApprovedBy, Ref: a.Ref, ApprovedAt: nanos(a.ApprovedAt), Deadline: nanos(a.Deadline),
 		State: uint8(a.State), Attempts: a.Attempts, LastError: a.LastError, UpdatedAt: nanos(a.UpdatedAt),
+		Holder: a.Holder, LeaseUntil: nanos(a.LeaseUntil),
 	}
 	if ans := a.Answer; ans != nil {
 		r.Answer = &answerRecord{uint8(ans.State), ans.Status, ans.Header, ans.Body, ans.Truncated, ans.Code, ans.Replayed, ans.SettledBy, nanos(ans.At)}
@@ -102,6 +108,7 @@ func decodeAction(b []byte) (*Action, error) {
 		Key: r.Key, Target: r.Target, Operation: r.Operation, Arguments: r.Arguments,
 		ApprovedBy: r.ApprovedBy, Ref: r.Ref, ApprovedAt: fromNanos(r.ApprovedAt), Deadline: fromNanos(r.Deadline),
 		State: State(r.State), Attempts: r.Attempts, LastError: r.LastError, UpdatedAt: fromNanos(r.UpdatedAt),
+		Holder: r.Holder, LeaseUntil: fromNanos(r.LeaseUntil),
 	}
 	if a.State < Approved || a.State > Uncertain || a.Key == "" {
 		return nil, fmt.Errorf("%w: action %q in state %d", ErrCorrupt, a.Key, r.State)

@@ -12,7 +12,15 @@
 //     when none), state (the intents.State number), target, operation,
 //     arguments (json, as approved), approved_by, approved_at, deadline,
 //     attempts, last_error, answer (jsonb: intents.Answer as JSON),
-//     updated_at; an index on (state, key) serves List.
+//     updated_at, holder and lease_until (the delivery lease: the host
+//     that delivers the action, empty when none, and until when); an index
+//     on (state, key) serves List.
+//
+// holder and lease_until came after format 1's first release. Open adds
+// them to a journal that lacks them (ALTER TABLE ... ADD COLUMN, under the
+// same advisory lock as the creation, so that hosts starting at once
+// neither race nor fail), and the format stays 1: a version before them
+// reads and writes the table as before, and delivers without leases.
 //
 // The table is the host's own data: it keeps each request, and the
 // answers, in the clear. Times are kept to the microsecond.
@@ -152,7 +160,9 @@ func (s *store) migrate(ctx context.Context, schema string) error {
 	attempts    bigint NOT NULL DEFAULT 0,
 	last_error  text NOT NULL DEFAULT '',
 	answer      jsonb,
-	updated_at  timestamptz NOT NULL)`,
+	updated_at  timestamptz NOT NULL,
+	holder      text NOT NULL DEFAULT '',
+	lease_until timestamptz)`,
 				`CREATE INDEX actions_state ON ` + s.schema + `.actions (state, key)`,
 			} {
 				if _, err := tx.Exec(ctx, q); err != nil {
@@ -168,6 +178,21 @@ func (s *store) migrate(ctx context.Context, schema string) error {
 		if f != format {
 			return fmt.Errorf("%w: schema %s has format %d (this version reads %d)", intents.ErrUnknownFormat, schema, f, format)
 		}
+		// A journal made before delivery leases: add their columns. Looked
+		// up first, so that an open of a current journal takes no lock on
+		// the table (ALTER TABLE would, even with nothing to add).
+		var leased bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+ JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'actions' AND a.attname = 'lease_until' AND NOT a.attisdropped)`, schema).Scan(&leased); err != nil {
+			return err
+		}
+		if !leased {
+			if _, err := tx.Exec(ctx, `ALTER TABLE `+s.schema+`.actions ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '',
+ ADD COLUMN IF NOT EXISTS lease_until timestamptz`); err != nil {
+				return fmt.Errorf("add the delivery lease columns: %w", err)
+			}
+		}
 		return nil
 	})
 }
@@ -178,7 +203,7 @@ type store struct {
 	schema string // quoted
 }
 
-const columns = `key, ref, state, target, operation, arguments, approved_by, approved_at, deadline, attempts, last_error, answer, updated_at`
+const columns = `key, ref, state, target, operation, arguments, approved_by, approved_at, deadline, attempts, last_error, answer, updated_at, holder, lease_until`
 
 func (s *store) Close() error { return nil }
 
@@ -191,11 +216,15 @@ func scan(row pgx.Row) (*intents.Action, error) {
 		args     []byte
 		attempts int64
 		answer   []byte
+		until    *time.Time
 	)
 	err := row.Scan(&a.Key, &ref, &state, &a.Target, &a.Operation, &args, &a.ApprovedBy, &a.ApprovedAt, &a.Deadline,
-		&attempts, &a.LastError, &answer, &a.UpdatedAt)
+		&attempts, &a.LastError, &answer, &a.UpdatedAt, &a.Holder, &until)
 	if err != nil {
 		return nil, err
+	}
+	if until != nil {
+		a.LeaseUntil = *until
 	}
 	if ref != nil {
 		a.Ref = *ref
@@ -227,8 +256,12 @@ func row(a *intents.Action) ([]any, error) {
 		}
 		answer = b
 	}
+	var until *time.Time
+	if !a.LeaseUntil.IsZero() {
+		until = &a.LeaseUntil
+	}
 	return []any{a.Key, ref, int16(a.State), a.Target, a.Operation, string(a.Arguments), a.ApprovedBy,
-		a.ApprovedAt, a.Deadline, int64(a.Attempts), a.LastError, answer, a.UpdatedAt}, nil
+		a.ApprovedAt, a.Deadline, int64(a.Attempts), a.LastError, answer, a.UpdatedAt, a.Holder, until}, nil
 }
 
 // micro truncates a's times to what timestamptz keeps.
@@ -236,6 +269,7 @@ func micro(a *intents.Action) {
 	a.ApprovedAt = a.ApprovedAt.Truncate(time.Microsecond)
 	a.Deadline = a.Deadline.Truncate(time.Microsecond)
 	a.UpdatedAt = a.UpdatedAt.Truncate(time.Microsecond)
+	a.LeaseUntil = a.LeaseUntil.Truncate(time.Microsecond)
 	if a.Answer != nil {
 		a.Answer.At = a.Answer.At.Truncate(time.Microsecond)
 	}
@@ -250,7 +284,7 @@ func (s *store) Create(ctx context.Context, a *intents.Action) (*intents.Action,
 	}
 	for range 3 {
 		tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.schema+`.actions (`+columns+`)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (ref) DO NOTHING`, vals...)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) ON CONFLICT (ref) DO NOTHING`, vals...)
 		if err != nil {
 			return nil, false, fmt.Errorf("intentspg: insert %s: %w", a.Key, err)
 		}
@@ -312,7 +346,8 @@ func (s *store) Update(ctx context.Context, key string, from []intents.State, sy
 			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+s.schema+`.actions SET state = $3, target = $4, operation = $5, arguments = $6,
- approved_by = $7, approved_at = $8, deadline = $9, attempts = $10, last_error = $11, answer = $12, updated_at = $13
+ approved_by = $7, approved_at = $8, deadline = $9, attempts = $10, last_error = $11, answer = $12, updated_at = $13,
+ holder = $14, lease_until = $15
  WHERE key = $1 AND ref IS NOT DISTINCT FROM $2`, vals...); err != nil {
 			return err
 		}
