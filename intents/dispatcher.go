@@ -154,6 +154,7 @@ func NewDispatcher(j *Journal, opts DispatcherOptions) (*Dispatcher, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &Dispatcher{j: j, o: opts, host: host, log: log, sem: make(chan struct{}, opts.Concurrency),
 		ctx: ctx, cancel: cancel, active: map[string]bool{}}
+	j.addHost(host)
 	d.wg.Add(1)
 	go d.loop()
 	return d, nil
@@ -166,7 +167,10 @@ func NewDispatcher(j *Journal, opts DispatcherOptions) (*Dispatcher, error) {
 func (d *Dispatcher) Close() error {
 	d.cancel()
 	d.wg.Wait()
-	d.closeOnce.Do(func() { dropHostName(d.host) })
+	d.closeOnce.Do(func() {
+		d.j.dropHost(d.host)
+		dropHostName(d.host)
+	})
 	return nil
 }
 
@@ -247,7 +251,7 @@ func (d *Dispatcher) scan() {
 			}
 			return
 		}
-		if !free(a, d.host, now) {
+		if !d.j.free(a, d.host, now) {
 			continue // another host delivers it; looked at again after its lease
 		}
 		d.mu.Lock()
@@ -275,7 +279,7 @@ func (d *Dispatcher) deliver(key string) {
 	// just recorded. On an error (the store is restarting), the next scan
 	// starts it again.
 	a, err := d.j.Get(d.ctx, key)
-	if err != nil || a.State != Approved || !free(a, d.host, d.j.Now()) {
+	if err != nil || a.State != Approved || !d.j.free(a, d.host, d.j.Now()) {
 		return
 	}
 	held := false // d may hold a lease on it: release it when leaving

@@ -31,6 +31,11 @@ type Journal struct {
 	// changed is closed (and replaced) whenever this Journal changes an
 	// action: it wakes Wait and the Dispatcher.
 	changed chan struct{}
+	// hosts are the HostNames of the Dispatchers open on this Journal.
+	// On a store no other process can open (exclusive: Pebble), a lease
+	// held by any other name is a dead process's, and free.
+	hosts     map[string]bool
+	exclusive bool
 }
 
 // New returns a Journal that keeps its actions in s (see Store). Open is
@@ -43,7 +48,8 @@ func New(s Store, opts *Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &Journal{store: s, opts: o, changed: make(chan struct{})}
+	_, exclusive := s.(*pebbleStore)
+	j := &Journal{store: s, opts: o, changed: make(chan struct{}), hosts: map[string]bool{}, exclusive: exclusive}
 	j.idle = sync.NewCond(&j.mu)
 	return j, nil
 }
@@ -374,9 +380,31 @@ func (j *Journal) answer(ctx context.Context, key string, ans *Answer) (*Action,
 var errHeld = errors.New("intents: another host holds the action's delivery lease")
 
 // free reports whether host may deliver a at now: no other host holds a
-// lease on it that has not ended.
-func free(a *Action, host string, now time.Time) bool {
-	return a.Holder == "" || a.Holder == host || !now.Before(a.LeaseUntil)
+// lease on it that has not ended. On an exclusive store, only this
+// Journal's Dispatchers can hold one.
+func (j *Journal) free(a *Action, host string, now time.Time) bool {
+	if a.Holder == "" || a.Holder == host || !now.Before(a.LeaseUntil) {
+		return true
+	}
+	if !j.exclusive {
+		return false
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return !j.hosts[a.Holder]
+}
+
+// addHost and dropHost register a Dispatcher's HostName.
+func (j *Journal) addHost(host string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.hosts[host] = true
+}
+
+func (j *Journal) dropHost(host string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.hosts, host)
 }
 
 func heldBy(a *Action) error {
@@ -388,7 +416,7 @@ func heldBy(a *Action) error {
 func (j *Journal) uncertain(ctx context.Context, key, host, why string) (*Action, error) {
 	now := j.opts.Now()
 	return j.update(ctx, key, []State{Approved}, true, func(a *Action) error {
-		if !free(a, host, now) {
+		if !j.free(a, host, now) {
 			return heldBy(a)
 		}
 		a.State = Uncertain
@@ -410,7 +438,7 @@ func (j *Journal) claim(ctx context.Context, key, host string, until time.Time) 
 	defer j.leave()
 	now := j.opts.Now()
 	return j.store.Update(ctx, key, []State{Approved}, false, func(a *Action) error {
-		if !free(a, host, now) {
+		if !j.free(a, host, now) {
 			return heldBy(a)
 		}
 		a.Holder, a.LeaseUntil = host, until
@@ -430,7 +458,7 @@ func (j *Journal) attempted(ctx context.Context, key, host, why string, until ti
 	defer j.leave()
 	now := j.opts.Now()
 	_, err := j.store.Update(ctx, key, []State{Approved}, false, func(a *Action) error {
-		if !free(a, host, now) {
+		if !j.free(a, host, now) {
 			return heldBy(a)
 		}
 		if !until.IsZero() {

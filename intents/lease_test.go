@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/receiptstore/receipts/intents"
 )
 
@@ -182,4 +186,58 @@ func TestHostNameInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = d.Close()
+}
+
+// TestPebbleRestartTakesOverAtOnce: a Pebble journal is held by one
+// process, so a lease found in it at open is a dead process's: the next
+// process delivers the action at once, not after the lease (an hour here).
+func TestPebbleRestartTakesOverAtOnce(t *testing.T) {
+	svc := newHTTPService(t)
+	fs := vfs.NewMem()
+	ctx := context.Background()
+	opts := &intents.Options{Pebble: &pebble.Options{FS: fs}, PollInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	j, err := intents.Open("journal", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := j.Approve(ctx, intents.Approval{Target: "billing", Operation: "POST /v1/charges",
+		Arguments: charge{Intent: "p1", Amount: 1}, ApprovedBy: "alice", Deadline: time.Now().Add(2 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = j.Close()
+	s, err := intents.OpenPebble("journal", opts) // the dead process's claim, as it left it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Update(ctx, a.Key, []intents.State{intents.Approved}, true, func(x *intents.Action) error {
+		x.Holder, x.LeaseUntil, x.Attempts = "dead-host:4711", time.Now().Add(time.Hour), 1
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	j, err = intents.Open("journal", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if got, err := j.Get(ctx, a.Key); err != nil || got.Holder != "dead-host:4711" {
+		t.Fatalf("%+v, %v", got, err)
+	}
+	d, err := intents.NewDispatcher(j, intents.DispatcherOptions{Transports: map[string]intents.Transport{"billing": &intents.HTTPTransport{BaseURL: svc.srv.URL}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done, err := j.Wait(wctx, a.Key)
+	if err != nil {
+		t.Fatalf("not delivered while the dead process's lease runs: %v", err)
+	}
+	if done.State != intents.Succeeded || done.Attempts != 2 || svc.requestsOf("p1") != 1 {
+		t.Fatalf("%+v; %d deliveries", done, svc.requestsOf("p1"))
+	}
 }
