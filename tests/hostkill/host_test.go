@@ -89,6 +89,10 @@ func runHost(c config) error {
 		AttemptTimeout: 3 * time.Second,
 		MinBackoff:     5 * time.Millisecond,
 		MaxBackoff:     100 * time.Millisecond,
+		// A host SIGKILLed mid-delivery holds its actions until its
+		// attempt would have timed out, plus this: then another host (or
+		// the next run) takes them over.
+		LeaseMargin: 500 * time.Millisecond,
 	})
 	if err != nil {
 		return err
@@ -106,6 +110,7 @@ func runHost(c config) error {
 			time.Sleep(time.Duration(rng.IntN(10_000)) * time.Microsecond)
 			kind, op, amount, dl := kindOK, "charge", 1+rng.IntN(100), okDeadline
 			switch n := rng.IntN(10); {
+			case c.OnlyOK:
 			case n == 0:
 				kind, amount = kindBad, 0
 			case n == 1:

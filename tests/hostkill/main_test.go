@@ -31,6 +31,7 @@ type config struct {
 	OffsetHours int  `json:"offset_hours"`
 	Approvals   int  `json:"approvals"` // how many actions the host approves
 	Final       bool `json:"final"`     // the last host: approve nothing, run until all are done
+	OnlyOK      bool `json:"only_ok"`   // every approval is a charge that succeeds
 }
 
 // TestMain runs the child roles, or the tests (with the throwaway
