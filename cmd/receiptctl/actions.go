@@ -27,8 +27,12 @@ its key). The journal is a directory (JOURNAL-DIR; a running host holds it
 locked), or a schema on PostgreSQL (--pg DSN, and --schema, default intents
 here).
 
-Actions are grouped by state, uncertain first, in approval order. --json
-prints them as JSON, with their arguments and answers.`,
+Actions are grouped by state, uncertain first, in approval order. An
+approved action shows the host that holds its delivery lease (its
+DispatcherOptions.HostName, hostname:pid by default) and until when: one
+host delivers it at a time, and another takes it over when the lease ends
+(a host that died). --json prints them as JSON, with their arguments,
+answers, holder and lease_until.`,
 		Example: `  receiptctl actions ./host/journal
   receiptctl actions ./host/journal --state uncertain
   receiptctl --pg postgres://app@db/app actions --json`,
@@ -149,10 +153,18 @@ func (a *app) listActions(ctx context.Context, j *intents.Journal, only intents.
 		}
 		fmt.Fprintf(a.stdout, "\n%s\n", strings.ToUpper(st.String()))
 		tw := newTable(a.stdout)
-		fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tANSWER")
+		if st == intents.Approved { // being delivered: by which host, until when
+			fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tHELD BY\tLAST ERROR")
+		} else {
+			fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tANSWER")
+		}
 		for _, x := range acts {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", x.Key, showKeyPart(x.Target), showKeyPart(x.Operation),
-				showKeyPart(x.ApprovedBy), showTime(x.ApprovedAt), showDeadline(x, now), x.Attempts, showAnswer(x))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t", x.Key, showKeyPart(x.Target), showKeyPart(x.Operation),
+				showKeyPart(x.ApprovedBy), showTime(x.ApprovedAt), showDeadline(x, now), x.Attempts)
+			if st == intents.Approved {
+				fmt.Fprintf(tw, "%s\t", showHolder(x, now))
+			}
+			fmt.Fprintf(tw, "%s\n", showAnswer(x))
 		}
 		_ = tw.Flush()
 	}
@@ -171,6 +183,20 @@ func showDeadline(x *intents.Action, now time.Time) string {
 		}
 	}
 	return s
+}
+
+// showHolder renders an approved action's delivery lease: the host that
+// holds it and until when, or "-" when none does (nobody picked it up,
+// or its holder closed).
+func showHolder(x *intents.Action, now time.Time) string {
+	if x.Holder == "" {
+		return "-"
+	}
+	s := showKeyPart(x.Holder) + " until " + showTime(x.LeaseUntil)
+	if left := x.LeaseUntil.Sub(now); left > 0 {
+		return s + " (in " + left.Round(time.Second).String() + ")"
+	}
+	return s + " (ended: another host may take it)"
 }
 
 // showAnswer renders the answer, or why there is none.

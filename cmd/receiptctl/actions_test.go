@@ -117,3 +117,52 @@ func readDirNames(dir string) ([]string, error) {
 	}
 	return names, err
 }
+
+// TestActionsShowsTheHolder: on a journal shared by hosts, an approved
+// action in delivery shows the host that holds its lease and until when,
+// and one whose holder died shows that its lease ended.
+func TestActionsShowsTheHolder(t *testing.T) {
+	dsn, schema := pgtest.Schema(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	j, err := intentspg.Open(ctx, pool, &intentspg.Options{Schema: schema})
+	require.NoError(t, err)
+	defer j.Close()
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	defer close(release)
+	dead, err := j.Approve(ctx, intents.Approval{Target: "elsewhere", Operation: "POST /y", ApprovedBy: "bob"})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+schema+`.actions SET holder = 'web-2:99', lease_until = now() - interval '1 minute' WHERE key = $1`, dead.Key)
+	require.NoError(t, err)
+	d, err := intents.NewDispatcher(j, intents.DispatcherOptions{HostName: "web-1",
+		Transports: map[string]intents.Transport{"workitems": &intents.HTTPTransport{BaseURL: srv.URL}}})
+	require.NoError(t, err)
+	defer d.Close()
+	a, err := j.Approve(ctx, intents.Approval{Target: "workitems", Operation: "POST /x", ApprovedBy: "alice"})
+	require.NoError(t, err)
+	<-arrived // web-1 holds it, its attempt in flight
+
+	r := cli(t, "--pg", dsn, "--schema", schema, "actions").requireCode(t, exitOK)
+	require.Contains(t, r.out, "HELD BY")
+	require.Regexp(t, a.Key+`.*web-1 until [0-9-]+ [0-9:.]+ \(in [0-9]+s\)`, r.out)
+	require.Regexp(t, dead.Key+`.*web-2:99 until [0-9-]+ [0-9:.]+ \(ended: another host may take it\)`, r.out)
+
+	r = cli(t, "--pg", dsn, "--schema", schema, "--json", "actions").requireCode(t, exitOK)
+	var acts []intents.Action
+	require.NoError(t, json.Unmarshal([]byte(r.out), &acts))
+	held := map[string]intents.Action{}
+	for _, x := range acts {
+		held[x.Key] = x
+	}
+	require.Equal(t, "web-1", held[a.Key].Holder)
+	require.True(t, held[a.Key].LeaseUntil.After(time.Now()))
+	require.Equal(t, "web-2:99", held[dead.Key].Holder)
+}
