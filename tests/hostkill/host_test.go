@@ -91,8 +91,9 @@ func runHost(c config) error {
 		MaxBackoff:     100 * time.Millisecond,
 		// A host SIGKILLed mid-delivery holds its actions until its
 		// attempt would have timed out, plus this: then another host (or
-		// the next run) takes them over.
+		// a next run under another HostName) takes them over.
 		LeaseMargin: 500 * time.Millisecond,
+		HostName:    c.HostName,
 	})
 	if err != nil {
 		return err

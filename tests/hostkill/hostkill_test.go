@@ -164,7 +164,11 @@ func runVariant(t *testing.T, wire, engine string) {
 	}
 	seed := testkit.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, 0x40571))
-	c := config{Dir: t.TempDir(), Wire: wire, Engine: engine, Port: freePort(t), Seed: seed}
+	// One host restarted again and again, under one HostName, as a host
+	// with a stable name (its machine's) is: each run takes back at once
+	// the leases the SIGKILLed one held. (Takeover by another host is
+	// TestHostKillSharedJournal's.)
+	c := config{Dir: t.TempDir(), Wire: wire, Engine: engine, Port: freePort(t), Seed: seed, HostName: "harness-host"}
 	if engine == "pg" {
 		c.DSN, c.SvcSchema = pgtest.Schema(t)
 		_, c.HostSchema = pgtest.Schema(t)

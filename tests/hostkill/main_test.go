@@ -32,6 +32,9 @@ type config struct {
 	Approvals   int  `json:"approvals"` // how many actions the host approves
 	Final       bool `json:"final"`     // the last host: approve nothing, run until all are done
 	OnlyOK      bool `json:"only_ok"`   // every approval is a charge that succeeds
+	// HostName is the host's DispatcherOptions.HostName: "" for the
+	// default (hostname:pid, a new name per process).
+	HostName string `json:"host_name"`
 }
 
 // TestMain runs the child roles, or the tests (with the throwaway
