@@ -38,6 +38,10 @@
 // service's Retry-After, and records the answer (see State). An action
 // whose deadline passes without an answer is Uncertain: listed, never
 // dropped, never sent under another key; Settle and Redeliver resolve it.
+// Several Dispatchers (hosts on one intentspg journal) share the work: one
+// at a time delivers an action, under a lease in the journal
+// (Action.Holder, Action.LeaseUntil), and a host that dies is replaced
+// when its lease ends; Attempts counts every host's deliveries.
 //
 // # The journal
 //

@@ -32,4 +32,9 @@
 //
 // RECEIPTS_SOAK=1 runs 500 per variant; RECEIPTS_HOST_KILLS=n sets the
 // count, RECEIPTS_SEED=n replays a run's choices.
+//
+// TestHostKillSharedJournal runs several host processes at once on one
+// intentspg journal, one of them SIGKILLed per round, and also counts the
+// deliveries the service received against each action's Attempts: one
+// host delivers an action at a time, under its lease.
 package hostkill
