@@ -439,6 +439,7 @@ func TestNewDispatcherBadOptions(t *testing.T) {
 		{Transports: map[string]intents.Transport{"x": nil}},
 		{Transports: tr, Concurrency: -1},
 		{Transports: tr, MinBackoff: time.Second, MaxBackoff: time.Millisecond},
+		{Transports: tr, LeaseMargin: -time.Second},
 	} {
 		if _, err := intents.NewDispatcher(j, o); !errors.Is(err, intents.ErrInvalid) {
 			t.Errorf("%+v: %v, want ErrInvalid", o, err)

@@ -38,11 +38,12 @@ const hostConcurrency = intents.DefaultConcurrency
 //
 //	go test -run TestHostKillSharedJournal -v ./tests/hostkill
 //
-// RECEIPTS_SHARED_ROUNDS=n sets the number of rounds (default 4).
+// RECEIPTS_SHARED_ROUNDS=n sets the number of rounds (default 4, 2 under
+// -race).
 func TestHostKillSharedJournal(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	defer goleak.VerifyNone(t, leaks)
-	rounds := testkit.EnvInt("RECEIPTS_SHARED_ROUNDS", 4)
+	rounds := testkit.EnvInt("RECEIPTS_SHARED_ROUNDS", sharedRounds)
 	seed := testkit.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, 0x5a4ed))
 	c := config{Dir: t.TempDir(), Wire: "http", Engine: "pg", Port: freePort(t), Seed: seed, OnlyOK: true}

@@ -4,3 +4,6 @@ package hostkill_test
 
 // hostKillCycles is the number of host processes per variant under -race.
 const hostKillCycles = 8
+
+// sharedRounds is TestHostKillSharedJournal's number of rounds.
+const sharedRounds = 2
