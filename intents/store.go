@@ -8,7 +8,9 @@ import (
 // Store is where a Journal keeps its actions. This package has the Pebble
 // store (Open); package intentspg has one on PostgreSQL. A Store is used
 // by one Journal, which decides every transition: a Store keeps what it is
-// given, under these rules.
+// given (every field of Action, including the delivery lease, Holder and
+// LeaseUntil: a store that drops them lets every host deliver every
+// action), under these rules.
 //
 //   - Durable before return: Create, and Update with sync, return once the
 //     write survives a crash of the process and of the machine. Update
@@ -21,7 +23,8 @@ import (
 //     Delete of the key interleaves with, and only when the stored state is
 //     one of from; otherwise it returns an error wrapping ErrWrongState (or
 //     ErrNotFound) and changes nothing. Delete checks the state the same
-//     way.
+//     way. Delivery leases are claimed through it, by every host sharing
+//     the store.
 //   - Ref is unique: Create of an action whose non-empty Ref the store
 //     holds creates nothing and returns the stored action.
 type Store interface {
