@@ -3,28 +3,14 @@ package receipts
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
-	"github.com/receiptstore/receipts/internal/keys"
 	"github.com/receiptstore/receipts/internal/private"
 	"github.com/receiptstore/receipts/observe"
 )
-
-// keyHash is Event.KeyHash for k under hk.
-func keyHash(hk []byte, k Key) string { return keys.Hash(hk, k.Scope, k.ID) }
-
-// deriveHashKey derives the key that KeyHash uses from the store's secret,
-// so that a key's hash is never its ProviderKey.
-func deriveHashKey(secret []byte) []byte {
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte("receipts/observer-key-hash/v1"))
-	return mac.Sum(nil)
-}
 
 // tracing reports whether events are to be built for a call with ctx: an
 // observer is set, or the logger takes debug records (claims and replays are
@@ -100,33 +86,6 @@ func (db *DB) logEvent(ctx context.Context, e *observe.Event, k Key) {
 		attrs = append(attrs, slog.Int("epochs_dropped", e.EpochsDropped), slog.Uint64("bytes_freed", e.BytesFreed))
 	}
 	lg.LogAttrs(ctx, lvl, "receipts: "+e.Kind.String(), attrs...)
-}
-
-// LogKey is the attribute that names k in a log record the way the store's
-// own records do: "key_hash" with k's keyed hash (as Event.KeyHash), or,
-// with Options.LogKeys, "key" with k.String(). Front ends such as
-// receipthttp and receiptmcp log keys with it, so that a store that keeps
-// raw keys out of its logs keeps them out of theirs too.
-func (db *DB) LogKey(k Key) slog.Attr {
-	if db.opts.LogKeys {
-		return slog.String("key", k.String())
-	}
-	return slog.String("key_hash", keyHash(db.hashKey, k))
-}
-
-// KeyName is how the store names k in the text of its errors: "key#" and
-// k's keyed hash (the same hex digits as Event.KeyHash and LogKey), or, with
-// Options.LogKeys, k.String(). Errors end up in logs, so they name keys the
-// way the logs do; packages that wrap the store (pgstore.DoTx, front ends)
-// use it for theirs. A nil db names k itself.
-func (db *DB) KeyName(k Key) string { return db.keyName(k) }
-
-// keyName is KeyName.
-func (db *DB) keyName(k Key) string {
-	if db == nil || db.opts.LogKeys {
-		return k.String()
-	}
-	return "key#" + keyHash(db.hashKey, k)
 }
 
 // claimOutcome classifies what a claim returned.
@@ -279,28 +238,6 @@ func (db *DB) logTakeover(ctx context.Context, l *Lease) {
 	private.SetEventKey(&e, db.hashKey, driver.Key(l.key))
 	db.logEvent(ctx, &e, l.key)
 }
-
-// EngineMetric is one of the engine's own health figures: see
-// DB.EngineMetrics.
-type EngineMetric = driver.Metric
-
-// EngineMetrics returns the engine's own health figures, for monitoring:
-// on Pebble its compaction debt, read amplification, WAL and disk size; on
-// PostgreSQL its listener, notifications and connection pool. Names are
-// stable, in base units, without the "receipts_" prefix (package
-// receiptsprom exports them). It does no I/O. After Close, or on an engine
-// that reports none, it returns nil.
-func (db *DB) EngineMetrics() []EngineMetric {
-	if err := db.enter(); err != nil {
-		return nil
-	}
-	defer db.exit()
-	if mr, ok := db.eng.(driver.MetricsReporter); ok {
-		return mr.Metrics()
-	}
-	return nil
-}
-
 
 // begin lets the observer, if it is a Beginner, see an operation of kind
 // begin, and returns the context the operation runs with.

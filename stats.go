@@ -3,6 +3,8 @@ package receipts
 import (
 	"context"
 	"time"
+
+	"github.com/receiptstore/receipts/driver"
 )
 
 // Stats describes the store without reading its records: the settings in
@@ -99,4 +101,25 @@ func (db *DB) Count(ctx context.Context) (Counts, error) {
 		return Counts{}, err
 	}
 	return Counts(c), nil
+}
+
+// EngineMetric is one of the engine's own health figures: see
+// DB.EngineMetrics.
+type EngineMetric = driver.Metric
+
+// EngineMetrics returns the engine's own health figures, for monitoring:
+// on Pebble its compaction debt, read amplification, WAL and disk size; on
+// PostgreSQL its listener, notifications and connection pool. Names are
+// stable, in base units, without the "receipts_" prefix (package
+// receiptsprom exports them). It does no I/O. After Close, or on an engine
+// that reports none, it returns nil.
+func (db *DB) EngineMetrics() []EngineMetric {
+	if err := db.enter(); err != nil {
+		return nil
+	}
+	defer db.exit()
+	if mr, ok := db.eng.(driver.MetricsReporter); ok {
+		return mr.Metrics()
+	}
+	return nil
 }
