@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/internal/pgcluster"
 	"github.com/receiptstore/receipts/pgstore"
 )
 
@@ -82,9 +82,9 @@ func (a *app) demoPG(ctx context.Context, dsn string, schemaGiven bool) (err err
 	throwaway := dsn == demoPGAuto
 	if throwaway {
 		d.say("starting a throwaway PostgreSQL cluster (no DSN given)...\n")
-		c, err := pgtest.Start(ctx)
+		c, err := pgcluster.Start(ctx)
 		switch {
-		case errors.Is(err, pgtest.ErrNoServer):
+		case errors.Is(err, pgcluster.ErrNoServer):
 			return fmt.Errorf("demo --pg without a DSN starts a throwaway cluster, but no PostgreSQL server binaries were found (Debian: apt-get install postgresql; or set PG_BINDIR); or give a server: receiptctl demo --pg postgres://user@host/db")
 		case err != nil:
 			return fmt.Errorf("start a throwaway PostgreSQL cluster: %w", err)

@@ -1,3 +1,19 @@
+// Package pgtest gives tests a PostgreSQL server: the one named by RECEIPTS_PG_DSN, or else a
+// throwaway cluster started from the installed server binaries, one per test binary.
+//
+// A test package uses it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// and each test asks for a fresh schema (Schema) or a fresh database (Database). The cluster
+// starts on the first such call, so test binaries whose selected tests need no PostgreSQL pay
+// nothing. On a machine without PostgreSQL the tests skip, with one line saying why; with
+// CI=true they fail instead.
+//
+// The cluster itself is started by package pgcluster (the launcher, which programs use too and
+// which links no testing package); Cluster, Config, Start, StartWith, FindBinDir, ErrNoServer
+// and Leftovers forward to it. This package adds what needs a testing.TB: Main, Schema,
+// Database, DSN, Restart, DataDir, BinDir, StartPair and LeakChecked.
 package pgtest
 
 import (
@@ -56,6 +72,9 @@ func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := Start(ctx)
+	if errors.Is(err, ErrNoServer) {
+		err = fmt.Errorf("%w; or set %s", err, EnvDSN)
+	}
 	if err != nil {
 		startErr = err
 		return
@@ -227,7 +246,7 @@ func DataDir(t testing.TB) string {
 	if cluster == nil {
 		t.Skip("pgtest: the server is external (RECEIPTS_PG_DSN): its data directory is not ours to read")
 	}
-	return cluster.data()
+	return cluster.DataDir()
 }
 
 // BinDir returns the directory of the server's binaries (pg_dump, pg_waldump, psql), of the

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/internal/pgcluster"
 	"github.com/receiptstore/receipts/pgstore"
 )
 
@@ -94,9 +94,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.Schema = "receipts"
 	}
 	if cfg.PG == Auto {
-		c, err := pgtest.Start(ctx)
+		c, err := pgcluster.Start(ctx)
 		switch {
-		case errors.Is(err, pgtest.ErrNoServer):
+		case errors.Is(err, pgcluster.ErrNoServer):
 			return nil, ErrNoServer
 		case err != nil:
 			return nil, fmt.Errorf("start a throwaway PostgreSQL cluster: %w", err)

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package pgtest
+package pgcluster
 
 // processAlive cannot tell here: every owner counts as alive, and no cluster is reaped.
 func processAlive(int) bool { return true }

@@ -1,4 +1,4 @@
-package pgtest
+package pgcluster
 
 import (
 	"context"
@@ -9,73 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// A primary with a streaming standby, for tests of replication and failover. Unlike the
-// cluster the package's tests share, each Pair belongs to one test: its tests stop the
-// standby, kill the primary and promote the standby.
-
-// Pair is a primary and one streaming standby of it, started for one test (StartPair).
-type Pair struct {
-	Primary, Standby *Cluster
-	// StandbyName is the standby's application_name, which synchronous_standby_names
-	// names (SetSynchronous).
-	StandbyName string
-}
-
-// StartPair starts a primary (fsync on: a promotion must find what the primary flushed, and
-// tests compare the two) and a streaming standby of it, both stopped and removed when t ends.
-// With sync, the primary's synchronous_standby_names names the standby, and StartPair returns
-// once it streams as the synchronous standby; otherwise replication is asynchronous (the
-// default). Without server binaries it skips t (fails it with CI=true), as the shared cluster
-// does. The package's TestMain must call Main.
-func StartPair(t testing.TB, sync bool) *Pair {
-	t.Helper()
-	if !mainRan {
-		t.Fatal("pgtest: the package's TestMain must call pgtest.Main(m)")
-	}
-	if _, err := FindBinDir(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("PostgreSQL tests must run in CI: %v", err)
-		}
-		t.Skip(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	primary, err := StartWith(ctx, Config{Durable: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = primary.Stop() })
-	const name = "standby1"
-	standby, err := primary.StartStandby(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = standby.Stop() })
-	p := &Pair{Primary: primary, Standby: standby, StandbyName: name}
-	if sync {
-		if err := primary.SetSynchronous(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		if err := primary.WaitStandby(ctx, name, "sync"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return p
-}
-
-// MultiHostDSN is the DSN of the primary and the standby in that order, with
-// target_session_attrs=read-write, for database db: pgx connects to whichever of the two is
-// the primary (the first, until the standby is promoted).
-func (p *Pair) MultiHostDSN(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
-		p.Primary.Port, p.Standby.Port, db)
-}
+// Streaming replication: a standby of a cluster, and the moves of a failover (kill the
+// primary, promote the standby, stop and start a server). internal/pgtest's Pair puts a
+// primary and a standby together for one test.
 
 // DSNFor is c's superuser DSN for database db.
 func (c *Cluster) DSNFor(db string) string {
@@ -99,7 +40,7 @@ func (c *Cluster) StartStandbyOn(ctx context.Context, name string, port int, ups
 	if upstream != "" {
 		var err error
 		if upHost, upPort, err = net.SplitHostPort(upstream); err != nil {
-			return nil, fmt.Errorf("pgtest: standby upstream %q: %w", upstream, err)
+			return nil, fmt.Errorf("pgcluster: standby upstream %q: %w", upstream, err)
 		}
 	}
 	dir, err := os.MkdirTemp("", clusterPrefix)
@@ -120,7 +61,7 @@ func (c *Cluster) StartStandbyOn(ctx context.Context, name string, port int, ups
 	if out, err := s.run(ctx, "pg_basebackup", "-D", s.data(), "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres",
 		"-X", "stream", "-R", "--no-sync", "--checkpoint=fast"); err != nil {
 		s.remove()
-		return nil, fmt.Errorf("pgtest: pg_basebackup: %w\n%s", err, out)
+		return nil, fmt.Errorf("pgcluster: pg_basebackup: %w\n%s", err, out)
 	}
 	s.Port = port
 	if port == 0 {
@@ -179,7 +120,7 @@ func (c *Cluster) WaitStandby(ctx context.Context, name, syncState string) error
 		last = err
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: standby %s not streaming (%s): %w", name, syncState, last)
+			return fmt.Errorf("pgcluster: standby %s not streaming (%s): %w", name, syncState, last)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -191,15 +132,15 @@ func (c *Cluster) WaitStandby(ctx context.Context, name, syncState string) error
 func (c *Cluster) Kill() error {
 	b, err := os.ReadFile(filepath.Join(c.data(), "postmaster.pid"))
 	if err != nil {
-		return fmt.Errorf("pgtest: kill: %w", err)
+		return fmt.Errorf("pgcluster: kill: %w", err)
 	}
 	first, _, _ := strings.Cut(string(b), "\n")
 	pid, err := strconv.Atoi(strings.TrimSpace(first))
 	if err != nil || pid <= 0 {
-		return fmt.Errorf("pgtest: kill: postmaster.pid: %q", first)
+		return fmt.Errorf("pgcluster: kill: postmaster.pid: %q", first)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("pgtest: kill %d: %w", pid, err)
+		return fmt.Errorf("pgcluster: kill %d: %w", pid, err)
 	}
 	for processAlive(pid) { // a zombie until its parent reaps it; pg_ctl's parent is init
 		time.Sleep(5 * time.Millisecond)
@@ -214,7 +155,7 @@ func (c *Cluster) Kill() error {
 // writes).
 func (c *Cluster) Promote(ctx context.Context) error {
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-w", "-t", "60", "promote"); err != nil {
-		return fmt.Errorf("pgtest: pg_ctl promote: %w\n%s", err, out)
+		return fmt.Errorf("pgcluster: pg_ctl promote: %w\n%s", err, out)
 	}
 	return nil
 }
@@ -222,7 +163,7 @@ func (c *Cluster) Promote(ctx context.Context) error {
 // Shutdown stops c's server (pg_ctl stop -m fast) and keeps its files: Start starts it again.
 func (c *Cluster) Shutdown(ctx context.Context) error {
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.data(), "-m", "fast", "-w", "-t", "60", "stop"); err != nil {
-		return fmt.Errorf("pgtest: pg_ctl stop: %w\n%s", err, out)
+		return fmt.Errorf("pgcluster: pg_ctl stop: %w\n%s", err, out)
 	}
 	return nil
 }

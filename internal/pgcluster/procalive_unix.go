@@ -1,6 +1,6 @@
 //go:build unix
 
-package pgtest
+package pgcluster
 
 import (
 	"errors"
