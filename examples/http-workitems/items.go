@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -21,7 +18,8 @@ var errNoItem = errors.New("no such work item")
 // items is where the service keeps work items: the receipts store's own
 // database, so that an item commits with the receipt of the response that
 // created it (Attempt.Stage), in one Pebble batch or one PostgreSQL
-// transaction.
+// transaction. The Pebble kind (items_pebble.go) is left out of a build
+// with -tags receipts_nopebble, which links no Pebble (items_nopebble.go).
 type items interface {
 	// put is the effect that writes item, created by who.
 	put(who string, item WorkItem) (receipts.Effect, error)
@@ -29,75 +27,6 @@ type items interface {
 	get(ctx context.Context, who, id string) (*WorkItem, error)
 	// list reads who's items, oldest first.
 	list(ctx context.Context, who string) ([]WorkItem, error)
-}
-
-// pebbleItems keeps the items in the store's Pebble database, under "wi/"
-// (receipts keeps to "\x00rcpt").
-type pebbleItems struct{ pdb *pebble.DB }
-
-// itemKey is "wi/" + len(caller) + caller + id: callers' items never mix.
-func itemKey(who, id string) []byte {
-	return fmt.Appendf(nil, "wi/%03d%s%s", len(who), who, id)
-}
-
-func (p pebbleItems) put(who string, item WorkItem) (receipts.Effect, error) {
-	value, err := json.Marshal(item)
-	if err != nil {
-		return nil, err
-	}
-	return receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error {
-		return b.Set(itemKey(who, item.ID), value, nil)
-	}), nil
-}
-
-func (p pebbleItems) get(_ context.Context, who, id string) (*WorkItem, error) {
-	v, closer, err := p.pdb.Get(itemKey(who, id))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, errNoItem
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	var item WorkItem
-	if err := json.Unmarshal(v, &item); err != nil {
-		return nil, err
-	}
-	return &item, nil
-}
-
-func (p pebbleItems) list(_ context.Context, who string) ([]WorkItem, error) {
-	prefix := itemKey(who, "")
-	it, err := p.pdb.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	items := []WorkItem{}
-	for ok := it.First(); ok; ok = it.Next() {
-		var item WorkItem
-		if err := json.Unmarshal(it.Value(), &item); err != nil {
-			return nil, err
-		}
-		items = append(items, item)
-	}
-	if err := it.Error(); err != nil {
-		return nil, err
-	}
-	// Oldest first: the keys' order is the ids', which are random.
-	slices.SortStableFunc(items, func(a, b WorkItem) int { return a.CreatedAt.Compare(b.CreatedAt) })
-	return items, nil
-}
-
-func prefixEnd(p []byte) []byte {
-	end := bytes.Clone(p)
-	for i := len(end) - 1; i >= 0; i-- {
-		if end[i] < 0xff {
-			end[i]++
-			return end[:i+1]
-		}
-	}
-	return nil
 }
 
 // pgItems keeps the items in a table of the store's PostgreSQL schema:

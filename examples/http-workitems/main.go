@@ -49,7 +49,6 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/examples/internal/exampledb"
-	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
@@ -128,17 +127,16 @@ func start(ctx context.Context, c config) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	items, err := storeItems(ctx, store)
+	if err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
 	s := &service{
 		db:     store.DB,
-		items:  pebbleItems{pebblestore.DB(store.DB)},
+		items:  items,
 		tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"},
 		delay:  c.delay,
 		now:    now,
-	}
-	if store.Pool != nil {
-		if s.items, err = newPGItems(ctx, store.Pool, store.Schema); err != nil {
-			return nil, errors.Join(err, store.Close())
-		}
 	}
 	api, err := s.handler()
 	if err != nil {
@@ -171,6 +169,15 @@ func start(ctx context.Context, c config) (*instance, error) {
 		go func() { in.errc <- srv.Serve(ln) }()
 	}
 	return in, nil
+}
+
+// storeItems returns where the service keeps the items of store: a table
+// of its PostgreSQL schema, or its Pebble database.
+func storeItems(ctx context.Context, store *exampledb.Store) (items, error) {
+	if store.Pool != nil {
+		return newPGItems(ctx, store.Pool, store.Schema)
+	}
+	return newPebbleItems(store.DB)
 }
 
 // withServedBy sets the Served-By header of every response to the

@@ -13,7 +13,6 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/examples/internal/exampledb"
 	"github.com/receiptstore/receipts/internal/pgtest"
-	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
@@ -38,13 +37,12 @@ func newTestService(t *testing.T, engine string, opts receipts.Options) *service
 			t.Error(err)
 		}
 	})
-	s := &service{db: store.DB, items: pebbleItems{pebblestore.DB(store.DB)}, tokens: map[string]string{"a": "alice", "b": "bob"},
-		now: func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }}
-	if store.Pool != nil {
-		if s.items, err = newPGItems(context.Background(), store.Pool, store.Schema); err != nil {
-			t.Fatal(err)
-		}
+	items, err := storeItems(context.Background(), store)
+	if err != nil {
+		t.Fatal(err)
 	}
+	s := &service{db: store.DB, items: items, tokens: map[string]string{"a": "alice", "b": "bob"},
+		now: func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }}
 	return s
 }
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/transcript"
-	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
@@ -31,7 +30,11 @@ func TestReadmeTranscript(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	s := &service{db: db, items: pebbleItems{pebblestore.DB(db)}, tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"}, delay: delay, now: time.Now}
+	items, err := newPebbleItems(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &service{db: db, items: items, tokens: map[string]string{"alice-token": "alice", "bob-token": "bob"}, delay: delay, now: time.Now}
 	h, err := s.handler()
 	if err != nil {
 		t.Fatal(err)

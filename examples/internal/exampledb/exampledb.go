@@ -3,6 +3,10 @@
 // and -pg alone starts a throwaway cluster from the installed server
 // binaries (as receiptctl demo --pg does), whose DSN the example prints so
 // that a second instance can share it.
+//
+// In a program built with -tags receipts_nopebble (a PostgreSQL-only build,
+// which links no Pebble: docs/postgresql.md) the Pebble default fails with
+// receipts.ErrUnsupported, and -pg is the way to run.
 package exampledb
 
 import (
@@ -84,6 +88,9 @@ var ErrNoServer = errors.New("-pg without a DSN starts a throwaway PostgreSQL cl
 func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.PG == "" {
 		db, err := receipts.Open(cfg.Dir, &cfg.Options)
+		if errors.Is(err, receipts.ErrUnsupported) {
+			return nil, fmt.Errorf("%w\nthis build keeps its store on PostgreSQL only: give -pg DSN, or -pg alone for a throwaway cluster", err)
+		}
 		if err != nil {
 			return nil, err
 		}
