@@ -103,17 +103,13 @@ func (db *DB) Count(ctx context.Context) (Counts, error) {
 	return Counts(c), nil
 }
 
-// EngineMetric is one of the engine's own health figures: see
-// DB.EngineMetrics.
-type EngineMetric = driver.Metric
-
-// EngineMetrics returns the engine's own health figures, for monitoring:
+// EngineMetrics returns the engine's own health figures (driver.Metric), for monitoring:
 // on Pebble its compaction debt, read amplification, WAL and disk size; on
 // PostgreSQL its listener, notifications and connection pool. Names are
 // stable, in base units, without the "receipts_" prefix (package
 // receiptsprom exports them). It does no I/O. After Close, or on an engine
 // that reports none, it returns nil.
-func (db *DB) EngineMetrics() []EngineMetric {
+func (db *DB) EngineMetrics() []driver.Metric {
 	if err := db.enter(); err != nil {
 		return nil
 	}

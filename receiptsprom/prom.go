@@ -45,6 +45,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -434,7 +435,7 @@ func (c *Collector) abandoned(w *watched) (float64, bool) {
 	return w.abandoned, !w.counted.IsZero()
 }
 
-func (c *Collector) engineDesc(m receipts.EngineMetric) *prometheus.Desc {
+func (c *Collector) engineDesc(m driver.Metric) *prometheus.Desc {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d, ok := c.engDesc[m.Name]
@@ -445,7 +446,7 @@ func (c *Collector) engineDesc(m receipts.EngineMetric) *prometheus.Desc {
 	return d
 }
 
-func valueType(m receipts.EngineMetric) prometheus.ValueType {
+func valueType(m driver.Metric) prometheus.ValueType {
 	if m.Counter {
 		return prometheus.CounterValue
 	}
