@@ -58,10 +58,11 @@
 // the service itself. Scan(Filter{Abandoned: true}) lists them; DB.TakeOver
 // takes over exactly a listed one (fenced: it fails if any other attempt
 // came in since), so the caller can ask the provider by ProviderKey and
-// Commit, Fail, Forget or Abandon. A Reconciler does that in the
-// background: it drives the abandoned claims through a user Check with
-// bounded concurrency and per-claim backoff, stops on Close (its own or the
-// DB's) and reports what it settled (ReconcileStats, OnSettle).
+// Commit, Fail, Forget or Abandon. A Reconciler (package reconcile,
+// started with reconcile.New) does that in the background: it drives the
+// abandoned claims through a user Check with bounded concurrency and
+// per-claim backoff, stops on Close (its own or the DB's) and reports what
+// it settled (reconcile.Stats, OnSettle).
 //
 // Effects differ in length: LeaseFor gives one claim (Claim, Do, TakeOver)
 // its own lease, renewed by its own length.

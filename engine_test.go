@@ -13,6 +13,7 @@ import (
 	"github.com/receiptstore/receipts/internal/pebbleengine"
 	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/receiptstore/receipts/receiptstest"
+	"github.com/receiptstore/receipts/reconcile"
 	"github.com/stretchr/testify/require"
 )
 
@@ -177,7 +178,7 @@ func TestTakeOverNeedsAnAttemptTaker(t *testing.T) {
 	_, err = db.TakeOver(ctx, r)
 	require.ErrorIs(t, err, receipts.ErrUnsupported)
 
-	rc, err := db.NewReconciler(receipts.ReconcilerOptions{Interval: -1,
+	rc, err := reconcile.New(db, reconcile.Options{Interval: -1,
 		Check: func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) {
 			t.Error("Check must not run")
 			return nil, nil

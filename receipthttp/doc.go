@@ -96,7 +96,7 @@
 // An abandoned claim (its handler answered 5xx, panicked, or its process
 // died) can be settled without waiting for the client's retry: by an
 // operator (receiptctl reconcile), or by the service (receipts.DB.TakeOver,
-// a receipts.Reconciler). Its retries are answered from the receipt as an
+// a reconcile.Reconciler). Its retries are answered from the receipt as an
 // HTTP response, so what is stored must be one: settle with
 // SettleResponse, or store EncodeResponse's bytes (a Reconciler's Check
 // returns them), or forget the claim (Lease.Forget) so that the retry runs

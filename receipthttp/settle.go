@@ -30,7 +30,7 @@ func markFingerprint(fp []byte) []byte {
 }
 
 // Owns reports whether r, a record of the store (from DB.Lookup, DB.Scan or
-// a receipts.Reconciler), is of a key this middleware claimed: its
+// a reconcile.Reconciler), is of a key this middleware claimed: its
 // fingerprint carries the middleware's mark. The retries of such a key are
 // answered from the response stored in its receipt, so a claim of it
 // settled by hand must store one (EncodeResponse), or be forgotten; a result
@@ -54,7 +54,7 @@ var ErrInvalidResponse = fmt.Errorf("%w: receipthttp: response cannot be stored"
 // middleware keeps as a receipt's Result and replays (status, every header
 // in header, body). Use it to settle by hand a claim of a key the
 // middleware guards (Owns), with a lease from receipts.DB.TakeOver or in a
-// receipts.Reconciler's Check, so that its retries get that response, as
+// reconcile.Reconciler's Check, so that its retries get that response, as
 // SettleResponse does. Errors: ErrInvalidResponse.
 func EncodeResponse(status int, header http.Header, body []byte) ([]byte, error) {
 	if status < 200 || status > 599 {

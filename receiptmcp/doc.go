@@ -96,7 +96,7 @@
 // An abandoned claim (its handler failed with an unknown outcome, panicked,
 // or its process died) can be settled without waiting for the host's
 // retry: by an operator (receiptctl reconcile), or by the service
-// (receipts.DB.TakeOver, a receipts.Reconciler). Its retries are answered
+// (receipts.DB.TakeOver, a reconcile.Reconciler). Its retries are answered
 // from the receipt as a tool result, so what is stored must be one: settle
 // with SettleResult, or store EncodeResult's bytes (a Reconciler's Check
 // returns them), or forget the claim (Lease.Forget) so that the retry runs

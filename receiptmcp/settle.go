@@ -17,7 +17,7 @@ import (
 const fingerprintMark = "\x00receiptmcp\x00"
 
 // Owns reports whether r, a record of the store (from DB.Lookup, DB.Scan or
-// a receipts.Reconciler), is of a key this middleware claimed: its
+// a reconcile.Reconciler), is of a key this middleware claimed: its
 // fingerprint carries the middleware's mark (see Fingerprint). The retries
 // of such a key are answered from the tool result stored in its receipt,
 // so a claim of it settled by hand must store one (EncodeResult), or be
@@ -40,7 +40,7 @@ var ErrInvalidResult = fmt.Errorf("%w: receiptmcp: tool result cannot be stored"
 // EncodeResult returns the stored form of a tool result: the bytes the
 // middleware keeps as a receipt's Result and replays (its JSON). Use it to
 // settle by hand a claim of a key the middleware guards (Owns), with a
-// lease from receipts.DB.TakeOver or in a receipts.Reconciler's Check, so
+// lease from receipts.DB.TakeOver or in a reconcile.Reconciler's Check, so
 // that its retries get that result, as SettleResult does. Errors:
 // ErrInvalidResult.
 func EncodeResult(res *mcp.CallToolResult) ([]byte, error) {

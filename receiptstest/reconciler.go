@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/reconcile"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,19 +30,19 @@ var reconcilerTests = []test{
 
 // reconciler starts a Reconciler on e's store with background passes off
 // (unless opts says otherwise), closed when the test ends.
-func (e *env) reconciler(opts receipts.ReconcilerOptions) *receipts.Reconciler {
+func (e *env) reconciler(opts reconcile.Options) *reconcile.Reconciler {
 	e.t.Helper()
 	if opts.Interval == 0 {
 		opts.Interval = -1
 	}
-	rc, err := e.db.NewReconciler(opts)
+	rc, err := reconcile.New(e.db, opts)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { require.NoError(e.t, rc.Close()) })
 	return rc
 }
 
 // pass runs one reconciler pass and returns its stats.
-func (e *env) pass(rc *receipts.Reconciler) receipts.ReconcileStats {
+func (e *env) pass(rc *reconcile.Reconciler) reconcile.Stats {
 	e.t.Helper()
 	st, err := rc.Run(bg)
 	require.NoError(e.t, err)
@@ -50,7 +51,7 @@ func (e *env) pass(rc *receipts.Reconciler) receipts.ReconcileStats {
 }
 
 // counted returns the stats with the fields tests compare (no Duration).
-func counted(st receipts.ReconcileStats) receipts.ReconcileStats {
+func counted(st reconcile.Stats) reconcile.Stats {
 	st.Duration = 0
 	return st
 }
@@ -75,8 +76,8 @@ func testReconcileEachWay(t *testing.T, s Store) {
 	e.commit(key("a", "done"), "fp", "ok")
 
 	var mu sync.Mutex
-	var settled []receipts.Settlement
-	rc := e.reconciler(receipts.ReconcilerOptions{
+	var settled []reconcile.Settlement
+	rc := e.reconciler(reconcile.Options{
 		Check: func(ctx context.Context, l *receipts.Lease, r *receipts.Receipt) ([]byte, error) {
 			if !l.Recovered() || l.Attempt() != 2 || l.ProviderKey() != pk[r.Key] || r.Token != listed[r.Key] ||
 				string(r.Fingerprint) != "fp-"+r.Key.ID || r.State != receipts.Pending {
@@ -92,7 +93,7 @@ func testReconcileEachWay(t *testing.T, s Store) {
 			}
 			return nil, errors.New("provider timed out")
 		},
-		OnSettle: func(s receipts.Settlement) {
+		OnSettle: func(s reconcile.Settlement) {
 			mu.Lock()
 			settled = append(settled, s)
 			mu.Unlock()
@@ -100,7 +101,7 @@ func testReconcileEachWay(t *testing.T, s Store) {
 	})
 	st := e.pass(rc)
 	require.Positive(t, st.Duration, "a pass reports its time")
-	require.Equal(t, receipts.ReconcileStats{Passes: 1, Listed: 4, Checked: 4, Committed: 1, Failed: 1, Forgotten: 1, Unknown: 1}, counted(st))
+	require.Equal(t, reconcile.Stats{Passes: 1, Listed: 4, Checked: 4, Committed: 1, Failed: 1, Forgotten: 1, Unknown: 1}, counted(st))
 
 	r := e.replay(key("a", "commit"), "fp-commit")
 	require.Equal(t, receipts.Succeeded, r.State)
@@ -114,17 +115,17 @@ func testReconcileEachWay(t *testing.T, s Store) {
 	require.True(t, r.Abandoned(e.clock.Now()), "still unknown: abandoned again")
 	require.Equal(t, uint32(2), r.Attempts)
 
-	byKey := map[string]receipts.Settlement{}
+	byKey := map[string]reconcile.Settlement{}
 	for _, s := range settled {
 		byKey[s.Key.ID] = s
 	}
 	require.Len(t, byKey, 4)
-	require.Equal(t, receipts.ReconcileCommitted, byKey["commit"].Outcome)
+	require.Equal(t, reconcile.Committed, byKey["commit"].Outcome)
 	require.NotNil(t, byKey["commit"].Receipt)
-	require.Equal(t, receipts.ReconcileFailed, byKey["fail"].Outcome)
+	require.Equal(t, reconcile.Failed, byKey["fail"].Outcome)
 	require.Equal(t, receipts.Failed, byKey["fail"].Receipt.State)
-	require.Equal(t, receipts.ReconcileForgotten, byKey["forget"].Outcome)
-	require.Equal(t, receipts.ReconcileUnknown, byKey["unknown"].Outcome)
+	require.Equal(t, reconcile.Forgotten, byKey["forget"].Outcome)
+	require.Equal(t, reconcile.Unknown, byKey["unknown"].Outcome)
 	require.ErrorContains(t, byKey["unknown"].Err, "provider timed out")
 	for _, s := range byKey {
 		require.Equal(t, uint32(2), s.Attempt)
@@ -142,7 +143,7 @@ func testReconcileBackoff(t *testing.T, s Store) {
 	e.abandoned(k, "fp")
 	var checks atomic.Int32
 	var settle atomic.Bool
-	rc := e.reconciler(receipts.ReconcilerOptions{
+	rc := e.reconciler(reconcile.Options{
 		MinBackoff: time.Minute,
 		MaxBackoff: 4 * time.Minute,
 		Check: func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) {
@@ -189,7 +190,7 @@ func testReconcileConcurrency(t *testing.T, s Store) {
 	var running, most atomic.Int32
 	full := make(chan struct{})
 	var fullOnce sync.Once
-	rc := e.reconciler(receipts.ReconcilerOptions{
+	rc := e.reconciler(reconcile.Options{
 		Concurrency: limit,
 		Check: func(ctx context.Context, _ *receipts.Lease, _ *receipts.Receipt) ([]byte, error) {
 			cur := running.Add(1)
@@ -228,7 +229,7 @@ func testReconcileTwo(t *testing.T, s Store) {
 	}
 	var mu sync.Mutex
 	checked := map[receipts.Key]int{}
-	opts := receipts.ReconcilerOptions{
+	opts := reconcile.Options{
 		Concurrency: 4,
 		Check: func(_ context.Context, l *receipts.Lease, r *receipts.Receipt) ([]byte, error) {
 			mu.Lock()
@@ -239,8 +240,8 @@ func testReconcileTwo(t *testing.T, s Store) {
 	}
 	a, b := e.reconciler(opts), e.reconciler(opts)
 	var wg sync.WaitGroup
-	stats := make([]receipts.ReconcileStats, 2)
-	for i, rc := range []*receipts.Reconciler{a, b} {
+	stats := make([]reconcile.Stats, 2)
+	for i, rc := range []*reconcile.Reconciler{a, b} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -264,7 +265,7 @@ func testReconcileScope(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
 	e.abandoned(key("mine", "k"), "fp")
 	e.abandoned(key("theirs", "k"), "fp")
-	rc := e.reconciler(receipts.ReconcilerOptions{
+	rc := e.reconciler(reconcile.Options{
 		Scope: "mine",
 		Check: func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) { return []byte("ok"), nil },
 	})
@@ -279,16 +280,16 @@ func testReconcilePanic(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
 	k := key("a", "k")
 	e.abandoned(k, "fp")
-	var got receipts.Settlement
-	rc := e.reconciler(receipts.ReconcilerOptions{
+	var got reconcile.Settlement
+	rc := e.reconciler(reconcile.Options{
 		Check: func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) {
 			panic("provider client bug")
 		},
-		OnSettle: func(s receipts.Settlement) { got = s },
+		OnSettle: func(s reconcile.Settlement) { got = s },
 	})
 	st := e.pass(rc)
 	require.Equal(t, 1, st.Unknown)
-	require.Equal(t, receipts.ReconcileUnknown, got.Outcome)
+	require.Equal(t, reconcile.Unknown, got.Outcome)
 	require.ErrorContains(t, got.Err, "provider client bug")
 	r := e.lookup(k)
 	require.True(t, r.Abandoned(e.clock.Now()))
@@ -303,7 +304,7 @@ func testReconcileRenews(t *testing.T, s Store) {
 	k := key("a", "k")
 	e.abandoned(k, "fp")
 	const short = 30 * time.Millisecond
-	rc := e.reconciler(receipts.ReconcilerOptions{
+	rc := e.reconciler(reconcile.Options{
 		LeaseFor: short,
 		Check: func(ctx context.Context, l *receipts.Lease, _ *receipts.Receipt) ([]byte, error) {
 			if l.TTL() != short {
@@ -332,8 +333,8 @@ func testReconcileRenews(t *testing.T, s Store) {
 				time.Sleep(time.Millisecond)
 			}
 		},
-		OnSettle: func(s receipts.Settlement) {
-			if s.Outcome != receipts.ReconcileCommitted {
+		OnSettle: func(s reconcile.Settlement) {
+			if s.Outcome != reconcile.Committed {
 				t.Errorf("settled %s: %v", s.Outcome, s.Err)
 			}
 		},
@@ -349,16 +350,16 @@ func testReconcileBackground(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
 	k := key("a", "k")
 	e.abandoned(k, "fp")
-	settled := make(chan receipts.Settlement, 16)
-	rc, err := e.db.NewReconciler(receipts.ReconcilerOptions{
+	settled := make(chan reconcile.Settlement, 16)
+	rc, err := reconcile.New(e.db, reconcile.Options{
 		Interval: 5 * time.Millisecond,
 		Check:    func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) { return []byte("bg"), nil },
-		OnSettle: func(s receipts.Settlement) { settled <- s },
+		OnSettle: func(s reconcile.Settlement) { settled <- s },
 	})
 	require.NoError(t, err)
 	s1 := recv(t, settled, "a background settlement")
 	require.Equal(t, k, s1.Key)
-	require.Equal(t, receipts.ReconcileCommitted, s1.Outcome)
+	require.Equal(t, reconcile.Committed, s1.Outcome)
 	require.NoError(t, rc.Close())
 	require.NoError(t, rc.Close(), "idempotent")
 	_, err = rc.Run(bg)
@@ -374,7 +375,7 @@ func testReconcileDBClose(t *testing.T, s Store) {
 	k := key("a", "k")
 	e.abandoned(k, "fp")
 	started := make(chan struct{})
-	rc, err := e.db.NewReconciler(receipts.ReconcilerOptions{
+	rc, err := reconcile.New(e.db, reconcile.Options{
 		Interval: -1,
 		Check: func(ctx context.Context, _ *receipts.Lease, _ *receipts.Receipt) ([]byte, error) {
 			close(started)
@@ -383,7 +384,7 @@ func testReconcileDBClose(t *testing.T, s Store) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan receipts.ReconcileStats, 1)
+	done := make(chan reconcile.Stats, 1)
 	go func() {
 		st, _ := rc.Run(bg)
 		done <- st
@@ -403,21 +404,21 @@ func testReconcileDBClose(t *testing.T, s Store) {
 func testReconcileOptions(t *testing.T, s Store) {
 	e := newEnv(t, s, nil)
 	check := func(context.Context, *receipts.Lease, *receipts.Receipt) ([]byte, error) { return nil, nil }
-	for name, o := range map[string]receipts.ReconcilerOptions{
+	for name, o := range map[string]reconcile.Options{
 		"no Check":           {},
 		"negative conc.":     {Check: check, Concurrency: -1},
-		"conc. too high":     {Check: check, Concurrency: receipts.MaxReconcileConcurrency + 1},
+		"conc. too high":     {Check: check, Concurrency: reconcile.MaxConcurrency + 1},
 		"interval too short": {Check: check, Interval: time.Nanosecond},
 		"max < min backoff":  {Check: check, Interval: -1, MinBackoff: time.Hour, MaxBackoff: time.Minute},
 		"negative backoff":   {Check: check, Interval: -1, MinBackoff: -time.Second},
 		"LeaseFor too long":  {Check: check, Interval: -1, LeaseFor: retention},
 		"negative LeaseFor":  {Check: check, Interval: -1, LeaseFor: -time.Second},
 	} {
-		rc, err := e.db.NewReconciler(o)
+		rc, err := reconcile.New(e.db, o)
 		require.ErrorIs(t, err, receipts.ErrInvalidOptions, name)
 		require.Nil(t, rc, name)
 	}
 	require.NoError(t, e.db.Close())
-	_, err := e.db.NewReconciler(receipts.ReconcilerOptions{Check: check})
+	_, err := reconcile.New(e.db, reconcile.Options{Check: check})
 	require.ErrorIs(t, err, receipts.ErrClosed)
 }

@@ -94,7 +94,7 @@ the claim was settled meanwhile, nothing is written (exit code 1). Without
 still alive (its lease live) is refused. It works on a store directory (--dir)
 or on PostgreSQL (--pg), next to the service's nodes; not through --addr (the
 admin endpoint is read-only). A service can do the same continuously with
-receipts.Reconciler.`,
+reconcile.Reconciler.`,
 		Example: `  receiptctl --dir ./data reconcile
   receiptctl --pg postgres://app@db/app reconcile --scope acct_7 --json
   receiptctl --dir ./data reconcile acct_7 op-42 --token 1093 --commit '{"charge":"ch_123"}'

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/reconcile"
 )
 
 // Size is the number of items a measurement uses: RECEIPTS_MEASURE_N, or
@@ -65,7 +66,7 @@ func Reconcile(t testing.TB, db *receipts.DB, n, workers int, passes []Pass) {
 
 	for _, p := range passes {
 		var checks atomic.Int64
-		rc, err := db.NewReconciler(receipts.ReconcilerOptions{
+		rc, err := reconcile.New(db, reconcile.Options{
 			Interval:    -1,
 			Concurrency: p.Concurrency,
 			Check: func(ctx context.Context, l *receipts.Lease, r *receipts.Receipt) ([]byte, error) {

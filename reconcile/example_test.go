@@ -1,4 +1,4 @@
-package receipts_test
+package reconcile_test
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/reconcile"
 )
 
 // A payment whose outcome is unknown (the service crashed after calling the
 // provider) is settled by a Reconciler, which asks the provider by
 // ProviderKey, before the client retries; the retry then gets the receipt
 // and charges nothing.
-func ExampleReconciler() {
+func Example() {
 	dir, _ := os.MkdirTemp("", "receipts-example")
 	defer os.RemoveAll(dir)
 	db, err := receipts.Open(dir, nil)
@@ -33,7 +34,7 @@ func ExampleReconciler() {
 	charged[l.ProviderKey()] = `{"charge":"ch_1"}` // the charge went through...
 	_ = l.Abandon(ctx)                             // ...and the response was lost
 
-	rc, err := db.NewReconciler(receipts.ReconcilerOptions{
+	rc, err := reconcile.New(db, reconcile.Options{
 		Interval: -1, // no background passes: this example calls Run
 		Check: func(ctx context.Context, l *receipts.Lease, r *receipts.Receipt) ([]byte, error) {
 			if c, ok := charged[l.ProviderKey()]; ok {
@@ -41,7 +42,7 @@ func ExampleReconciler() {
 			}
 			return nil, receipts.NotPerformed(errors.New("no charge")) // the key is free again
 		},
-		OnSettle: func(s receipts.Settlement) {
+		OnSettle: func(s reconcile.Settlement) {
 			fmt.Printf("%s: %s (attempt %d)\n", s.Key.ID, s.Outcome, s.Attempt)
 		},
 	})
