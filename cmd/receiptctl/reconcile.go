@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/receipthttp"
-	"github.com/receiptstore/receipts/receiptmcp"
+	"github.com/receiptstore/receipts/internal/settle"
 	"github.com/spf13/cobra"
 )
 
@@ -130,26 +126,26 @@ reconcile.Reconciler.`,
 			} else if n != 1 {
 				return usagef("settling needs exactly one of --commit RESULT, --fail RESULT, --not-performed, --http-status CODE and --mcp-result JSON")
 			}
-			var how settleHow
+			var how settle.How
 			switch {
 			case commitSet:
-				how = settleHow{state: receipts.Succeeded, result: []byte(commit)}
+				how = settle.How{State: receipts.Succeeded, Result: []byte(commit)}
 			case failSet:
-				how = settleHow{state: receipts.Failed, result: []byte(fail)}
+				how = settle.How{State: receipts.Failed, Result: []byte(fail)}
 			case httpSet:
 				resp, err := httpSettlement(httpStatus, httpHeaders, httpBody)
 				if err != nil {
 					return err
 				}
-				how = settleHow{face: faceHTTP, http: resp}
+				how = settle.How{HTTP: resp}
 			case mcpSet:
 				res, err := mcpSettlement(mcpResult)
 				if err != nil {
 					return err
 				}
-				how = settleHow{face: faceMCP, mcp: res}
+				how = settle.How{MCP: res}
 			default:
-				how = settleHow{notPerformed: true}
+				how = settle.How{NotPerformed: true}
 			}
 			db, closeDB, err := a.openWritable(cmd.Context())
 			if err != nil {
@@ -181,91 +177,54 @@ reconcile.Reconciler.`,
 	return cmd
 }
 
-// settleHow is how reconcile settles a claim: a raw result (state,
-// result), a front end's (face: http or mcp), or not performed.
-type settleHow struct {
-	state        receipts.State
-	result       []byte
-	notPerformed bool
-	face         string
-	http         *httpResponse
-	mcp          *mcp.CallToolResult
-}
-
-// The front ends whose keys reconcile recognises (receipthttp.Owns,
-// receiptmcp.Owns).
+// The front ends whose keys reconcile recognises (internal/settle, shared
+// with the console).
 const (
-	faceHTTP = "receipthttp"
-	faceMCP  = "receiptmcp"
+	faceHTTP = settle.FaceHTTP
+	faceMCP  = settle.FaceMCP
 )
 
 // faceOf names the front end that claimed r's key, "" if none did (or one
 // older than the marks).
-func faceOf(r *receipts.Receipt) string {
-	switch {
-	case receipthttp.Owns(r):
-		return faceHTTP
-	case receiptmcp.Owns(r):
-		return faceMCP
-	}
-	return ""
-}
+func faceOf(r *receipts.Receipt) string { return settle.FaceOf(r) }
 
-// fits refuses to settle a front end's key in another form: its retries
-// would be answered with an error for the whole retention.
-func (h settleHow) fits(k receipts.Key, face string) error {
-	if h.notPerformed || face == "" || face == h.face {
-		return nil
-	}
+// wrongFormFlags words a *settle.WrongFormError in reconcile's flags.
+func wrongFormFlags(e *settle.WrongFormError) error {
 	how := "--http-status (with --http-body, --http-header)"
 	form := "an HTTP response"
-	if face == faceMCP {
+	if e.Face == faceMCP {
 		how, form = "--mcp-result", "a tool result"
 	}
 	return fmt.Errorf("%s was claimed by %s: its retries are answered with %s stored in its receipt, and anything else would be answered with an error; settle it with %s or --not-performed: nothing written",
-		k, face, form, how)
-}
-
-// httpResponse is the response --http-status and its companions give.
-type httpResponse struct {
-	status int
-	header http.Header
-	body   []byte
+		e.Key, e.Face, form, how)
 }
 
 // httpSettlement checks the response --http-status, --http-header and
 // --http-body give, before anything is taken over.
-func httpSettlement(status int, headers []string, body string) (*httpResponse, error) {
-	h := http.Header{}
-	for _, line := range headers {
-		name, value, ok := strings.Cut(line, ":")
-		if !ok || strings.TrimSpace(name) == "" {
-			return nil, usagef("--http-header %q: want 'Name: value'", line)
-		}
-		h.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+func httpSettlement(status int, headers []string, body string) (*settle.Response, error) {
+	h, err := settle.ParseHeaders(headers)
+	if err != nil {
+		return nil, usagef("--http-header: %v", err)
 	}
-	switch receipthttp.DefaultPolicy(status) {
-	case receipthttp.Release:
+	resp, err := settle.HTTPResponse(status, h, []byte(body))
+	switch {
+	case errors.Is(err, settle.ErrDeclined):
 		return nil, usagef("--http-status %d means the handler declined, which receipthttp does not store: use --not-performed", status)
-	case receipthttp.Abandon:
+	case errors.Is(err, settle.ErrNoOutcome):
 		return nil, usagef("--http-status %d is no outcome (receipthttp stores none for 5xx): settle with what happened", status)
-	}
-	if _, err := receipthttp.EncodeResponse(status, h, []byte(body)); err != nil {
+	case err != nil:
 		return nil, usagef("%v", err)
 	}
-	return &httpResponse{status: status, header: h, body: []byte(body)}, nil
+	return resp, nil
 }
 
 // mcpSettlement parses and checks the tool result --mcp-result gives.
 func mcpSettlement(js string) (*mcp.CallToolResult, error) {
-	var res mcp.CallToolResult
-	if err := json.Unmarshal([]byte(js), &res); err != nil {
-		return nil, usagef("--mcp-result is not a tool result (CallToolResult JSON): %v", err)
-	}
-	if _, err := receiptmcp.EncodeResult(&res); err != nil {
+	res, err := settle.MCPResult(js)
+	if err != nil {
 		return nil, usagef("--mcp-result: %v", err)
 	}
-	return &res, nil
+	return res, nil
 }
 
 // openWritable opens the store for a command that writes: the directory
@@ -323,58 +282,18 @@ func (a *app) reconcileList(ctx context.Context, db *receipts.DB, scope string) 
 	return a.reportProblems(problems)
 }
 
-func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how settleHow, opts []receipts.ClaimOption) error {
-	r, err := db.Lookup(ctx, k)
-	switch {
-	case errors.Is(err, receipts.ErrNotFound):
-		return fmt.Errorf("%s: not found: no claim to settle", k)
-	case err != nil:
-		return err
-	case r.State != receipts.Pending:
-		return fmt.Errorf("%s is already settled (%s): nothing to do", k, r.State)
-	case token != 0 && r.Token != token:
-		return fmt.Errorf("%s: the listed attempt (token %d) is gone; attempt %d (token %d) holds it now: nothing written",
-			k, token, r.Attempts, r.Token)
+func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how settle.How, opts []receipts.ClaimOption) error {
+	out, err := settle.One(ctx, db, k, token, how, opts...)
+	var wf *settle.WrongFormError
+	if errors.As(err, &wf) {
+		return wrongFormFlags(wf)
 	}
-	face := faceOf(r)
-	if err := how.fits(k, face); err != nil {
+	if err != nil {
 		return err
 	}
-	l, err := db.TakeOver(ctx, r, opts...)
-	var ip *receipts.InProgressError
-	switch {
-	case errors.As(err, &ip):
-		return fmt.Errorf("%s: its holder's lease is live (attempt %d, token %d): it is not abandoned; try after %s",
-			k, r.Attempts, r.Token, ip.RetryAfter.Round(time.Millisecond))
-	case errors.Is(err, receipts.ErrLeaseLost):
-		return fmt.Errorf("%s: another attempt took the claim, or it was settled, since it was read: nothing written", k)
-	case err != nil:
-		return err
-	}
-	res := reconcileResult{Scope: k.Scope, ID: k.ID, Face: face, Attempts: l.Attempt(), Token: l.Token()}
-	if how.notPerformed {
-		if err := l.Forget(ctx); err != nil {
-			return fmt.Errorf("%s: freeing the key: %w", k, err)
-		}
-		res.Settled = "not_performed"
-	} else {
-		var rec *receipts.Receipt
-		switch {
-		case how.http != nil:
-			rec, err = receipthttp.SettleResponse(ctx, l, how.http.status, how.http.header, how.http.body)
-		case how.mcp != nil:
-			rec, err = receiptmcp.SettleResult(ctx, l, how.mcp)
-		case how.state == receipts.Failed:
-			rec, err = l.Fail(ctx, how.result)
-		default:
-			rec, err = l.Commit(ctx, how.result)
-		}
-		if err != nil {
-			_ = l.Abandon(context.WithoutCancel(ctx))
-			return fmt.Errorf("%s: recording the outcome: %w (the claim stays abandoned)", k, err)
-		}
-		res.Settled = rec.State.String()
-		res.Receipt = &reconcileState{State: rec.State.String(), ExpiresAt: rec.ExpiresAt.UTC()}
+	res := reconcileResult{Scope: k.Scope, ID: k.ID, Face: out.Face, Attempts: out.Attempts, Token: out.Token, Settled: out.Settled()}
+	if out.Receipt != nil {
+		res.Receipt = &reconcileState{State: out.Receipt.State.String(), ExpiresAt: out.Receipt.ExpiresAt.UTC()}
 	}
 	if a.json {
 		return writeJSON(a.stdout, res)
