@@ -601,6 +601,7 @@ func (e *engine) durabilityMetrics() []driver.Metric {
 		{Name: "postgres_primary", Help: "1 while the engine's sessions are on a primary (pg_is_in_recovery is false).", Value: b(r.err == nil && r.primary)},
 		{Name: "postgres_replication_visible", Help: "1 if the engine's role may read pg_stat_replication's details (superuser, pg_monitor or pg_read_all_stats); 0: postgres_sync_standby_up cannot tell.", Value: b(r.err == nil && r.visible)},
 		{Name: "postgres_commit_check", Help: "1 if the pool's notice handler is in place (pgstore.Configure): a COMMIT whose wait for the synchronous standby was cancelled is then told, and its outcome treated as unknown.", Value: b(e.commitCheck.Load())},
+		{Name: "postgres_require_sync_standby", Help: "1 if Options.RequireSyncStandby is set: claims are refused while a commit might not survive a failover.", Value: b(e.o.RequireSyncStandby)},
 		{Name: "postgres_commits_unconfirmed_total", Help: "COMMITs PostgreSQL made on the primary only (it warned that the wait for the synchronous standby was cancelled); each was reported as unknown, never as durable.", Value: float64(e.unconfirmed.Load()), Counter: true},
 	}
 }

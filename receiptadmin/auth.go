@@ -52,10 +52,18 @@ func BearerToken(token string) func(r *http.Request) error {
 	}
 }
 
-// allowed decides whether r may be served: the Authorize hook's answer, or loopback only.
-func (h *handler) allowed(r *http.Request) (int, error) {
-	if h.authorize != nil {
-		err := h.authorize(r)
+// ErrNotLoopback is what Allowed answers (wrapped, with 403) for a request from off
+// loopback when no Authorize hook was given.
+var ErrNotLoopback = errors.New("receiptadmin: refused a request from off loopback")
+
+// Allowed decides whether r may be served, as Handler decides it, so that other
+// operator pages (package receiptconsole) share its rule: authorize's answer when it is
+// not nil (0 and nil to serve; 401 and its error if the error wraps ErrUnauthenticated;
+// 403 and its error otherwise), else loopback only (403 and an error wrapping
+// ErrNotLoopback for any other address).
+func Allowed(r *http.Request, authorize func(r *http.Request) error) (int, error) {
+	if authorize != nil {
+		err := authorize(r)
 		switch {
 		case err == nil:
 			return 0, nil
@@ -67,7 +75,16 @@ func (h *handler) allowed(r *http.Request) (int, error) {
 	if loopback(r.RemoteAddr) {
 		return 0, nil
 	}
-	return http.StatusForbidden, fmt.Errorf("receiptadmin: refused a request from %s: without receiptadmin.Authorize the admin handler answers loopback only (it shows every scope's keys and results); serve it to others with Authorize(receiptadmin.BearerToken(...)) or the service's own check", r.RemoteAddr)
+	return http.StatusForbidden, fmt.Errorf("%w %s", ErrNotLoopback, r.RemoteAddr)
+}
+
+// allowed decides whether r may be served: the Authorize hook's answer, or loopback only.
+func (h *handler) allowed(r *http.Request) (int, error) {
+	status, err := Allowed(r, h.authorize)
+	if errors.Is(err, ErrNotLoopback) {
+		return status, fmt.Errorf("receiptadmin: refused a request from %s: without receiptadmin.Authorize the admin handler answers loopback only (it shows every scope's keys and results); serve it to others with Authorize(receiptadmin.BearerToken(...)) or the service's own check: %w", r.RemoteAddr, ErrNotLoopback)
+	}
+	return status, err
 }
 
 // loopback reports whether addr (host:port, as http.Request.RemoteAddr) is a loopback
