@@ -139,7 +139,7 @@ key or filter the store refuses).`,
 		"offline, DANGEROUS: use this retention instead of the one the store records (records older than it look expired; gc drops them for good and records it as the store's retention)")
 
 	root.AddCommand(a.versionCmd(), a.getCmd(), a.lsCmd(), a.statsCmd(), a.gcCmd(), a.verifyCmd(), a.exportCmd(), a.reconcileCmd(), a.actionsCmd(), a.demoCmd(), a.demoChildCmd(), a.demoHostCmd())
-	root.AddCommand(a.eraseCmd(), a.erasuresCmd())
+	root.AddCommand(a.eraseCmd(), a.erasuresCmd(), a.consoleCmd())
 	return root
 }
 
