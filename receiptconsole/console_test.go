@@ -420,7 +420,7 @@ func TestErase(t *testing.T) {
 			var log bytes.Buffer
 			cs := serveConsole(t, db, &receiptconsole.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			p := cs.get(t, "erase?scope=bob")
-			require.Contains(t, text(p.doc), "1 records of this scope would be deleted")
+			require.Contains(t, text(p.doc), "1 record of this scope would be deleted")
 			form := p.form(t, "erase")
 			form.Set("confirm", "carol")
 			p = cs.post(t, "erase", form, nil)
@@ -440,7 +440,7 @@ func TestErase(t *testing.T) {
 			require.ErrorIs(t, err, receipts.ErrNotFound)
 			require.Contains(t, log.String(), "erased a scope")
 			require.NotContains(t, log.String(), "bob")
-			require.Contains(t, text(cs.get(t, "").doc), "1 erasures in force")
+			require.Contains(t, text(cs.get(t, "").doc), "1 erasure in force")
 		})
 	}
 }

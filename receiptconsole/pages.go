@@ -30,7 +30,7 @@ var templateFS embed.FS
 var styleCSS []byte
 
 var pages = func() map[string]*template.Template {
-	funcs := template.FuncMap{"when": when, "ago": ago}
+	funcs := template.FuncMap{"when": when, "ago": ago, "plural": plural}
 	base := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	m := map[string]*template.Template{}
 	for _, name := range []string{"overview", "needs", "key", "settle", "erase", "fail"} {
@@ -101,6 +101,14 @@ func when(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05 UTC")
+}
+
+// plural picks the singular or the plural form for n.
+func plural(n any, one, many string) string {
+	if fmt.Sprint(n) == "1" {
+		return one
+	}
+	return many
 }
 
 // ago renders how long before now t was (or "in ..." for a time to come).

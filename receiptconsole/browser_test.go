@@ -1,0 +1,197 @@
+package receiptconsole_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/receiptconsole"
+	"github.com/stretchr/testify/require"
+)
+
+// EnvUpdateScreenshots makes TestBrowser rewrite the screenshots in docs/ (as the
+// transcripts are rewritten): RECEIPTS_UPDATE_SCREENSHOTS=1 go test -run TestBrowser ./receiptconsole
+const envUpdateScreenshots = "RECEIPTS_UPDATE_SCREENSHOTS"
+
+// browser starts headless Chromium (Debian's package, found on PATH; nothing is
+// downloaded) and returns a context to drive it; it is stopped when t ends. Without
+// Chromium the test is skipped, or fails under CI=true.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the browser test must run in CI: no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+		}
+		t.Skip("no chromium on PATH: apt-get install chromium to run the browser test")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox, // as root in a container
+		chromedp.Headless,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 800),
+		chromedp.WSURLReadTimeout(60*time.Second),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		_ = chromedp.Cancel(ctx) // closes the browser and waits for it
+		cancel()
+		cancelAlloc()
+	})
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")), "starting %s", path)
+	return ctx
+}
+
+// TestBrowser drives a real browser against the console of a real store on each engine,
+// as an operator does, with the keyboard: the overview shows the unknown outcome; Needs a
+// person lists it; a page of another site cannot settle it (its POST is refused); the
+// settle form records the HTTP response its retries get, the confirmation typed key by
+// key; and a real retry through receipthttp then gets that response, without running the
+// handler again.
+func TestBrowser(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("-short")
+			}
+			db := e.open(t, nil)
+			svc := newService(t, db)
+			for i := range 5 {
+				status, _, _ := svc.order(t, "alice", fmt.Sprintf("op-%d", i))
+				require.Equal(t, http.StatusCreated, status)
+			}
+			svc.abandonHTTP(t, "alice", "op-lost")
+			runs := svc.runs.Load()
+			cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
+			ctx := browser(t)
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Navigate(cs.url("")),
+				chromedp.WaitVisible(chromedp.CSS(`main`)),
+			))
+			overview := mainText(t, ctx)
+			require.Contains(t, overview, "1 unknown outcome waiting")
+			screenshot(t, ctx, e.name, "console-overview.png")
+
+			// Needs a person, reached by keyboard from the overview's link.
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Focus(chromedp.CSS(`a[href="needs"]`)),
+				chromedp.KeyEvent(kb.Enter),
+				chromedp.WaitVisible(chromedp.Search(`//h1[text()="Needs a person"]`)),
+			))
+			needs := mainText(t, ctx)
+			require.Contains(t, needs, "op-lost")
+			require.Contains(t, needs, db.ProviderKey(receipts.Key{Scope: "alice", ID: "op-lost"}))
+
+			// Open its settle form.
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Focus(chromedp.Search(`//tr[td/code[text()="op-lost"]]//a[text()="Settle"]`)),
+				chromedp.KeyEvent(kb.Enter),
+				chromedp.WaitVisible(chromedp.ID(`confirm`)),
+			))
+			settleURL, err := chromedp.Run(ctx, chromedp.Location())
+			require.NoError(t, err)
+			require.NotContains(t, settleURL, "op-lost", "the settle page's URL names the key")
+
+			// A page of another site posts the same form: refused, nothing changes.
+			crossSitePost(t, ctx, cs)
+			require.Len(t, abandoned(t, db), 1)
+
+			// Fill the HTTP face's form by keyboard and submit with Enter.
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Navigate(settleURL),
+				chromedp.WaitVisible(chromedp.ID(`confirm`)),
+				chromedp.Clear(chromedp.ID(`status`)),
+				chromedp.SendKeys(chromedp.ID(`status`), "201"),
+				chromedp.SendKeys(chromedp.ID(`headers`), "Content-Type: application/json"),
+				chromedp.SendKeys(chromedp.ID(`body`), `{"order":"settled by an operator"}`),
+				chromedp.SendKeys(chromedp.ID(`confirm`), "op-lost"),
+			))
+			dialog := mainText(t, ctx)
+			require.Contains(t, dialog, "What a retry gets afterwards")
+			screenshot(t, ctx, e.name, "console-settle.png")
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.SendKeys(chromedp.ID(`confirm`), kb.Enter),
+				chromedp.WaitVisible(chromedp.CSS(`.flash`)),
+			))
+			after := mainText(t, ctx)
+			require.Contains(t, after, "Settled")
+			require.Contains(t, after, "succeeded")
+			require.Empty(t, abandoned(t, db))
+
+			status, body, replayed := svc.order(t, "alice", "op-lost")
+			require.Equal(t, http.StatusCreated, status)
+			require.JSONEq(t, `{"order":"settled by an operator"}`, body)
+			require.True(t, replayed)
+			require.Equal(t, runs, svc.runs.Load(), "the retry ran the handler again")
+		})
+	}
+}
+
+// crossSitePost opens a page of another origin (localhost, another port) whose form posts
+// the settle form to the console, submits it, and requires the console's refusal.
+func crossSitePost(t *testing.T, ctx context.Context, cs *consoleServer) {
+	t.Helper()
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><html lang="en"><title>win a prize</title>
+<form method="post" action="%s"><input name="outcome" value="not_performed"><input name="confirm" value="op-lost">
+<button id="go" type="submit">Claim your prize</button></form></html>`, cs.url("settle"))
+	}))
+	defer evil.Close()
+	evilURL := strings.Replace(evil.URL, "127.0.0.1", "localhost", 1)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(evilURL),
+		chromedp.WaitVisible(chromedp.ID(`go`)),
+		chromedp.Click(chromedp.ID(`go`)),
+		chromedp.WaitVisible(chromedp.Search(`//h1[text()="Forbidden"]`)),
+	))
+	require.Contains(t, mainText(t, ctx), "cross-site")
+}
+
+// screenshot saves the page into docs/name when RECEIPTS_UPDATE_SCREENSHOTS=1 (from the
+// Pebble run only).
+func screenshot(t *testing.T, ctx context.Context, engine, name string) {
+	t.Helper()
+	if os.Getenv(envUpdateScreenshots) != "1" || engine != "pebble" {
+		return
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join("..", "docs", name), png, 0o644))
+	t.Logf("wrote docs/%s", name)
+}
+
+// mainText is the text of the page's main element.
+func mainText(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`main`)))
+	require.NoError(t, err)
+	return s
+}
