@@ -32,6 +32,12 @@
 //
 // Bad input (an unknown key, a status receipthttp does not store, a confirmation that does
 // not match) is answered on the page with what was wrong, and nothing changes.
+//
+// # Settling without the pages
+//
+// Settle is what the Settle page does, as a function: `receiptctl reconcile SCOPE ID` uses
+// it too, so both settle a claim the same way (fenced by the listed attempt's token, in the
+// form of the front end that claimed the key).
 package receiptconsole
 
 import (

@@ -19,7 +19,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/settle"
 	"github.com/receiptstore/receipts/receipthttp"
 )
 
@@ -156,9 +155,9 @@ func typedPart(s string) string {
 // faceName names a face for people.
 func faceName(face string) string {
 	switch face {
-	case settle.FaceHTTP:
+	case FaceHTTP:
 		return "HTTP (receipthttp)"
-	case settle.FaceMCP:
+	case FaceMCP:
 		return "MCP (receiptmcp)"
 	}
 	return "library"
@@ -266,7 +265,7 @@ type keyRow struct {
 func (c *console) keyRow(rec *receipts.Receipt, now time.Time) keyRow {
 	return keyRow{
 		Scope: showPart(rec.Key.Scope), ID: showPart(rec.Key.ID), Ref: c.ref(rec.Key),
-		Face: faceName(settle.FaceOf(rec)), State: rec.State.String(), Abandoned: rec.Abandoned(now),
+		Face: faceName(FaceOf(rec)), State: rec.State.String(), Abandoned: rec.Abandoned(now),
 		Attempts: rec.Attempts, Token: rec.Token, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt,
 		LeaseEnds: rec.LeaseExpiresAt, ExpiresAt: rec.ExpiresAt, ProviderKey: c.db.ProviderKey(rec.Key),
 	}
@@ -448,7 +447,7 @@ func bodyText(b []byte) string {
 type settleData struct {
 	Ref       string
 	Row       keyRow
-	Face      string // settle.FaceHTTP, settle.FaceMCP or ""
+	Face      string // FaceHTTP, FaceMCP or ""
 	FaceName  string
 	Form      settleForm
 	Outcomes  []outcomeOption
@@ -470,21 +469,21 @@ type outcomeOption struct {
 func outcomes(face, selected string) []outcomeOption {
 	var o []outcomeOption
 	switch face {
-	case settle.FaceHTTP:
+	case FaceHTTP:
 		o = append(o, outcomeOption{Value: "http", Label: "It happened (or failed for good): record the HTTP response",
 			RetryGets: "every retry until the receipt expires gets the response entered here (2xx or 3xx as a success, 4xx as a definitive failure); nothing runs again"})
-	case settle.FaceMCP:
+	case FaceMCP:
 		o = append(o, outcomeOption{Value: "mcp", Label: "It happened: record the tool result",
 			RetryGets: "every retry until the receipt expires gets the tool result entered here (isError: true as a definitive failure); nothing runs again"})
 	default:
 		o = append(o,
 			outcomeOption{Value: "succeeded", Label: "It happened: record a Succeeded receipt with the result",
-				RetryGets: settle.RetryGets(settle.How{State: receipts.Succeeded}, "")},
+				RetryGets: retryGets(Settlement{State: receipts.Succeeded}, "")},
 			outcomeOption{Value: "failed", Label: "It failed for good: record a Failed receipt with the result",
-				RetryGets: settle.RetryGets(settle.How{State: receipts.Failed}, "")})
+				RetryGets: retryGets(Settlement{State: receipts.Failed}, "")})
 	}
 	o = append(o, outcomeOption{Value: "not_performed", Label: "It did not happen: forget the claim (NotPerformed)",
-		RetryGets: settle.RetryGets(settle.How{NotPerformed: true}, "")})
+		RetryGets: retryGets(Settlement{NotPerformed: true}, "")})
 	if selected == "" {
 		selected = o[0].Value
 	}
@@ -508,7 +507,7 @@ func (c *console) settleView(ctx context.Context, ref string, now time.Time, f s
 	if err != nil {
 		return nil, http.StatusInternalServerError, err.Error()
 	}
-	d := &settleData{Ref: ref, Row: c.keyRow(rec, now), Face: settle.FaceOf(rec), Form: f}
+	d := &settleData{Ref: ref, Row: c.keyRow(rec, now), Face: FaceOf(rec), Form: f}
 	d.FaceName = faceName(d.Face)
 	d.Outcomes = outcomes(d.Face, f.Outcome)
 	d.Confirm = showPart(rec.Key.ID)
@@ -522,7 +521,7 @@ func (c *console) settleView(ctx context.Context, ref string, now time.Time, f s
 	default:
 		d.CanSettle = true
 	}
-	if d.Form.Status == "" && d.Face == settle.FaceHTTP {
+	if d.Form.Status == "" && d.Face == FaceHTTP {
 		d.Form.Status = "200"
 	}
 	return d, 0, ""
@@ -576,7 +575,7 @@ func (c *console) settlePost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k, _ := c.unref(ref) // settleView checked it
-	out, err := settle.One(ctx, c.db, k, token, how)
+	out, err := Settle(ctx, c.db, k, token, how)
 	if err != nil {
 		status := http.StatusConflict
 		if errors.Is(err, receipts.ErrClosed) {
@@ -590,29 +589,29 @@ func (c *console) settlePost(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "key?k="+c.ref(k)+"&done=settled", http.StatusSeeOther)
 }
 
-// parseHow reads the settle form into a settle.How, checking it against the claim's face.
-func parseHow(face string, f settleForm) (settle.How, error) {
+// parseHow reads the settle form into a Settlement, checking it against the claim's face.
+func parseHow(face string, f settleForm) (Settlement, error) {
 	valid := slices.ContainsFunc(outcomes(face, ""), func(o outcomeOption) bool { return o.Value == f.Outcome })
 	if !valid {
-		return settle.How{}, fmt.Errorf("Choose how it ended: %q is not one of this key's outcomes (a %s key).", f.Outcome, faceName(face))
+		return Settlement{}, fmt.Errorf("Choose how it ended: %q is not one of this key's outcomes (a %s key).", f.Outcome, faceName(face))
 	}
 	switch f.Outcome {
 	case "not_performed":
-		return settle.How{NotPerformed: true}, nil
+		return Settlement{NotPerformed: true}, nil
 	case "succeeded":
-		return settle.How{State: receipts.Succeeded, Result: []byte(f.Result)}, nil
+		return Settlement{State: receipts.Succeeded, Result: []byte(f.Result)}, nil
 	case "failed":
-		return settle.How{State: receipts.Failed, Result: []byte(f.Result)}, nil
+		return Settlement{State: receipts.Failed, Result: []byte(f.Result)}, nil
 	case "mcp":
-		res, err := settle.MCPResult(f.Result)
+		res, err := ParseToolResult(f.Result)
 		if err != nil {
-			return settle.How{}, fmt.Errorf("The tool result: %w", err)
+			return Settlement{}, fmt.Errorf("The tool result: %w", err)
 		}
-		return settle.How{MCP: res}, nil
+		return Settlement{MCP: res}, nil
 	}
 	st, err := strconv.Atoi(strings.TrimSpace(f.Status))
 	if err != nil {
-		return settle.How{}, fmt.Errorf("The HTTP status %q is not a number.", f.Status)
+		return Settlement{}, fmt.Errorf("The HTTP status %q is not a number.", f.Status)
 	}
 	var lines []string
 	for line := range strings.Lines(f.Headers) {
@@ -620,20 +619,20 @@ func parseHow(face string, f settleForm) (settle.How, error) {
 			lines = append(lines, line)
 		}
 	}
-	h, err := settle.ParseHeaders(lines)
+	h, err := ParseHeaders(lines)
 	if err != nil {
-		return settle.How{}, fmt.Errorf("The headers: %w", err)
+		return Settlement{}, fmt.Errorf("The headers: %w", err)
 	}
-	resp, err := settle.HTTPResponse(st, h, []byte(f.Body))
+	resp, err := NewHTTPResponse(st, h, []byte(f.Body))
 	switch {
-	case errors.Is(err, settle.ErrDeclined):
-		return settle.How{}, fmt.Errorf("HTTP %d means the handler declined, which receipthttp does not store: if the action did not happen, choose \"It did not happen\".", st)
-	case errors.Is(err, settle.ErrNoOutcome):
-		return settle.How{}, fmt.Errorf("HTTP %d is no outcome (receipthttp stores none for 5xx): settle with what happened at the provider.", st)
+	case errors.Is(err, ErrDeclined):
+		return Settlement{}, fmt.Errorf("HTTP %d means the handler declined, which receipthttp does not store: if the action did not happen, choose \"It did not happen\".", st)
+	case errors.Is(err, ErrNoOutcome):
+		return Settlement{}, fmt.Errorf("HTTP %d is no outcome (receipthttp stores none for 5xx): settle with what happened at the provider.", st)
 	case err != nil:
-		return settle.How{}, fmt.Errorf("The response cannot be stored: %w", err)
+		return Settlement{}, fmt.Errorf("The response cannot be stored: %w", err)
 	}
-	return settle.How{HTTP: resp}, nil
+	return Settlement{HTTP: resp}, nil
 }
 
 // Erasure.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/internal/settle"
+	"github.com/receiptstore/receipts/receiptconsole"
 	"github.com/spf13/cobra"
 )
 
@@ -126,26 +126,26 @@ reconcile.Reconciler.`,
 			} else if n != 1 {
 				return usagef("settling needs exactly one of --commit RESULT, --fail RESULT, --not-performed, --http-status CODE and --mcp-result JSON")
 			}
-			var how settle.How
+			var how receiptconsole.Settlement
 			switch {
 			case commitSet:
-				how = settle.How{State: receipts.Succeeded, Result: []byte(commit)}
+				how = receiptconsole.Settlement{State: receipts.Succeeded, Result: []byte(commit)}
 			case failSet:
-				how = settle.How{State: receipts.Failed, Result: []byte(fail)}
+				how = receiptconsole.Settlement{State: receipts.Failed, Result: []byte(fail)}
 			case httpSet:
 				resp, err := httpSettlement(httpStatus, httpHeaders, httpBody)
 				if err != nil {
 					return err
 				}
-				how = settle.How{HTTP: resp}
+				how = receiptconsole.Settlement{HTTP: resp}
 			case mcpSet:
 				res, err := mcpSettlement(mcpResult)
 				if err != nil {
 					return err
 				}
-				how = settle.How{MCP: res}
+				how = receiptconsole.Settlement{MCP: res}
 			default:
-				how = settle.How{NotPerformed: true}
+				how = receiptconsole.Settlement{NotPerformed: true}
 			}
 			db, closeDB, err := a.openWritable(cmd.Context())
 			if err != nil {
@@ -177,19 +177,19 @@ reconcile.Reconciler.`,
 	return cmd
 }
 
-// The front ends whose keys reconcile recognises (internal/settle, shared
-// with the console).
+// The front ends whose keys reconcile recognises (shared with the console:
+// receiptconsole.Settle).
 const (
-	faceHTTP = settle.FaceHTTP
-	faceMCP  = settle.FaceMCP
+	faceHTTP = receiptconsole.FaceHTTP
+	faceMCP  = receiptconsole.FaceMCP
 )
 
 // faceOf names the front end that claimed r's key, "" if none did (or one
 // older than the marks).
-func faceOf(r *receipts.Receipt) string { return settle.FaceOf(r) }
+func faceOf(r *receipts.Receipt) string { return receiptconsole.FaceOf(r) }
 
-// wrongFormFlags words a *settle.WrongFormError in reconcile's flags.
-func wrongFormFlags(e *settle.WrongFormError) error {
+// wrongFormFlags words a *receiptconsole.WrongFormError in reconcile's flags.
+func wrongFormFlags(e *receiptconsole.WrongFormError) error {
 	how := "--http-status (with --http-body, --http-header)"
 	form := "an HTTP response"
 	if e.Face == faceMCP {
@@ -201,16 +201,16 @@ func wrongFormFlags(e *settle.WrongFormError) error {
 
 // httpSettlement checks the response --http-status, --http-header and
 // --http-body give, before anything is taken over.
-func httpSettlement(status int, headers []string, body string) (*settle.Response, error) {
-	h, err := settle.ParseHeaders(headers)
+func httpSettlement(status int, headers []string, body string) (*receiptconsole.HTTPResponse, error) {
+	h, err := receiptconsole.ParseHeaders(headers)
 	if err != nil {
 		return nil, usagef("--http-header: %v", err)
 	}
-	resp, err := settle.HTTPResponse(status, h, []byte(body))
+	resp, err := receiptconsole.NewHTTPResponse(status, h, []byte(body))
 	switch {
-	case errors.Is(err, settle.ErrDeclined):
+	case errors.Is(err, receiptconsole.ErrDeclined):
 		return nil, usagef("--http-status %d means the handler declined, which receipthttp does not store: use --not-performed", status)
-	case errors.Is(err, settle.ErrNoOutcome):
+	case errors.Is(err, receiptconsole.ErrNoOutcome):
 		return nil, usagef("--http-status %d is no outcome (receipthttp stores none for 5xx): settle with what happened", status)
 	case err != nil:
 		return nil, usagef("%v", err)
@@ -220,7 +220,7 @@ func httpSettlement(status int, headers []string, body string) (*settle.Response
 
 // mcpSettlement parses and checks the tool result --mcp-result gives.
 func mcpSettlement(js string) (*mcp.CallToolResult, error) {
-	res, err := settle.MCPResult(js)
+	res, err := receiptconsole.ParseToolResult(js)
 	if err != nil {
 		return nil, usagef("--mcp-result: %v", err)
 	}
@@ -282,9 +282,9 @@ func (a *app) reconcileList(ctx context.Context, db *receipts.DB, scope string) 
 	return a.reportProblems(problems)
 }
 
-func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how settle.How, opts []receipts.ClaimOption) error {
-	out, err := settle.One(ctx, db, k, token, how, opts...)
-	var wf *settle.WrongFormError
+func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how receiptconsole.Settlement, opts []receipts.ClaimOption) error {
+	out, err := receiptconsole.Settle(ctx, db, k, token, how, opts...)
+	var wf *receiptconsole.WrongFormError
 	if errors.As(err, &wf) {
 		return wrongFormFlags(wf)
 	}

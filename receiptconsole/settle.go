@@ -1,13 +1,14 @@
-// Package settle settles one abandoned claim by hand, in the form its front end replays:
-// what `receiptctl reconcile SCOPE ID` and the operators' console (package receiptconsole)
-// both do. It takes over exactly the listed attempt (receipts.DB.TakeOver), then records
-// a raw result, an HTTP response (receipthttp), a tool result (receiptmcp), or nothing
-// (the effect did not happen: the key is forgotten).
+package receiptconsole
+
+// Settling one abandoned claim by hand, in the form its front end replays: what the
+// console's Settle page and `receiptctl reconcile SCOPE ID` both do. Settle takes over
+// exactly the listed attempt (receipts.DB.TakeOver), then records a raw result, an HTTP
+// response (receipthttp), a tool result (receiptmcp), or nothing (the effect did not
+// happen: the key is forgotten).
 //
 // Each caller words its own refusals (flags for receiptctl, form fields for the console):
 // the checks that depend on how the settlement was asked for return typed errors
 // (*WrongFormError, and errors wrapping ErrDeclined, ErrNoOutcome and ErrBadInput).
-package settle
 
 import (
 	"context"
@@ -46,27 +47,27 @@ func FaceOf(r *receipts.Receipt) string {
 var (
 	// ErrBadInput: the settlement given cannot be stored (a header line without a
 	// colon, a response or tool result the front end cannot encode).
-	ErrBadInput = errors.New("settle: bad input")
+	ErrBadInput = errors.New("receiptconsole: bad input")
 	// ErrDeclined: an HTTP status that means the handler declined (409, 429), which
 	// receipthttp does not store: the claim is to be settled as not performed.
-	ErrDeclined = errors.New("settle: the status means the handler declined")
+	ErrDeclined = errors.New("receiptconsole: the status means the handler declined")
 	// ErrNoOutcome: an HTTP status that is no outcome (5xx), which receipthttp does not
 	// store.
-	ErrNoOutcome = errors.New("settle: the status is no outcome")
+	ErrNoOutcome = errors.New("receiptconsole: the status is no outcome")
 )
 
-// How is how a claim is settled: a raw result (State, Result), a front end's form (HTTP
+// Settlement is how a claim is settled: a raw result (State, Result), a front end's form (HTTP
 // or MCP), or not performed. Exactly one is meant to be set.
-type How struct {
+type Settlement struct {
 	State        receipts.State // Succeeded or Failed, with Result (the library's form)
 	Result       []byte
 	NotPerformed bool
-	HTTP         *Response           // receipthttp's form
+	HTTP         *HTTPResponse       // receipthttp's form
 	MCP          *mcp.CallToolResult // receiptmcp's form
 }
 
-// Face is the front end whose form h is in ("" for a raw result or not performed).
-func (h How) Face() string {
+// face is the front end whose form h is in ("" for a raw result or not performed).
+func (h Settlement) face() string {
 	switch {
 	case h.HTTP != nil:
 		return FaceHTTP
@@ -86,11 +87,11 @@ type WrongFormError struct {
 // Error says which form the key needs, in words that name no flag or field.
 func (e *WrongFormError) Error() string {
 	return fmt.Sprintf("%s was claimed by %s: its retries are answered with %s stored in its receipt, and anything else would be answered with an error; settle it in that form, or as not performed: nothing written",
-		e.Key, e.Face, FormName(e.Face))
+		e.Key, e.Face, formName(e.Face))
 }
 
-// FormName describes what a front end's retries are answered with.
-func FormName(face string) string {
+// formName describes what a front end's retries are answered with.
+func formName(face string) string {
 	switch face {
 	case FaceHTTP:
 		return "an HTTP response"
@@ -100,16 +101,16 @@ func FormName(face string) string {
 	return "the stored result"
 }
 
-// Fits refuses (a *WrongFormError) to settle a key that face claimed in another form.
-func (h How) Fits(k receipts.Key, face string) error {
-	if h.NotPerformed || face == "" || face == h.Face() {
+// fits refuses (a *WrongFormError) to settle a key that face claimed in another form.
+func (h Settlement) fits(k receipts.Key, face string) error {
+	if h.NotPerformed || face == "" || face == h.face() {
 		return nil
 	}
 	return &WrongFormError{Key: k, Face: face}
 }
 
-// Response is the HTTP response a receipthttp key is settled with.
-type Response struct {
+// HTTPResponse is the HTTP response a receipthttp key is settled with.
+type HTTPResponse struct {
 	Status int
 	Header http.Header
 	Body   []byte
@@ -128,10 +129,10 @@ func ParseHeaders(lines []string) (http.Header, error) {
 	return h, nil
 }
 
-// HTTPResponse checks the response a receipthttp key is to be settled with, before
+// NewHTTPResponse checks the response a receipthttp key is to be settled with, before
 // anything is taken over: ErrDeclined for 409 and 429, ErrNoOutcome for 5xx (receipthttp
 // stores neither), ErrBadInput for what receipthttp cannot store.
-func HTTPResponse(status int, header http.Header, body []byte) (*Response, error) {
+func NewHTTPResponse(status int, header http.Header, body []byte) (*HTTPResponse, error) {
 	switch receipthttp.DefaultPolicy(status) {
 	case receipthttp.Release:
 		return nil, fmt.Errorf("%w: status %d means the handler declined, which receipthttp does not store", ErrDeclined, status)
@@ -144,12 +145,12 @@ func HTTPResponse(status int, header http.Header, body []byte) (*Response, error
 	if _, err := receipthttp.EncodeResponse(status, header, body); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
 	}
-	return &Response{Status: status, Header: header, Body: body}, nil
+	return &HTTPResponse{Status: status, Header: header, Body: body}, nil
 }
 
-// MCPResult parses and checks the tool result (CallToolResult JSON) a receiptmcp key is
+// ParseToolResult parses and checks the tool result (CallToolResult JSON) a receiptmcp key is
 // to be settled with.
-func MCPResult(js string) (*mcp.CallToolResult, error) {
+func ParseToolResult(js string) (*mcp.CallToolResult, error) {
 	var res mcp.CallToolResult
 	if err := json.Unmarshal([]byte(js), &res); err != nil {
 		return nil, fmt.Errorf("%w: not a tool result (CallToolResult JSON): %w", ErrBadInput, err)
@@ -179,13 +180,13 @@ func (o Outcome) Settled() string {
 	return o.Receipt.State.String()
 }
 
-// One settles the abandoned claim of k: it reads the record, checks that it is still the
+// Settle settles the abandoned claim of k: it reads the record, checks that it is still the
 // attempt with token (when token is not 0) and that how fits its front end (a
 // *WrongFormError otherwise), takes it over (fenced: nothing is written if another
 // attempt came in, or the claim was settled, since) and records how. opts may give
 // receipts.LeaseFor. Every refusal writes nothing; a failure to record leaves the claim
 // abandoned.
-func One(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how How, opts ...receipts.ClaimOption) (Outcome, error) {
+func Settle(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how Settlement, opts ...receipts.ClaimOption) (Outcome, error) {
 	r, err := db.Inspect(ctx, k)
 	switch {
 	case errors.Is(err, receipts.ErrNotFound):
@@ -199,7 +200,7 @@ func One(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how
 			k, token, r.Attempts, r.Token)
 	}
 	face := FaceOf(r)
-	if err := how.Fits(k, face); err != nil {
+	if err := how.fits(k, face); err != nil {
 		return Outcome{}, err
 	}
 	l, err := db.TakeOver(ctx, r, opts...)
@@ -239,8 +240,8 @@ func One(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, how
 	return out, nil
 }
 
-// RetryGets says what a retry of a key settled by how gets afterwards, for a person.
-func RetryGets(how How, face string) string {
+// retryGets says what a retry of a key settled by how gets afterwards, for a person.
+func retryGets(how Settlement, face string) string {
 	switch {
 	case how.NotPerformed:
 		return "the key is free: the next retry runs the action again, as a new attempt"
