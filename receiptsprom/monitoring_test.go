@@ -406,6 +406,14 @@ func alertTests() string {
 	return b.String()
 }
 
+// consoleLinks are the panels where a person must act, and the page of the operators'
+// console (package receiptconsole) where they do: the dashboard's console variable is
+// where the service mounts it.
+var consoleLinks = map[string][2]string{
+	"Abandoned claims":                  {"Settle them in the receipts console (Needs a person)", "needs"},
+	"Time since the last successful GC": {"The receipts console: retention and the last GC", ""},
+}
+
 func dashboard(t *testing.T) string {
 	type target struct {
 		Expr         string `json:"expr"`
@@ -426,13 +434,24 @@ func dashboard(t *testing.T) string {
 			"fieldConfig": map[string]any{"defaults": map[string]any{"unit": p.unit}, "overrides": []any{}},
 			"options":     map[string]any{"legend": map[string]any{"displayMode": "list", "placement": "bottom", "showLegend": true}},
 		})
+		if l, ok := consoleLinks[p.title]; ok {
+			ps[i]["links"] = []map[string]any{{"title": l[0], "url": "${console}" + l[1], "targetBlank": true}}
+		}
+	}
+	for title := range consoleLinks {
+		require.True(t, slices.ContainsFunc(panels, func(p panel) bool { return p.title == title }), "consoleLinks names no panel %q", title)
 	}
 	d := map[string]any{
 		"__inputs": []map[string]string{{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}},
 		"title":    "receipts", "uid": "receipts-overview", "description": "receipts: calls, replays, conflicts, attempts, and the health the alerts watch, by engine and operation class. Written by go test ./receiptsprom -run TestMonitoring -update.",
 		"tags": []string{"receipts"}, "timezone": "browser", "schemaVersion": 39, "version": 1, "editable": true,
 		"time": map[string]string{"from": "now-6h", "to": "now"}, "refresh": "30s",
-		"templating": map[string]any{"list": []any{}}, "annotations": map[string]any{"list": []any{}},
+		"templating": map[string]any{"list": []any{map[string]any{
+			"name": "console", "label": "receipts console URL", "type": "textbox",
+			"description": "Where the service mounts receiptconsole.Handler (ending in /), or what receiptctl console printed: panels where a person must act link to its pages.",
+			"query":       "http://127.0.0.1:8081/admin/console/",
+			"current":     map[string]string{"text": "http://127.0.0.1:8081/admin/console/", "value": "http://127.0.0.1:8081/admin/console/"},
+		}}}, "annotations": map[string]any{"list": []any{}},
 		"panels": ps,
 	}
 	var buf bytes.Buffer
