@@ -58,6 +58,7 @@ import (
 	"strings"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/receiptadmin"
 )
 
@@ -88,6 +89,10 @@ type Options struct {
 	Secret []byte
 	// Limit is the most rows a list shows (default 200).
 	Limit int
+	// Journal, if set, is the host half's journal (package intents) whose uncertain,
+	// expired and conflicting actions the Host half page lists, to redeliver, settle or
+	// forget.
+	Journal *intents.Journal
 }
 
 // Handler returns the console of db. It dispatches on the last element of the request
@@ -99,6 +104,8 @@ type Options struct {
 //	.../key       One key (?scope=S&id=I, as typed, or a link's reference)
 //	.../settle    Settle an abandoned claim (GET the form, POST the change)
 //	.../erase     The erasure ledger, and erasing a scope (GET, POST)
+//	.../actions   Host half: the journal's actions that need a person (Options.Journal)
+//	.../action    One action: redeliver, settle or forget it (GET, POST)
 //	.../style.css The stylesheet
 func Handler(db *receipts.DB, opts *Options) http.Handler {
 	c := &console{db: db}
@@ -185,7 +192,7 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if post {
-		if page != "settle" && page != "erase" {
+		if page != "settle" && page != "erase" && page != "action" {
 			w.Header().Set("Allow", "GET, HEAD")
 			c.fail(w, r, http.StatusMethodNotAllowed, "Method not allowed: this page changes nothing.")
 			return
@@ -221,6 +228,14 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 			c.erasePost(w, r)
 		} else {
 			c.erasePage(w, r)
+		}
+	case "actions":
+		c.actions(w, r)
+	case "action":
+		if post {
+			c.actionPost(w, r)
+		} else {
+			c.actionPage(w, r)
 		}
 	case "style.css":
 		w.Header().Set("Content-Type", "text/css; charset=utf-8")
@@ -290,21 +305,32 @@ func (c *console) ref(k receipts.Key) string {
 	plain := binary.AppendUvarint(nil, uint64(len(k.Scope)))
 	plain = append(plain, k.Scope...)
 	plain = append(plain, k.ID...)
+	return c.seal(plain, "key")
+}
+
+// seal seals plain for a link, bound to what it names (use).
+func (c *console) seal(plain []byte, use string) string {
 	nonce := make([]byte, c.refAEAD.NonceSize())
 	_, _ = rand.Read(nonce)
-	return base64.RawURLEncoding.EncodeToString(c.refAEAD.Seal(nonce, nonce, plain, []byte("key")))
+	return base64.RawURLEncoding.EncodeToString(c.refAEAD.Seal(nonce, nonce, plain, []byte(use)))
+}
+
+// open opens what seal sealed for use.
+func (c *console) open(s, use string) ([]byte, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	n := c.refAEAD.NonceSize()
+	if err != nil || len(b) < n {
+		return nil, false
+	}
+	plain, err := c.refAEAD.Open(nil, b[:n], b[n:], []byte(use))
+	return plain, err == nil
 }
 
 var errBadRef = errors.New("receiptconsole: the link's key reference is not valid here (made by another console, or before a restart): look the key up by scope and ID")
 
 func (c *console) unref(s string) (receipts.Key, error) {
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	n := c.refAEAD.NonceSize()
-	if err != nil || len(b) < n {
-		return receipts.Key{}, errBadRef
-	}
-	plain, err := c.refAEAD.Open(nil, b[:n], b[n:], []byte("key"))
-	if err != nil {
+	plain, ok := c.open(s, "key")
+	if !ok {
 		return receipts.Key{}, errBadRef
 	}
 	l, m := binary.Uvarint(plain)

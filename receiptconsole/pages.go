@@ -32,7 +32,7 @@ var pages = func() map[string]*template.Template {
 	funcs := template.FuncMap{"when": when, "ago": ago, "plural": plural}
 	base := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	m := map[string]*template.Template{}
-	for _, name := range []string{"overview", "needs", "key", "settle", "erase", "fail"} {
+	for _, name := range []string{"overview", "needs", "key", "settle", "erase", "fail", "actions", "action"} {
 		m[name] = template.Must(template.Must(base.Clone()).ParseFS(templateFS, "templates/"+name+".html"))
 	}
 	return m

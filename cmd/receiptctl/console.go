@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/receiptconsole"
 	"github.com/spf13/cobra"
 )
@@ -20,6 +21,8 @@ func (a *app) consoleCmd() *cobra.Command {
 		listen      string
 		readOnly    bool
 		showResults bool
+		journalDir  string
+		journalPG   string
 	)
 	cmd := &cobra.Command{
 		Use:   "console --dir DIR | --pg DSN",
@@ -36,7 +39,12 @@ logged on stderr with who made it (the user running receiptctl).
 
 It listens on --addr (here the address to listen on, default 127.0.0.1:0: a
 free port on loopback) and answers loopback only. Results stay hidden unless --show-results is given;
---read-only refuses every change. Ctrl-C stops it.`,
+--read-only refuses every change. Ctrl-C stops it.
+
+With --journal DIR (a host's journal directory, package intents; the host must
+not hold it) or, on --pg, --journal-schema SCHEMA (a journal in that schema of
+the same database), its Host half page lists the journal's uncertain, expired
+and conflicting actions, to redeliver, settle or forget.`,
 		Example: `  receiptctl --dir ./data console
   receiptctl --pg postgres://ops@db/app console --addr 127.0.0.1:8099 --read-only`,
 		Args: cobra.NoArgs,
@@ -54,12 +62,32 @@ free port on loopback) and answers loopback only. Results stay hidden unless --s
 			if err != nil {
 				return fmt.Errorf("console: %w", err)
 			}
+			if journalDir != "" && journalPG != "" {
+				return usagef("give --journal DIR or --journal-schema SCHEMA, not both")
+			}
+			if journalPG != "" && a.pg == "" {
+				return usagef("--journal-schema opens a journal on PostgreSQL: give --pg")
+			}
+			var journal *intents.Journal
+			if journalDir != "" || journalPG != "" {
+				var args []string
+				if journalDir != "" {
+					args = []string{journalDir}
+				}
+				j, closeJournal, err := a.openJournal(ctx, args, journalPG)
+				if err != nil {
+					return err
+				}
+				defer closeJournal()
+				journal = j
+			}
 			who := "receiptctl console"
 			if u, err := user.Current(); err == nil {
 				who += " (" + u.Username + ")"
 			}
 			opts := &receiptconsole.Options{
 				ReadOnly: readOnly,
+				Journal:  journal,
 				Operator: func(*http.Request) string { return who },
 				Logger:   slog.New(slog.NewTextHandler(a.stderr, nil)),
 			}
@@ -88,6 +116,8 @@ free port on loopback) and answers loopback only. Results stay hidden unless --s
 	}
 	cmd.Flags().StringVar(&listen, "addr", "127.0.0.1:0", "the address to listen on (host:port; port 0 picks a free one)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "refuse every change (settle, erase)")
+	cmd.Flags().StringVar(&journalDir, "journal", "", "a host's journal directory (package intents), for the Host half page")
+	cmd.Flags().StringVar(&journalPG, "journal-schema", "", "with --pg: the schema of a host's journal, for the Host half page")
 	cmd.Flags().BoolVar(&showResults, "show-results", false, "show stored results (hidden by default)")
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/intents"
 	"github.com/stretchr/testify/require"
 )
 
@@ -78,6 +79,21 @@ func TestConsoleCommand(t *testing.T) {
 			require.Equal(t, exitOK, code, stderr)
 		})
 	}
+	// --journal: the Host half page lists the journal's actions that need a person.
+	jdir := t.TempDir()
+	j, err := intents.Open(jdir, nil)
+	require.NoError(t, err)
+	_, err = j.Approve(context.Background(), intents.Approval{Target: "billing", Operation: "POST /v1/refunds", ApprovedBy: "ana"})
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	url, stop := consoleRun(t, []string{"--dir", newFixture(t)}, "--journal", jdir)
+	status, body := getPage(t, url+"actions")
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, "<h2>uncertain</h2>")
+	code, stderr := stop()
+	require.Equal(t, exitOK, code, stderr)
+	cli(t, "--dir", newFixture(t), "console", "--journal-schema", "intents").requireCode(t, exitUsage)
+
 	cli(t, "console").requireCode(t, exitUsage)
 	cli(t, "--dir", t.TempDir(), "console").requireCode(t, exitProblem)
 }
