@@ -153,7 +153,7 @@ func TestRefusals(t *testing.T) {
 	db := openPebble(t, nil)
 	fixture(t, db)
 	cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
-	form := cs.get(t, cs.get(t, "needs").links("Settle")[0]).form(t, "settle")
+	form := cs.get(t, cs.get(t, "needs").rowLink(t, "op-http", "Settle")).form(t, "settle")
 	form.Set("outcome", "not_performed")
 	form.Set("confirm", "op-http")
 	before := abandoned(t, db)
@@ -311,15 +311,7 @@ func TestSettleHTTPFace(t *testing.T) {
 			var log bytes.Buffer
 			cs := serveConsole(t, db, &receiptconsole.Options{Logger: slog.New(slog.NewTextHandler(&log, nil)),
 				Operator: func(*http.Request) string { return "oscar" }})
-			var href string
-			needs := cs.get(t, "needs")
-			for i, o := range needs.links("Open") {
-				if strings.Contains(text(cs.get(t, o).doc), "op-http") {
-					href = needs.links("Settle")[i]
-				}
-			}
-			require.NotEmpty(t, href)
-			sp := cs.get(t, href)
+			sp := cs.get(t, cs.get(t, "needs").rowLink(t, "op-http", "Settle"))
 			form := sp.form(t, "settle")
 			require.Equal(t, "http", form.Get("outcome"), "a receipthttp key is settled with a response")
 			before := abandoned(t, db)
@@ -385,14 +377,7 @@ func TestSettleNotPerformed(t *testing.T) {
 	db := openPebble(t, nil)
 	fixture(t, db)
 	cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
-	var href string
-	needs := cs.get(t, "needs")
-	for i, o := range needs.links("Open") {
-		if strings.Contains(text(cs.get(t, o).doc), "op-lib") {
-			href = needs.links("Settle")[i]
-		}
-	}
-	form := cs.get(t, href).form(t, "settle")
+	form := cs.get(t, cs.get(t, "needs").rowLink(t, "op-lib", "Settle")).form(t, "settle")
 	require.Equal(t, "succeeded", form.Get("outcome"))
 	form.Set("outcome", "not_performed")
 	form.Set("confirm", "op-lib")

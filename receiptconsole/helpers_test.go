@@ -303,3 +303,21 @@ func (p *page) form(t *testing.T, action string) url.Values {
 	})
 	return v
 }
+
+// rowLink returns the href of the link txt in the table row of p that shows cell.
+func (p *page) rowLink(t *testing.T, cell, txt string) string {
+	t.Helper()
+	href := ""
+	walk(p.doc, func(n *html.Node) {
+		if n.Data != "tr" || !strings.Contains(text(n), cell) {
+			return
+		}
+		walk(n, func(a *html.Node) {
+			if a.Data == "a" && text(a) == txt {
+				href = attr(a, "href")
+			}
+		})
+	})
+	require.NotEmpty(t, href, "no %q link in the row of %q on %s", txt, cell, p.url)
+	return href
+}

@@ -85,7 +85,7 @@ func TestHostHalf(t *testing.T) {
 	}
 
 	// The first uncertain action: a wrong confirmation, then a redelivery for an hour.
-	form := cs.get(t, opens[0]).form(t, "action")
+	form := cs.get(t, list.rowLink(t, uncertain[0], "Open")).form(t, "action")
 	require.Equal(t, "redeliver", form.Get("op"))
 	form.Set("confirm", uncertain[1])
 	p := cs.post(t, "action", form, nil)
@@ -106,7 +106,7 @@ func TestHostHalf(t *testing.T) {
 	require.Equal(t, intents.Approved, a.State)
 
 	// The second: settled as succeeded, with what the person found.
-	form = cs.get(t, opens[1]).form(t, "action")
+	form = cs.get(t, list.rowLink(t, uncertain[1], "Open")).form(t, "action")
 	form.Set("op", "settle")
 	form.Set("state", "succeeded")
 	form.Set("found", "refund re_42 at the provider")
@@ -120,7 +120,7 @@ func TestHostHalf(t *testing.T) {
 	require.Equal(t, "refund re_42 at the provider", string(a.Answer.Body))
 
 	// The expired one: forgotten.
-	form = cs.get(t, opens[2]).form(t, "action")
+	form = cs.get(t, list.rowLink(t, expired, "Open")).form(t, "action")
 	require.Equal(t, "forget", form.Get("op"))
 	form.Set("confirm", expired)
 	p = cs.post(t, "action", form, nil)
