@@ -100,7 +100,9 @@ type Options struct {
 // http.StripPrefix:
 //
 //	.../          Overview
-//	.../needs     Needs a person: the abandoned claims, oldest first
+//	.../needs     Needs a person: the abandoned claims, oldest first, filtered by scope,
+//	              face and age (?scope=S&face=http|mcp|library&older=1h)
+//	.../bulk      Forget every claim a filter selects, as not performed (POST)
 //	.../key       One key (?scope=S&id=I, as typed, or a link's reference)
 //	.../settle    Settle an abandoned claim (GET the form, POST the change)
 //	.../erase     The erasure ledger, and erasing a scope (GET, POST)
@@ -192,7 +194,7 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if post {
-		if page != "settle" && page != "erase" && page != "action" {
+		if page != "settle" && page != "erase" && page != "action" && page != "bulk" {
 			w.Header().Set("Allow", "GET, HEAD")
 			c.fail(w, r, http.StatusMethodNotAllowed, "Method not allowed: this page changes nothing.")
 			return
@@ -229,6 +231,12 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 		} else {
 			c.erasePage(w, r)
 		}
+	case "bulk":
+		if !post {
+			c.fail(w, r, http.StatusMethodNotAllowed, "Method not allowed: a bulk action is a POST from Needs a person.")
+			return
+		}
+		c.bulkPost(w, r)
 	case "actions":
 		c.actions(w, r)
 	case "action":

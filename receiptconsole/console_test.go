@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/receiptadmin"
@@ -65,7 +66,7 @@ func checkPage(t *testing.T, p *page, readOnly bool) {
 				require.False(t, readOnly, "%s: a POST form in read-only mode", p.url)
 				require.True(t, csrf, "%s: a POST form without the CSRF token", p.url)
 			case "get":
-				require.Contains(t, []string{"key", "erase"}, attr(n, "action"), "%s: a GET form that is not a lookup", p.url)
+				require.Contains(t, []string{"key", "erase", "needs"}, attr(n, "action"), "%s: a GET form that is not a lookup", p.url)
 				require.False(t, csrf, "%s: a GET form carries the CSRF token (it would land in the URL)", p.url)
 			default:
 				t.Fatalf("%s: a form without method GET or POST", p.url)
@@ -437,4 +438,57 @@ func hexString(b []byte) string {
 		out = append(out, digits[c>>4], digits[c&15])
 	}
 	return string(out)
+}
+
+// Needs a person filters by scope, face and age; a bulk action forgets what the filter
+// selects after the operator types how many the preview counted, and changes nothing if
+// the count typed is not the count now.
+func TestBulkForget(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			db := e.open(t, nil)
+			fixture(t, db)
+			for _, id := range []string{"z-1", "z-2", "z-3"} {
+				l, _, err := db.Claim(bg, receipts.Key{Scope: "zed", ID: id}, []byte("fp"))
+				require.NoError(t, err)
+				require.NoError(t, l.Abandon(bg))
+			}
+			cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
+			require.Contains(t, text(cs.get(t, "needs?face=http").doc), "1 abandoned claim")
+			require.Contains(t, text(cs.get(t, "needs?face=library").doc), "4 abandoned claims")
+			require.Contains(t, text(cs.get(t, "needs?older=1h").doc), "No abandoned claims")
+			bad := cs.get(t, "needs?older=soon")
+			require.Equal(t, http.StatusBadRequest, bad.status)
+			require.Contains(t, text(bad.doc), "not a duration")
+
+			p := cs.get(t, "needs?scope=zed")
+			checkPage(t, p, false)
+			require.Contains(t, text(p.doc), "Forget all 3 as not performed?")
+			form := p.form(t, "bulk")
+			form.Set("confirm", "2")
+			p = cs.post(t, "bulk", form, nil)
+			require.Equal(t, http.StatusBadRequest, p.status)
+			require.Contains(t, text(p.doc), "3 now. Nothing changed.")
+			require.Len(t, abandoned(t, db), 5)
+
+			// A retry takes one over after the preview: the count typed is stale.
+			l, _, err := db.Claim(bg, receipts.Key{Scope: "zed", ID: "z-2"}, []byte("fp"), receipts.LeaseFor(time.Hour))
+			require.NoError(t, err)
+			require.True(t, l.Recovered())
+			form.Set("confirm", "3")
+			require.Equal(t, http.StatusBadRequest, cs.post(t, "bulk", form, nil).status)
+			require.Len(t, abandoned(t, db), 4)
+
+			form.Set("confirm", "2")
+			p = cs.post(t, "bulk", form, nil)
+			require.Equal(t, http.StatusSeeOther, p.status, p.body)
+			require.Contains(t, text(cs.get(t, p.header.Get("Location")).doc), "Forgotten as not performed: 2 claims")
+			require.ElementsMatch(t, []string{`"alice"/"op-http"`, `"bob"/"op-lib"`}, abandoned(t, db))
+			_, err = db.Inspect(bg, receipts.Key{Scope: "zed", ID: "z-1"})
+			require.ErrorIs(t, err, receipts.ErrNotFound)
+			r, err := db.Inspect(bg, receipts.Key{Scope: "zed", ID: "z-2"})
+			require.NoError(t, err)
+			require.Equal(t, l.Token(), r.Token, "the claim taken over after the preview was left alone")
+		})
+	}
 }
