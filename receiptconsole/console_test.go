@@ -492,3 +492,57 @@ func TestBulkForget(t *testing.T) {
 		})
 	}
 }
+
+// Under Options.HashKeys the lists show keys as hashes (quoted: they start with "\x00h"),
+// the key an operator types shows as typed, and a hashed claim is settled from its listing
+// with its hash as the confirmation: a real retry with the raw key then gets the answer.
+func TestHashedKeys(t *testing.T) {
+	db := openPebble(t, func(o *receipts.Options) { o.HashKeys = true })
+	svc, _ := fixture(t, db)
+	cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
+	needs := cs.get(t, "needs")
+	checkPage(t, needs, false)
+	require.NotContains(t, needs.body, "op-http")
+	require.NotContains(t, needs.body, "alice")
+	require.Contains(t, text(needs.doc), `"\x00h`)
+	require.Contains(t, text(needs.doc), "keyed hashes")
+	require.Contains(t, text(cs.get(t, "needs?scope=alice").doc), "1 abandoned claim", "a filter's raw scope finds its hashed claims")
+
+	typed := cs.get(t, "key?scope=alice&id=op-http")
+	require.Contains(t, text(typed.doc), "alice / op-http")
+	require.Contains(t, text(typed.doc), "abandoned")
+
+	// Settle the HTTP claim from the list: its ID shows hashed, and that is the confirmation.
+	var href string
+	walk(needs.doc, func(n *html.Node) {
+		if n.Data == "tr" && strings.Contains(text(n), "HTTP (receipthttp)") {
+			walk(n, func(a *html.Node) {
+				if a.Data == "a" && text(a) == "Settle" {
+					href = attr(a, "href")
+				}
+			})
+		}
+	})
+	sp := cs.get(t, href)
+	var confirm string
+	walk(sp.doc, func(n *html.Node) {
+		if n.Data == "label" && attr(n, "for") == "confirm" {
+			walk(n, func(c *html.Node) {
+				if c.Data == "code" {
+					confirm = text(c)
+				}
+			})
+		}
+	})
+	require.True(t, strings.HasPrefix(confirm, `"\x00h`), confirm)
+	form := sp.form(t, "settle")
+	form.Set("status", "201")
+	form.Set("body", `{"order":"settled"}`)
+	form.Set("confirm", confirm)
+	p := cs.post(t, "settle", form, nil)
+	require.Equal(t, http.StatusSeeOther, p.status, p.body)
+	status, body, replayed := svc.order(t, "alice", "op-http")
+	require.Equal(t, http.StatusCreated, status)
+	require.Equal(t, `{"order":"settled"}`, body)
+	require.True(t, replayed)
+}

@@ -70,6 +70,7 @@ func TestHostHalf(t *testing.T) {
 	var log bytes.Buffer
 	cs := serveConsole(t, db, &receiptconsole.Options{Journal: j, Logger: slog.New(slog.NewTextHandler(&log, nil)),
 		Operator: func(*http.Request) string { return "oscar" }})
+	require.Contains(t, text(cs.get(t, "").doc), "2 uncertain actions in the host's journal")
 	list := cs.get(t, "actions")
 	require.Equal(t, http.StatusOK, list.status, list.body)
 	checkPage(t, list, false)

@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/receipthttp"
 )
 
@@ -180,6 +181,9 @@ type overviewData struct {
 	ErasuresAll  int
 	ErasuresErr  string
 	PebbleEngine bool
+	Journal      bool // the console has the host half's journal
+	Uncertain    int  // its uncertain actions
+	JournalErr   string
 }
 
 type metricRow struct {
@@ -240,6 +244,16 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		d.ErasuresAll++
 		if now.Before(st.Until) {
 			d.ErasuresIn++
+		}
+	}
+	if j := c.opts.Journal; j != nil {
+		d.Journal = true
+		for _, err := range j.List(ctx, intents.Uncertain) {
+			if err != nil {
+				d.JournalErr = err.Error()
+				break
+			}
+			d.Uncertain++
 		}
 	}
 	c.render(w, r, http.StatusOK, "overview", view{Title: "Overview", Nav: "overview", Now: now, Data: d})
