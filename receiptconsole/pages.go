@@ -365,7 +365,7 @@ func (c *console) needs(w http.ResponseWriter, r *http.Request) {
 			c.storeError(w, r, err)
 			return
 		}
-		v.Error = err.Error()
+		v.Error = sentence(err)
 		c.render(w, r, http.StatusBadRequest, "needs", v)
 		return
 	}
@@ -377,6 +377,24 @@ func (c *console) needs(w http.ResponseWriter, r *http.Request) {
 		d.Rows = append(d.Rows, c.keyRow(rec, now))
 	}
 	c.render(w, r, http.StatusOK, "needs", v)
+}
+
+// sentence renders an error for a page: what it says without the sentinel's package
+// prefix ("receiptconsole: bad input: "), capitalized, ending with a period.
+func sentence(err error) string {
+	msg := err.Error()
+	for _, p := range []string{ErrBadInput.Error() + ": ", "receiptconsole: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	if msg == "" {
+		return ""
+	}
+	r, n := utf8.DecodeRuneInString(msg)
+	msg = string(unicode.ToUpper(r)) + msg[n:]
+	if !strings.HasSuffix(msg, ".") {
+		msg += "."
+	}
+	return msg
 }
 
 // digits keeps only the digits of s (a count from the redirect's query).
@@ -413,7 +431,7 @@ func (c *console) bulkPost(w http.ResponseWriter, r *http.Request) {
 	}
 	recs, _, err := c.matching(ctx, f, now)
 	if err != nil {
-		fail(http.StatusBadRequest, err.Error())
+		fail(http.StatusBadRequest, sentence(err))
 		return
 	}
 	d.Matched = len(recs)
@@ -704,7 +722,7 @@ func (c *console) settlePost(w http.ResponseWriter, r *http.Request) {
 	}
 	how, err := parseHow(d.Face, f)
 	if err != nil {
-		again(http.StatusBadRequest, err.Error())
+		again(http.StatusBadRequest, sentence(err))
 		return
 	}
 	if strings.TrimSpace(f.Confirm) != d.Confirm {
@@ -731,7 +749,7 @@ func (c *console) settlePost(w http.ResponseWriter, r *http.Request) {
 func parseHow(face string, f settleForm) (Settlement, error) {
 	valid := slices.ContainsFunc(outcomes(face, ""), func(o outcomeOption) bool { return o.Value == f.Outcome })
 	if !valid {
-		return Settlement{}, fmt.Errorf("Choose how it ended: %q is not one of this key's outcomes (a %s key).", f.Outcome, faceName(face))
+		return Settlement{}, fmt.Errorf("%w: choose how it ended: %q is not one of this key's outcomes (a %s key)", ErrBadInput, f.Outcome, faceName(face))
 	}
 	switch f.Outcome {
 	case "not_performed":
@@ -743,13 +761,13 @@ func parseHow(face string, f settleForm) (Settlement, error) {
 	case "mcp":
 		res, err := ParseToolResult(f.Result)
 		if err != nil {
-			return Settlement{}, fmt.Errorf("The tool result: %w", err)
+			return Settlement{}, fmt.Errorf("the tool result: %w", err)
 		}
 		return Settlement{MCP: res}, nil
 	}
 	st, err := strconv.Atoi(strings.TrimSpace(f.Status))
 	if err != nil {
-		return Settlement{}, fmt.Errorf("The HTTP status %q is not a number.", f.Status)
+		return Settlement{}, fmt.Errorf("%w: the HTTP status %q is not a number", ErrBadInput, f.Status)
 	}
 	var lines []string
 	for line := range strings.Lines(f.Headers) {
@@ -759,16 +777,16 @@ func parseHow(face string, f settleForm) (Settlement, error) {
 	}
 	h, err := ParseHeaders(lines)
 	if err != nil {
-		return Settlement{}, fmt.Errorf("The headers: %w", err)
+		return Settlement{}, fmt.Errorf("the headers: %w", err)
 	}
 	resp, err := NewHTTPResponse(st, h, []byte(f.Body))
 	switch {
 	case errors.Is(err, ErrDeclined):
-		return Settlement{}, fmt.Errorf("HTTP %d means the handler declined, which receipthttp does not store: if the action did not happen, choose \"It did not happen\".", st)
+		return Settlement{}, fmt.Errorf("HTTP %d means the handler declined, which receipthttp does not store: if the action did not happen, choose \"It did not happen\": %w", st, err)
 	case errors.Is(err, ErrNoOutcome):
-		return Settlement{}, fmt.Errorf("HTTP %d is no outcome (receipthttp stores none for 5xx): settle with what happened at the provider.", st)
+		return Settlement{}, fmt.Errorf("HTTP %d is no outcome (receipthttp stores none for 5xx): settle with what happened at the provider: %w", st, err)
 	case err != nil:
-		return Settlement{}, fmt.Errorf("The response cannot be stored: %w", err)
+		return Settlement{}, fmt.Errorf("the response cannot be stored: %w", err)
 	}
 	return Settlement{HTTP: resp}, nil
 }
@@ -814,7 +832,7 @@ func (c *console) eraseData(ctx context.Context, scope string, now time.Time) *e
 // preview counts the records an erasure of scope would delete.
 func (c *console) preview(ctx context.Context, scope string, now time.Time) (*erasePreview, error) {
 	if scope == "" || len(scope) > receipts.MaxKeyPartLen {
-		return nil, fmt.Errorf("A scope is 1 to %d bytes; this one is %d.", receipts.MaxKeyPartLen, len(scope))
+		return nil, fmt.Errorf("%w: a scope is 1 to %d bytes; this one is %d", ErrBadInput, receipts.MaxKeyPartLen, len(scope))
 	}
 	p := &erasePreview{Scope: scope}
 	for _, err := range c.db.Scan(ctx, receipts.Filter{Scope: scope}) {
@@ -844,7 +862,7 @@ func (c *console) erasePage(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Has("scope") {
 		p, err := c.preview(ctx, scope, now)
 		if err != nil {
-			v.Error = err.Error()
+			v.Error = sentence(err)
 			status = http.StatusBadRequest
 		} else {
 			d.Preview = p
@@ -861,7 +879,7 @@ func (c *console) erasePost(w http.ResponseWriter, r *http.Request) {
 	v := view{Title: "Erasure", Nav: "erase", Now: now, Data: d}
 	p, err := c.preview(ctx, scope, now)
 	if err != nil {
-		v.Error = err.Error() + " Nothing changed."
+		v.Error = sentence(err) + " Nothing changed."
 		c.render(w, r, http.StatusBadRequest, "erase", v)
 		return
 	}
