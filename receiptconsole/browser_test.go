@@ -123,10 +123,16 @@ func TestBrowser(t *testing.T) {
 			crossSitePost(t, ctx, cs)
 			require.Len(t, abandoned(t, db), 1)
 
-			// Fill the HTTP face's form by keyboard and submit with Enter.
+			// Every field and the button are reached with Tab, in the order of the form.
 			require.NoError(t, chromedp.Do(ctx,
 				chromedp.Navigate(settleURL),
 				chromedp.WaitVisible(chromedp.ID(`confirm`)),
+			))
+			require.Equal(t, []string{"select#outcome", "input#status", "textarea#headers", "textarea#body", "input#confirm", "button:Settle"},
+				tabOrder(t, ctx, "select#outcome", "button:Settle"))
+
+			// Fill the HTTP face's form by keyboard and submit with Enter.
+			require.NoError(t, chromedp.Do(ctx,
 				chromedp.Clear(chromedp.ID(`status`)),
 				chromedp.SendKeys(chromedp.ID(`status`), "201"),
 				chromedp.SendKeys(chromedp.ID(`headers`), "Content-Type: application/json"),
@@ -194,4 +200,25 @@ func mainText(t *testing.T, ctx context.Context) string {
 	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`main`)))
 	require.NoError(t, err)
 	return s
+}
+
+// tabOrder presses Tab from the top of the page and returns the focused elements (tag#id,
+// or button:text) from the first that is first to the first that is last.
+func tabOrder(t *testing.T, ctx context.Context, first, last string) []string {
+	t.Helper()
+	const focused = `(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + (e.tagName === "BUTTON" ? ":" + e.textContent.trim() : ""))(document.activeElement)`
+	var order []string
+	for range 40 {
+		require.NoError(t, chromedp.Do(ctx, chromedp.KeyEvent(kb.Tab)))
+		el, err := chromedp.Run(ctx, chromedp.Evaluate[string](focused))
+		require.NoError(t, err)
+		if el == first || len(order) > 0 {
+			order = append(order, el)
+		}
+		if el == last {
+			return order
+		}
+	}
+	t.Fatalf("Tab never reached %s (reached %v)", last, order)
+	return nil
 }
