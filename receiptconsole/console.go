@@ -83,9 +83,10 @@ type Options struct {
 	// Logger gets one record for every change (who, what, which key by its keyed hash).
 	// Default: slog.Default().
 	Logger *slog.Logger
-	// Secret keys the CSRF tokens and the references to keys in links. Default: random
-	// bytes per Handler, so a restart ends open forms and links; give every node behind one
-	// address the same secret (at least 32 bytes) if requests are not sticky.
+	// Secret keys the CSRF tokens and the references to keys in links (keys for each are
+	// derived from it). Default: 32 random bytes per Handler, so a restart ends open forms
+	// and links; give every node behind one address the same secret (32 random bytes, say)
+	// if requests are not sticky.
 	Secret []byte
 	// Limit is the most rows a list shows (default 200).
 	Limit int
@@ -134,10 +135,11 @@ func Handler(db *receipts.DB, opts *Options) http.Handler {
 	if err != nil {
 		panic(err)
 	}
-	c.cop = http.NewCrossOriginProtection()
-	c.cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, "Refused: a cross-site request. Changes are accepted from the console's own pages only.")
 	}))
+	c.routed = cop.Handler(http.HandlerFunc(c.route))
 	return c
 }
 
@@ -146,7 +148,7 @@ type console struct {
 	opts    Options
 	csrfKey []byte
 	refAEAD cipher.AEAD
-	cop     *http.CrossOriginProtection
+	routed  http.Handler // route behind net/http.CrossOriginProtection
 }
 
 // derive is a 32-byte key for one use of secret.
@@ -178,7 +180,7 @@ func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, msg, status)
 		return
 	}
-	c.cop.Handler(http.HandlerFunc(c.route)).ServeHTTP(w, r)
+	c.routed.ServeHTTP(w, r)
 }
 
 // route dispatches on the last element of the path.

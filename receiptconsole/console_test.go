@@ -154,7 +154,27 @@ func TestRefusals(t *testing.T) {
 	db := openPebble(t, nil)
 	fixture(t, db)
 	cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
-	form := cs.get(t, cs.get(t, "needs").rowLink(t, "op-http", "Settle")).form(t, "settle")
+	needs := cs.get(t, "needs")
+	var cookie *http.Cookie
+	for _, ck := range (&http.Response{Header: needs.header}).Cookies() {
+		cookie = ck
+	}
+	require.NotNil(t, cookie, "the first page sets the CSRF cookie")
+	require.True(t, cookie.HttpOnly)
+	require.Equal(t, http.SameSiteStrictMode, cookie.SameSite)
+	require.Equal(t, "/ops/receipts/", cookie.Path)
+
+	// A link's reference from another console (or a forged one) names no key here.
+	other := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
+	theirs := other.get(t, "needs").rowLink(t, "op-http", "Open")
+	require.Equal(t, http.StatusOK, other.get(t, theirs).status)
+	for _, u := range []string{strings.TrimPrefix(theirs, "key"), "?k=AAAA"} {
+		p := cs.get(t, "key"+u)
+		require.Equal(t, http.StatusBadRequest, p.status, u)
+		require.Contains(t, text(p.doc), "not valid here")
+	}
+
+	form := cs.get(t, needs.rowLink(t, "op-http", "Settle")).form(t, "settle")
 	form.Set("outcome", "not_performed")
 	form.Set("confirm", "op-http")
 	before := abandoned(t, db)
@@ -188,8 +208,8 @@ func TestRefusals(t *testing.T) {
 	require.Equal(t, before, abandoned(t, db))
 
 	// Another browser (its own cookie) cannot use this one's token.
-	other := serveConsoleClient(t, cs)
-	require.Equal(t, http.StatusForbidden, other.post(t, "settle", form, nil).status)
+	browser2 := serveConsoleClient(t, cs)
+	require.Equal(t, http.StatusForbidden, browser2.post(t, "settle", form, nil).status)
 	require.Equal(t, before, abandoned(t, db))
 
 	// Reading never changes anything: POST only on the pages that change.

@@ -52,7 +52,7 @@ func (c *console) actionRow(a *intents.Action) actionRow {
 
 type actionsData struct {
 	Groups   []actionGroup
-	NoJournl bool
+	NoJournal bool
 }
 
 type actionGroup struct {
@@ -64,7 +64,7 @@ type actionGroup struct {
 func (c *console) actions(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := c.now(ctx)
-	d := actionsData{NoJournl: c.opts.Journal == nil}
+	d := actionsData{NoJournal: c.opts.Journal == nil}
 	v := view{Title: "Host half", Nav: "actions", Now: now, Data: &d}
 	if r.URL.Query().Get("done") == "forgot" {
 		v.Flash = "Forgotten: the action is no longer in the journal."
