@@ -51,7 +51,7 @@ func (c *console) actionRow(a *intents.Action) actionRow {
 }
 
 type actionsData struct {
-	Groups   []actionGroup
+	Groups    []actionGroup
 	NoJournal bool
 }
 
