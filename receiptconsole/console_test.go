@@ -15,6 +15,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/receiptadmin"
 	"github.com/receiptstore/receipts/receiptconsole"
+	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
 )
@@ -444,6 +445,9 @@ func TestErase(t *testing.T) {
 			require.Contains(t, text(ledger.doc), "(in force)")
 			_, err = db.Inspect(bg, receipts.Key{Scope: "bob", ID: "op-lib"})
 			require.ErrorIs(t, err, receipts.ErrNotFound)
+			gone := cs.get(t, "key?scope=bob&id=op-lib")
+			require.Contains(t, text(gone.doc), "the key's scope was erased")
+			require.Contains(t, text(gone.doc), "refused as erased")
 			require.Contains(t, log.String(), "erased a scope")
 			require.NotContains(t, log.String(), "bob")
 			require.Contains(t, text(cs.get(t, "").doc), "1 erasure in force")
@@ -565,4 +569,30 @@ func TestHashedKeys(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status)
 	require.Equal(t, `{"order":"settled"}`, body)
 	require.True(t, replayed)
+}
+
+// One key tells a receipt, its tombstone after retention, and a key never used apart, and
+// says what a retry of each gets.
+func TestKeyLifecycle(t *testing.T) {
+	clock := receiptstest.NewClock(time.Now())
+	db := openPebble(t, func(o *receipts.Options) { o.Now = clock.Now; o.Retention = time.Hour; o.LeaseTTL = time.Minute })
+	_, err := db.Do(bg, receipts.Key{Scope: "carol", ID: "op-old"}, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		return []byte("r"), nil
+	})
+	require.NoError(t, err)
+	cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
+	p := cs.get(t, "key?scope=carol&id=op-old")
+	require.Contains(t, text(p.doc), "the stored result, as a success")
+	require.Contains(t, text(p.doc), "retries are refused until")
+	clock.Advance(2 * time.Hour)
+	p = cs.get(t, "key?scope=carol&id=op-old")
+	require.Equal(t, http.StatusOK, p.status)
+	require.Contains(t, text(p.doc), "the key's tombstone is in force")
+	require.Contains(t, text(p.doc), "HTTP 410 Gone")
+	p = cs.get(t, "key?scope=carol&id=op-new")
+	require.Contains(t, text(p.doc), "No record of this key")
+	require.Contains(t, text(p.doc), "the key is free")
+	p = cs.get(t, "key?scope=carol&id="+strings.Repeat("x", 300))
+	require.Equal(t, http.StatusBadRequest, p.status)
+	checkPage(t, p, false)
 }
