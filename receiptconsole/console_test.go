@@ -101,6 +101,12 @@ func TestPages(t *testing.T) {
 				checkPage(t, over, readOnly)
 				require.Contains(t, text(over.doc), "2 unknown outcomes waiting")
 				require.Contains(t, text(over.doc), "Engine: "+e.name)
+				if e.name == "postgres" { // what survives a failover, from DB.EngineMetrics
+					for m, v := range map[string]string{"sync_standby_up": "0 (check)", "synchronous_commit": "3",
+						"commit_check": "0 (check)", "require_sync_standby": "0"} {
+						require.Contains(t, over.body, "<code>receipts_postgres_"+m+"</code></th><td>"+v+"</td>")
+					}
+				}
 
 				needs := cs.get(t, "needs")
 				checkPage(t, needs, readOnly)
