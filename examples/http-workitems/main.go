@@ -23,10 +23,12 @@
 //
 // Callers are fixed demo tokens: alice-token (alice) and bob-token (bob).
 // A read-only receiptadmin.Handler listens on -admin for receiptctl, with
-// the store's Prometheus metrics (package receiptsprom) at /metrics:
+// the store's Prometheus metrics (package receiptsprom) at /metrics and the
+// operators' console (package receiptconsole, loopback only) at /admin/console/:
 //
 //	go run ./cmd/receiptctl --addr http://127.0.0.1:8081/admin/receipts ls
 //	curl -s localhost:8081/metrics | grep '^receipts_'
+//	open http://127.0.0.1:8081/admin/console/
 package main
 
 import (
@@ -50,6 +52,7 @@ import (
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/examples/internal/exampledb"
 	"github.com/receiptstore/receipts/receiptadmin"
+	"github.com/receiptstore/receipts/receiptconsole"
 	"github.com/receiptstore/receipts/receiptsprom"
 )
 
@@ -201,7 +204,8 @@ func (in *instance) stop() error {
 	return in.store.Close()
 }
 
-// adminMux serves the read-only receipts admin API and the Prometheus
+// adminMux serves the read-only receipts admin API, the operators' console
+// (loopback only: the demo has no operator authentication) and the Prometheus
 // metrics: the store's (metrics, which observes db) and the process's.
 func adminMux(db *receipts.DB, metrics *receiptsprom.Collector) http.Handler {
 	metrics.Watch(db)
@@ -209,6 +213,7 @@ func adminMux(db *receipts.DB, metrics *receiptsprom.Collector) http.Handler {
 	reg.MustRegister(metrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("/admin/receipts/", receiptadmin.Handler(db))
+	mux.Handle("/admin/console/", receiptconsole.Handler(db, nil))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
 }

@@ -125,6 +125,16 @@ func TestMetrics(t *testing.T) {
 		r.Header.Set("Idempotency-Key", "op-secret-77")
 		h.ServeHTTP(httptest.NewRecorder(), r)
 	}
+	// The console is mounted beside it, for loopback only.
+	for remote, want := range map[string]int{"127.0.0.1:5000": http.StatusOK, "192.0.2.1:5000": http.StatusForbidden} {
+		r := httptest.NewRequest("GET", "/admin/console/", nil)
+		r.RemoteAddr = remote
+		w := httptest.NewRecorder()
+		admin.ServeHTTP(w, r)
+		if w.Code != want {
+			t.Errorf("GET /admin/console/ from %s: %d, want %d", remote, w.Code, want)
+		}
+	}
 	w := httptest.NewRecorder()
 	admin.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
 	body := w.Body.String()
