@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/accessibility"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 	"github.com/receiptstore/receipts"
@@ -96,6 +97,7 @@ func TestBrowser(t *testing.T) {
 				chromedp.WaitVisible(chromedp.CSS(`main`)),
 			))
 			overview := mainText(t, ctx)
+			namedControls(t, ctx)
 			require.Contains(t, overview, "1 unknown outcome waiting")
 			screenshot(t, ctx, e.name, "console-overview.png")
 
@@ -106,6 +108,7 @@ func TestBrowser(t *testing.T) {
 				chromedp.WaitVisible(chromedp.Search(`//h1[text()="Needs a person"]`)),
 			))
 			needs := mainText(t, ctx)
+			namedControls(t, ctx)
 			require.Contains(t, needs, "op-lost")
 			require.Contains(t, needs, db.ProviderKey(receipts.Key{Scope: "alice", ID: "op-lost"}))
 
@@ -123,11 +126,13 @@ func TestBrowser(t *testing.T) {
 			crossSitePost(t, ctx, cs)
 			require.Len(t, abandoned(t, db), 1)
 
-			// Every field and the button are reached with Tab, in the order of the form.
+			// Every control has an accessible name, and every field and the button are
+			// reached with Tab, in the order of the form.
 			require.NoError(t, chromedp.Do(ctx,
 				chromedp.Navigate(settleURL),
 				chromedp.WaitVisible(chromedp.ID(`confirm`)),
 			))
+			namedControls(t, ctx)
 			require.Equal(t, []string{"select#outcome", "input#status", "textarea#headers", "textarea#body", "input#confirm", "button:Settle"},
 				tabOrder(t, ctx, "select#outcome", "button:Settle"))
 
@@ -221,4 +226,32 @@ func tabOrder(t *testing.T, ctx context.Context, first, last string) []string {
 	}
 	t.Fatalf("Tab never reached %s (reached %v)", last, order)
 	return nil
+}
+
+// namedControls requires every control of the page (link, button, text field, select) to
+// have an accessible name, as the browser computes it for assistive technology (its
+// accessibility tree): a label that is not tied to its field, or an empty button, fails.
+func namedControls(t *testing.T, ctx context.Context) {
+	t.Helper()
+	tree, err := chromedp.Call(ctx, accessibility.GetFullAXTree, accessibility.GetFullAXTreeParams{})
+	require.NoError(t, err)
+	controls := 0
+	for _, n := range tree.Nodes {
+		if n.Ignored || n.Role == nil {
+			continue
+		}
+		role := strings.Trim(string(n.Role.Value), `"`)
+		switch role {
+		case "link", "button", "textbox", "combobox", "spinbutton", "checkbox", "radio", "listbox":
+		default:
+			continue
+		}
+		controls++
+		name := ""
+		if n.Name != nil {
+			name = strings.Trim(string(n.Name.Value), `"`)
+		}
+		require.NotEmpty(t, strings.TrimSpace(name), "a %s without an accessible name (node %s)", role, n.NodeID)
+	}
+	require.NotZero(t, controls, "no controls in the accessibility tree")
 }
