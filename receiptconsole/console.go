@@ -58,7 +58,6 @@ import (
 	"strings"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/receiptadmin"
 )
 
@@ -90,10 +89,10 @@ type Options struct {
 	Secret []byte
 	// Limit is the most rows a list shows (default 200).
 	Limit int
-	// Journal, if set, is the host half's journal (package intents) whose uncertain,
-	// expired and conflicting actions the Host half page lists, to redeliver, settle or
-	// forget.
-	Journal *intents.Journal
+	// Journal, if set, is the host half's journal (package intents, adapted by
+	// consoleintents.Journal) whose uncertain, expired and conflicting actions the Host
+	// half page lists, to redeliver, settle or forget.
+	Journal Journal
 }
 
 // Handler returns the console of db. It dispatches on the last element of the request

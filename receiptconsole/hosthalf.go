@@ -6,17 +6,15 @@ import (
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/receiptstore/receipts/intents"
 )
 
-// The host half: the actions of an intents journal that need a person. An Uncertain action
+// The host half: the actions of a host's journal (Options.Journal) that need a person. An Uncertain action
 // (its deadline came with no definitive answer) is redelivered under its own key, or
 // settled with what the person found out; an Expired or Conflict action (answered, but not
 // with an outcome) is forgotten once looked at.
 
 // needsPerson are the states the Host half page lists, in its order.
-var needsPerson = []intents.State{intents.Uncertain, intents.Expired, intents.Conflict}
+var needsPerson = []string{"uncertain", "expired", "conflict"}
 
 type actionRow struct {
 	Ref                         string
@@ -30,24 +28,10 @@ type actionRow struct {
 	Answer                      string
 }
 
-func (c *console) actionRow(a *intents.Action) actionRow {
-	row := actionRow{Ref: c.seal([]byte(a.Key), "action"), Key: a.Key, Target: a.Target, Operation: a.Operation,
-		Approver: a.ApprovedBy, State: a.State.String(), ApprovedAt: a.ApprovedAt, Deadline: a.Deadline,
-		UpdatedAt: a.UpdatedAt, Attempts: a.Attempts, LastError: a.LastError}
-	if ans := a.Answer; ans != nil {
-		var parts []string
-		if ans.Status != 0 {
-			parts = append(parts, fmt.Sprintf("HTTP %d", ans.Status))
-		}
-		if ans.Code != "" {
-			parts = append(parts, ans.Code)
-		}
-		if ans.SettledBy != "" {
-			parts = append(parts, "settled by "+ans.SettledBy)
-		}
-		row.Answer = strings.Join(parts, ", ")
-	}
-	return row
+func (c *console) actionRow(a *Action) actionRow {
+	return actionRow{Ref: c.seal([]byte(a.Key), "action"), Key: a.Key, Target: a.Target, Operation: a.Operation,
+		Approver: a.ApprovedBy, State: a.State, ApprovedAt: a.ApprovedAt, Deadline: a.Deadline,
+		UpdatedAt: a.UpdatedAt, Attempts: a.Attempts, LastError: a.LastError, Answer: a.Answer}
 }
 
 type actionsData struct {
@@ -71,8 +55,8 @@ func (c *console) actions(w http.ResponseWriter, r *http.Request) {
 	}
 	if c.opts.Journal != nil {
 		for _, st := range needsPerson {
-			g := actionGroup{State: st.String()}
-			for a, err := range c.opts.Journal.List(ctx, st) {
+			g := actionGroup{State: st}
+			for a, err := range c.opts.Journal.Actions(ctx, st) {
 				if err != nil {
 					c.fail(w, r, http.StatusInternalServerError, err.Error())
 					return
@@ -100,7 +84,7 @@ type actionData struct {
 }
 
 // action reads the action a link's reference names.
-func (c *console) action(r *http.Request, ref string) (*intents.Action, int, string) {
+func (c *console) action(r *http.Request, ref string) (*Action, int, string) {
 	if c.opts.Journal == nil {
 		return nil, http.StatusNotFound, "The console was given no journal (Options.Journal): there is no host half to show."
 	}
@@ -108,9 +92,9 @@ func (c *console) action(r *http.Request, ref string) (*intents.Action, int, str
 	if !ok {
 		return nil, http.StatusBadRequest, "The link's action reference is not valid here (made by another console, or before a restart): open the action from the Host half page."
 	}
-	a, err := c.opts.Journal.Get(r.Context(), string(key))
+	a, err := c.opts.Journal.Action(r.Context(), string(key))
 	switch {
-	case errors.Is(err, intents.ErrNotFound):
+	case errors.Is(err, ErrNoAction):
 		return nil, http.StatusNotFound, "No such action: it was forgotten."
 	case err != nil:
 		return nil, http.StatusInternalServerError, err.Error()
@@ -118,11 +102,11 @@ func (c *console) action(r *http.Request, ref string) (*intents.Action, int, str
 	return a, 0, ""
 }
 
-func (c *console) actionData(a *intents.Action, f actionData) *actionData {
+func (c *console) actionData(a *Action, f actionData) *actionData {
 	d := &f
 	d.Row = c.actionRow(a)
-	d.Uncertain = a.State == intents.Uncertain
-	d.Answered = a.State.Answered()
+	d.Uncertain = a.State == "uncertain"
+	d.Answered = a.State == "succeeded" || a.State == "failed" || a.State == "conflict" || a.State == "expired"
 	d.CanChange = !c.opts.ReadOnly && (d.Uncertain || d.Answered)
 	if d.Within == "" {
 		d.Within = "1h"
@@ -184,15 +168,14 @@ func (c *console) actionPost(w http.ResponseWriter, r *http.Request) {
 			again(http.StatusBadRequest, fmt.Sprintf("Deliver for how long: %q is not a positive duration (1h, 30m).", d.Within))
 			return
 		}
-		_, err = j.Redeliver(ctx, a.Key, j.Now().Add(within))
+		err = j.Redeliver(ctx, a.Key, within)
 		done = "redelivered"
 	case "settle":
-		st, perr := intents.ParseState(d.SettleState)
-		if perr != nil || (st != intents.Succeeded && st != intents.Failed) {
+		if d.SettleState != "succeeded" && d.SettleState != "failed" {
 			again(http.StatusBadRequest, "Settle it as succeeded or failed.")
 			return
 		}
-		_, err = j.Settle(ctx, a.Key, st, c.operator(r), []byte(d.Found))
+		err = j.Settle(ctx, a.Key, d.SettleState == "succeeded", c.operator(r), []byte(d.Found))
 		done = "settled"
 	case "forget":
 		err = j.Forget(ctx, a.Key)
@@ -202,17 +185,17 @@ func (c *console) actionPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case errors.Is(err, intents.ErrWrongState):
+	case errors.Is(err, ErrActionState):
 		again(http.StatusConflict, fmt.Sprintf("The action is %s now: it cannot be %s.", a.State, map[string]string{"redelivered": "redelivered (uncertain actions only)", "settled": "settled (uncertain actions only)", "forgot": "forgotten (answered actions only)"}[done]))
 		return
-	case errors.Is(err, intents.ErrInvalid):
-		again(http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrBadInput):
+		again(http.StatusBadRequest, sentence(err))
 		return
 	case err != nil:
 		again(http.StatusInternalServerError, err.Error())
 		return
 	}
-	c.logChange(ctx, r, "receiptconsole: "+done+" an action", "action", a.Key, "target", a.Target, "operation", a.Operation, "was", a.State.String())
+	c.logChange(ctx, r, "receiptconsole: "+done+" an action", "action", a.Key, "target", a.Target, "operation", a.Operation, "was", a.State)
 	if done == "forgot" {
 		http.Redirect(w, r, "actions?done=forgot", http.StatusSeeOther)
 		return

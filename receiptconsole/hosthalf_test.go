@@ -11,6 +11,7 @@ import (
 
 	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/receiptconsole"
+	"github.com/receiptstore/receipts/receiptconsole/consoleintents"
 	"github.com/receiptstore/receipts/receiptstest"
 	"github.com/stretchr/testify/require"
 )
@@ -68,7 +69,7 @@ func TestHostHalf(t *testing.T) {
 	db := openPebble(t, nil)
 	j, uncertain, expired := hostJournal(t)
 	var log bytes.Buffer
-	cs := serveConsole(t, db, &receiptconsole.Options{Journal: j, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	cs := serveConsole(t, db, &receiptconsole.Options{Journal: consoleintents.Journal(j), Logger: slog.New(slog.NewTextHandler(&log, nil)),
 		Operator: func(*http.Request) string { return "oscar" }})
 	require.Contains(t, text(cs.get(t, "").doc), "2 uncertain actions in the host's journal")
 	list := cs.get(t, "actions")
@@ -134,7 +135,7 @@ func TestHostHalf(t *testing.T) {
 	require.Contains(t, log.String(), "forgot an action")
 
 	// Read-only: no form, and the POST is refused.
-	ro := serveConsole(t, db, &receiptconsole.Options{Journal: j, ReadOnly: true, Logger: quiet})
+	ro := serveConsole(t, db, &receiptconsole.Options{Journal: consoleintents.Journal(j), ReadOnly: true, Logger: quiet})
 	checkPage(t, ro.get(t, "actions"), true)
 
 	// Without a journal the page says so.

@@ -107,7 +107,7 @@ func (c *console) needs(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := c.now(ctx)
 	q := r.URL.Query()
-	d := needsData{Limit: c.opts.Limit, Hashed: c.db.HashesKeys(),
+	d := needsData{Limit: c.opts.Limit, Hashed: c.db.Options().HashKeys,
 		Filter: needsFilter{Scope: q.Get("scope"), Face: q.Get("face"), Older: q.Get("older")}}
 	d.Filtered = d.Filter.set()
 	v := view{Title: "Needs a person", Nav: "needs", Now: now, Data: &d}
@@ -175,7 +175,7 @@ func (c *console) bulkPost(w http.ResponseWriter, r *http.Request) {
 	now := c.now(ctx)
 	pf := r.PostForm
 	f := needsFilter{Scope: pf.Get("scope"), Face: pf.Get("face"), Older: pf.Get("older")}
-	d := needsData{Limit: c.opts.Limit, Hashed: c.db.HashesKeys(), Filter: f, Filtered: f.set()}
+	d := needsData{Limit: c.opts.Limit, Hashed: c.db.Options().HashKeys, Filter: f, Filtered: f.set()}
 	v := view{Title: "Needs a person", Nav: "needs", Now: now, Data: &d}
 	fail := func(status int, msg string) {
 		v.Error = msg + " Nothing changed."

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/intents"
 )
 
 // The Overview page: the store as its metrics read it.
@@ -52,7 +51,7 @@ var durabilityWarn = map[string]func(float64) bool{
 func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := c.now(ctx)
-	d := overviewData{Engine: c.db.EngineName(), Stats: c.db.Stats(), Tombstone: c.db.Options().TombstoneWindow}
+	d := overviewData{Engine: c.db.Driver().Name(), Stats: c.db.Stats(), Tombstone: c.db.Options().TombstoneWindow}
 	d.PebbleEngine = d.Engine == "pebble"
 	for _, m := range c.db.EngineMetrics() {
 		row := metricRow{Name: "receipts_" + m.Name, Help: m.Help, Value: strconv.FormatFloat(m.Value, 'f', -1, 64)}
@@ -93,7 +92,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	if j := c.opts.Journal; j != nil {
 		d.Journal = true
-		for _, err := range j.List(ctx, intents.Uncertain) {
+		for _, err := range j.Actions(ctx, "uncertain") {
 			if err != nil {
 				d.JournalErr = err.Error()
 				break

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
-	"github.com/receiptstore/receipts/intents"
 	"github.com/receiptstore/receipts/receiptconsole"
+	"github.com/receiptstore/receipts/receiptconsole/consoleintents"
 	"github.com/spf13/cobra"
 )
 
@@ -68,7 +68,7 @@ and conflicting actions, to redeliver, settle or forget.`,
 			if journalPG != "" && a.pg == "" {
 				return usagef("--journal-schema opens a journal on PostgreSQL: give --pg")
 			}
-			var journal *intents.Journal
+			var journal receiptconsole.Journal
 			if journalDir != "" || journalPG != "" {
 				var args []string
 				if journalDir != "" {
@@ -79,7 +79,7 @@ and conflicting actions, to redeliver, settle or forget.`,
 					return err
 				}
 				defer closeJournal()
-				journal = j
+				journal = consoleintents.Journal(j)
 			}
 			who := "receiptctl console"
 			if u, err := user.Current(); err == nil {
@@ -97,7 +97,7 @@ and conflicting actions, to redeliver, settle or forget.`,
 			srv := &http.Server{Handler: receiptconsole.Handler(db, opts), ReadHeaderTimeout: 10 * time.Second}
 			served := make(chan error, 1)
 			go func() { served <- srv.Serve(ln) }()
-			fmt.Fprintf(a.stdout, "receipts console on %s: open http://%s/\n(Ctrl-C stops it)\n", db.EngineName(), ln.Addr())
+			fmt.Fprintf(a.stdout, "receipts console on %s: open http://%s/\n(Ctrl-C stops it)\n", db.Driver().Name(), ln.Addr())
 			select {
 			case <-ctx.Done():
 			case err = <-served:
