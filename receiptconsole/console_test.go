@@ -493,7 +493,7 @@ func TestBulkForget(t *testing.T) {
 
 			p := cs.get(t, "needs?scope=zed")
 			checkPage(t, p, false)
-			require.Contains(t, text(p.doc), "Forget all 3 as not performed?")
+			require.Contains(t, text(p.doc), "Forget the 3 claims below as not performed?")
 			form := p.form(t, "bulk")
 			form.Set("confirm", "2")
 			p = cs.post(t, "bulk", form, nil)
