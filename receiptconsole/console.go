@@ -182,6 +182,9 @@ func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.routed.ServeHTTP(w, r)
 }
 
+// maxForm bounds a form's body: a result (at most 1 MiB, receipts' limit) with its fields.
+const maxForm = 2 << 20
+
 // route dispatches on the last element of the path.
 func (c *console) route(w http.ResponseWriter, r *http.Request) {
 	page := path.Base(r.URL.Path)
@@ -204,6 +207,7 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 			c.fail(w, r, http.StatusForbidden, "Refused: the console is read-only (Options.ReadOnly): nothing changed.")
 			return
 		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 		if err := r.ParseForm(); err != nil {
 			c.fail(w, r, http.StatusBadRequest, "Bad form: "+err.Error())
 			return

@@ -219,6 +219,16 @@ func TestRefusals(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, browser2.post(t, "settle", form, nil).status)
 	require.Equal(t, before, abandoned(t, db))
 
+	// A form larger than a result can be is refused before it is read.
+	huge := url.Values{}
+	for k, v := range form {
+		huge[k] = v
+	}
+	huge.Set("body", strings.Repeat("x", 3<<20))
+	p = cs.post(t, "settle", huge, nil)
+	require.Equal(t, http.StatusBadRequest, p.status)
+	require.Equal(t, before, abandoned(t, db))
+
 	// Reading never changes anything: POST only on the pages that change.
 	require.Equal(t, http.StatusMethodNotAllowed, cs.post(t, "needs", form, nil).status)
 
