@@ -25,6 +25,7 @@ var tombstoneTests = []test{
 	{"GCKeepsThemThenDropsByEpoch", testTombstoneGC},
 	{"Listed", testTombstoneListed},
 	{"WindowRecorded", testTombstoneRecorded},
+	{"DefaultWindow", testTombstoneDefaultWindow},
 	{"KeyTime", testTombstoneKeyTime},
 	{"BadWindow", testTombstoneBadWindow},
 }
@@ -52,7 +53,9 @@ func tombEnv(t *testing.T, s Store, mod func(*receipts.Options)) *env {
 			require.NoError(t, e.db.Close())
 		}
 	})
-	require.Equal(t, tombWindow, db.Options().TombstoneWindow, "TombstoneWindow in force")
+	if opts.TombstoneWindow > 0 {
+		require.Equal(t, tombWindow, db.Options().TombstoneWindow, "TombstoneWindow in force")
+	}
 	return e
 }
 
@@ -278,6 +281,22 @@ func testTombstoneRecorded(t *testing.T, s Store) {
 	e.opts.TombstoneWindow = 0
 	e.reopen()
 	require.Negative(t, e.db.Options().TombstoneWindow, "off is recorded too")
+}
+
+// A new store opened with a zero TombstoneWindow keeps tombstones for
+// DefaultTombstoneWindow(Retention) (7 × Retention, at most
+// MaxTombstoneWindow), on every engine that keeps them, and records it.
+func testTombstoneDefaultWindow(t *testing.T, s Store) {
+	e := tombEnv(t, s, func(o *receipts.Options) { o.TombstoneWindow = 0 })
+	if e.db.Options().TombstoneWindow < 0 {
+		t.Skip("this engine keeps no tombstones")
+	}
+	want := receipts.DefaultTombstoneWindow(retention)
+	require.Equal(t, 7*retention, want)
+	require.Equal(t, want, e.db.Options().TombstoneWindow, "the default window in force")
+	e.opts.TombstoneWindow = 0
+	e.reopen()
+	require.Equal(t, want, e.db.Options().TombstoneWindow, "the default window is recorded")
 }
 
 // KeyTime: a key minted more than Retention + TombstoneWindow ago is
