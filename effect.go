@@ -79,19 +79,3 @@ func (l *Lease) clearStaged() {
 	l.staged = nil
 	l.mu.Unlock()
 }
-
-// then returns an Effect that runs e, then next; either may be nil.
-func (e Effect) then(next Effect) Effect {
-	switch {
-	case e == nil:
-		return next
-	case next == nil:
-		return e
-	}
-	return func(ctx context.Context, tx any) error {
-		if err := e(ctx, tx); err != nil {
-			return err
-		}
-		return next(ctx, tx)
-	}
-}
