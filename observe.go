@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
-	"github.com/receiptstore/receipts/internal/private"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -21,8 +20,8 @@ func (db *DB) tracing(ctx context.Context) bool {
 
 // event starts an Event of kind on k for this store.
 func (db *DB) event(kind observe.EventKind, k Key, class string, start time.Time) observe.Event {
-	e := observe.Event{Kind: kind, Engine: db.engName, Class: class, Start: start, Duration: time.Since(start)}
-	private.SetEventKey(&e, db.hashKey, driver.Key(k))
+	e := observe.NewEvent(kind, db.hashKey, k.Scope, k.ID)
+	e.Engine, e.Class, e.Start, e.Duration = db.engName, class, start, time.Since(start)
 	return e
 }
 
@@ -233,9 +232,8 @@ func (db *DB) logTakeover(ctx context.Context, l *Lease) {
 	if !db.opts.Logger.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	e := observe.Event{Kind: observe.ClaimEvent, Outcome: observe.OutcomeTookOver, Engine: db.eng.Name(), Class: observe.OperationClass(ctx),
-		Attempt: l.attempt, Recovered: l.recovered}
-	private.SetEventKey(&e, db.hashKey, driver.Key(l.key))
+	e := observe.NewEvent(observe.ClaimEvent, db.hashKey, l.key.Scope, l.key.ID)
+	e.Outcome, e.Engine, e.Class, e.Attempt, e.Recovered = observe.OutcomeTookOver, db.eng.Name(), observe.OperationClass(ctx), l.attempt, l.recovered
 	db.logEvent(ctx, &e, l.key)
 }
 

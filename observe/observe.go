@@ -15,7 +15,6 @@ import (
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/keys"
-	"github.com/receiptstore/receipts/internal/private"
 )
 
 // Observer receives one call per transition of the store: a claim's
@@ -249,6 +248,16 @@ type Event struct {
 	key     driver.Key
 }
 
+// NewEvent returns an Event of kind about the key (scope, id), whose KeyHash
+// names it under hashKey (a key derived from the store's secret). Stores
+// build their events with it, and an observer's tests may too. The key
+// itself stays hidden: nothing exported reads it, and printing the Event
+// shows only KeyHash. It returns a value (no allocation): an observer that
+// keeps an Event keeps a copy.
+func NewEvent(kind EventKind, hashKey []byte, scope, id string) Event {
+	return Event{Kind: kind, hashKey: hashKey, key: driver.Key{Scope: scope, ID: id}}
+}
+
 // Format prints e's exported fields and its KeyHash, never its key, for
 // every verb (fmt.Formatter).
 func (e Event) Format(f fmt.State, verb rune) {
@@ -305,12 +314,3 @@ type TraceRecorder interface {
 // MaxTraceContext bounds what TraceRecorder.TraceContext may store (a W3C
 // traceparent is 55 bytes).
 const MaxTraceContext = driver.MaxTrace
-
-func init() {
-	// The root fills an Event's key, which observers never see (KeyHash
-	// hides it), through this hook: Pebble's internal/private pattern.
-	private.SetEventKey = func(e any, hashKey []byte, k driver.Key) {
-		ev := e.(*Event)
-		ev.hashKey, ev.key = hashKey, k
-	}
-}
