@@ -359,3 +359,70 @@ func (db *DB) mismatch(k Key) error {
 	db.hot.Mismatches.Add(1)
 	return fmt.Errorf("%w: %s", ErrIntentMismatch, db.keyName(k))
 }
+
+// The verdicts on a claim that the engine answered with a record (claimed
+// above gives the others: a lease, a replay, a mismatch, in progress), and
+// the one given before the engine is asked (keyTooOld), kept together so a
+// reader following a key from DB.Do finds every answer in this file.
+
+// expired is the error of a claim of k answered Expired (the receipt's
+// retention ended at expiredAt).
+func (db *DB) expired(k Key, expiredAt time.Time) error {
+	db.n.expired.Add(1)
+	return &ExpiredError{Key: k, ExpiredAt: expiredAt, Until: expiredAt.Add(max(db.opts.TombstoneWindow, 0)), db: db}
+}
+
+// keyTooOld returns ErrExpired if Options.KeyTime says k was minted more
+// than Retention + TombstoneWindow ago by the store's clock.
+func (db *DB) keyTooOld(ctx context.Context, k Key) error {
+	minted, ok := db.opts.KeyTime(k.ID)
+	if !ok {
+		return nil
+	}
+	now, err := db.keyClock(ctx)
+	if err != nil {
+		return err
+	}
+	if now.Sub(minted) >= db.opts.Retention+max(db.opts.TombstoneWindow, 0) {
+		db.n.expired.Add(1)
+		return &ExpiredError{Key: k, db: db}
+	}
+	return nil
+}
+
+// keyClock is the time KeyTime's answers are compared with: the engine's
+// clock where it is read without I/O (driver.LocalClock: Pebble's), Options.Now, or the process's clock for an
+// engine whose clock is remote (a key's mint time comes from some
+// client's clock anyway).
+func (db *DB) keyClock(ctx context.Context) (time.Time, error) {
+	if c, ok := db.eng.(driver.LocalClock); ok {
+		return c.LocalNow(), nil
+	}
+	return db.clock(), nil
+}
+
+// erased counts a claim refused in an erased scope.
+func (db *DB) erased(k Key, rec *driver.Record) error {
+	db.n.expired.Add(1)
+	return &ErasedError{Key: k, At: rec.UpdatedAt, Until: rec.ExpiresAt, db: db}
+}
+
+// replaySealed is replay for a record whose result is sealed: Options.BeforeReplay sees the
+// receipt without its result (nil), which is decrypted only once it has allowed the replay.
+// The receipt, its fingerprint and the plaintext are one allocation (newReceiptCopy, given
+// room for the plaintext), which the plaintext is decrypted into.
+func (db *DB) replaySealed(ctx context.Context, k Key, rec *driver.Record) (*Receipt, error) {
+	room := *rec
+	room.Result = rec.Result[:len(rec.Result)-SealOverhead] // its length only: overwritten below
+	r := newReceiptCopy(&room)
+	plain := r.Result[:0]
+	r.Key, r.Result = k, nil
+	r, err := db.replay(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if r.Result, err = db.seal.openInto(ctx, rec, plain); err != nil {
+		return nil, err
+	}
+	return r, nil
+}

@@ -196,12 +196,6 @@ func (e *ErasedError) Unwrap() []error {
 	return []error{ErrErased, ErrExpired}
 }
 
-// erased counts a claim refused in an erased scope.
-func (db *DB) erased(k Key, rec *driver.Record) error {
-	db.n.expired.Add(1)
-	return &ErasedError{Key: k, At: rec.UpdatedAt, Until: rec.ExpiresAt, db: db}
-}
-
 const levelInfo = slog.LevelInfo
 
 // scopeAttrs are what the log says of an erasure: never the scope.

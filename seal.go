@@ -349,26 +349,6 @@ func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byt
 	return sealed, err
 }
 
-// replaySealed is replay for a record whose result is sealed: Options.BeforeReplay sees the
-// receipt without its result (nil), which is decrypted only once it has allowed the replay.
-// The receipt, its fingerprint and the plaintext are one allocation (newReceiptCopy, given
-// room for the plaintext), which the plaintext is decrypted into.
-func (db *DB) replaySealed(ctx context.Context, k Key, rec *driver.Record) (*Receipt, error) {
-	room := *rec
-	room.Result = rec.Result[:len(rec.Result)-SealOverhead] // its length only: overwritten below
-	r := newReceiptCopy(&room)
-	plain := r.Result[:0]
-	r.Key, r.Result = k, nil
-	r, err := db.replay(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	if r.Result, err = db.seal.openInto(ctx, rec, plain); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
 // unseal decrypts rec's result into r.
 func (db *DB) unseal(ctx context.Context, r *Receipt, rec *driver.Record) error {
 	if err := db.seal.open(ctx, rec); err != nil {

@@ -86,39 +86,3 @@ func (db *DB) tombstone(ctx context.Context, k Key) (*Tombstone, error) {
 	tb.Key = k
 	return tb, nil
 }
-
-// expired is the error of a claim of k answered Expired (the receipt's
-// retention ended at expiredAt).
-func (db *DB) expired(k Key, expiredAt time.Time) error {
-	db.n.expired.Add(1)
-	return &ExpiredError{Key: k, ExpiredAt: expiredAt, Until: expiredAt.Add(max(db.opts.TombstoneWindow, 0)), db: db}
-}
-
-// keyTooOld returns ErrExpired if Options.KeyTime says k was minted more
-// than Retention + TombstoneWindow ago by the store's clock.
-func (db *DB) keyTooOld(ctx context.Context, k Key) error {
-	minted, ok := db.opts.KeyTime(k.ID)
-	if !ok {
-		return nil
-	}
-	now, err := db.keyClock(ctx)
-	if err != nil {
-		return err
-	}
-	if now.Sub(minted) >= db.opts.Retention+max(db.opts.TombstoneWindow, 0) {
-		db.n.expired.Add(1)
-		return &ExpiredError{Key: k, db: db}
-	}
-	return nil
-}
-
-// keyClock is the time KeyTime's answers are compared with: the engine's
-// clock where it is read without I/O (driver.LocalClock: Pebble's), Options.Now, or the process's clock for an
-// engine whose clock is remote (a key's mint time comes from some
-// client's clock anyway).
-func (db *DB) keyClock(ctx context.Context) (time.Time, error) {
-	if c, ok := db.eng.(driver.LocalClock); ok {
-		return c.LocalNow(), nil
-	}
-	return db.clock(), nil
-}
