@@ -2,15 +2,11 @@ package receipts
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
-	"hash"
-	"sync"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/keys"
 )
 
 // Keys that reveal nothing at rest (Options.HashKeys).
@@ -38,12 +34,6 @@ import (
 // store that holds records with their keys as given cannot take it up (the records would no
 // longer be found: a retry would run again).
 
-// storedMark starts both parts of a stored key in HashKeys mode.
-const storedMark = "\x00h"
-
-// storedPartLen is the length of a stored scope or ID: the mark and 16 bytes in base64url.
-const storedPartLen = len(storedMark) + 22
-
 // keyFormSetting is the setting that records the form of a store's keys.
 const keyFormSetting = "key-form"
 
@@ -61,51 +51,13 @@ const hashKeySetting = "key-hash-key"
 // zeros but with probability 2^-128.
 var hashKeyID = make([]byte, driver.ScopeIDLen)
 
-// isStoredPart reports whether s is a stored scope or ID.
-func isStoredPart(s string) bool {
-	if len(s) != storedPartLen || s[:len(storedMark)] != storedMark {
-		return false
-	}
-	_, err := base64.RawURLEncoding.DecodeString(s[len(storedMark):])
-	return err == nil
-}
-
-// keyHasher computes stored keys; its HMACs are pooled (each keyed once).
-type keyHasher struct{ pool sync.Pool }
-
-func newKeyHasher(secret []byte) *keyHasher {
-	h := &keyHasher{}
-	h.pool.New = func() any { return hmac.New(sha256.New, secret) }
-	return h
-}
-
-func (h *keyHasher) part(label string, scope, id string, withScope bool) string {
-	mac := h.pool.Get().(hash.Hash)
-	mac.Reset()
-	mac.Write([]byte(label))
-	if withScope {
-		mac.Write([]byte{byte(len(scope))})
-		mac.Write([]byte(scope))
-		mac.Write([]byte(id))
-	} else {
-		mac.Write([]byte(scope))
-	}
-	var sum [sha256.Size]byte
-	mac.Sum(sum[:0])
-	h.pool.Put(mac)
-	b := make([]byte, storedPartLen)
-	copy(b, storedMark)
-	base64.RawURLEncoding.Encode(b[len(storedMark):], sum[:16])
-	return string(b)
-}
-
 // storedScope is scope as the engine stores it: its hash in HashKeys mode (a stored scope is
 // kept as it is), scope itself otherwise.
 func (db *DB) storedScope(scope string) string {
-	if db.keys == nil || isStoredPart(scope) {
+	if db.keys == nil || keys.IsStoredPart(scope) {
 		return scope
 	}
-	return db.keys.part("receipts key scope\x00", scope, "", false)
+	return db.keys.Part("receipts key scope\x00", scope, "", false)
 }
 
 // storedKey is k as the engine stores it (see the top of this file). It returns
@@ -115,17 +67,17 @@ func (db *DB) storedKey(k Key) (driver.Key, error) {
 	if db.keys == nil {
 		return driver.Key(k), nil
 	}
-	scopeStored, idStored := isStoredPart(k.Scope), isStoredPart(k.ID)
+	scopeStored, idStored := keys.IsStoredPart(k.Scope), keys.IsStoredPart(k.ID)
 	switch {
-	case !scopeStored && len(k.Scope) >= len(storedMark) && k.Scope[:len(storedMark)] == storedMark,
-		!idStored && len(k.ID) >= len(storedMark) && k.ID[:len(storedMark)] == storedMark:
-		return driver.Key{}, fmt.Errorf("%w: with Options.HashKeys a scope or ID may not start with %q (the stored form's mark)", ErrInvalidKey, storedMark)
+	case !scopeStored && len(k.Scope) >= len(keys.StoredMark) && k.Scope[:len(keys.StoredMark)] == keys.StoredMark,
+		!idStored && len(k.ID) >= len(keys.StoredMark) && k.ID[:len(keys.StoredMark)] == keys.StoredMark:
+		return driver.Key{}, fmt.Errorf("%w: with Options.HashKeys a scope or ID may not start with %q (the stored form's mark)", ErrInvalidKey, keys.StoredMark)
 	case scopeStored && !idStored:
 		return driver.Key{}, fmt.Errorf("%w: a stored scope with an ID as given (give the scope as given, or the stored ID)", ErrInvalidKey)
 	}
 	sk := driver.Key{Scope: db.storedScope(k.Scope), ID: k.ID}
 	if !idStored {
-		sk.ID = db.keys.part("receipts key id\x00", k.Scope, k.ID, true)
+		sk.ID = db.keys.Part("receipts key id\x00", k.Scope, k.ID, true)
 	}
 	return sk, nil
 }
@@ -133,7 +85,7 @@ func (db *DB) storedKey(k Key) (driver.Key, error) {
 // shownKey is the key a listing shows for the stored key sk: sk, with scope in place of its
 // hash if the caller named the scope (scope is not ""), as given.
 func (db *DB) shownKey(sk driver.Key, scope string) Key {
-	if db.keys != nil && scope != "" && !isStoredPart(scope) {
+	if db.keys != nil && scope != "" && !keys.IsStoredPart(scope) {
 		return Key{Scope: scope, ID: sk.ID}
 	}
 	return Key(sk)
@@ -143,7 +95,7 @@ func (db *DB) shownKey(sk driver.Key, scope string) Key {
 // or if hash asks for it and the store holds no record and no tombstone yet (then it is
 // recorded, under a hash key kr wraps if kr is not nil); as given otherwise. It returns nil
 // for keys as given.
-func openKeyForm(ctx context.Context, eng driver.Engine, hash bool, kr Keyring) (*keyHasher, error) {
+func openKeyForm(ctx context.Context, eng driver.Engine, hash bool, kr Keyring) (*keys.Hasher, error) {
 	st, ok := eng.(driver.Settings)
 	if !ok {
 		if hash {
@@ -157,7 +109,7 @@ func openKeyForm(ctx context.Context, eng driver.Engine, hash bool, kr Keyring) 
 	}
 	switch {
 	case found && string(v) == string(keyFormHashed):
-		return newKeyHasher(eng.Secret()), nil
+		return keys.NewHasher(eng.Secret()), nil
 	case found && string(v) == string(keyFormWrapped):
 		return wrappedHasher(ctx, st, kr, nil)
 	case found:
@@ -180,7 +132,7 @@ func openKeyForm(ctx context.Context, eng driver.Engine, hash bool, kr Keyring) 
 		}
 	}
 	form := keyFormHashed
-	var kh *keyHasher
+	var kh *keys.Hasher
 	if kr != nil {
 		form = keyFormWrapped
 		raw := make([]byte, 32)
@@ -196,7 +148,7 @@ func openKeyForm(ctx context.Context, eng driver.Engine, hash bool, kr Keyring) 
 	}
 	switch {
 	case string(v) == string(keyFormHashed):
-		return newKeyHasher(eng.Secret()), nil
+		return keys.NewHasher(eng.Secret()), nil
 	case string(v) == string(keyFormWrapped) && kh != nil:
 		return kh, nil
 	case string(v) == string(keyFormWrapped):
@@ -207,7 +159,7 @@ func openKeyForm(ctx context.Context, eng driver.Engine, hash bool, kr Keyring) 
 
 // wrappedHasher returns the hasher of the hash key kr wraps in the store: the one recorded,
 // or raw, wrapped and recorded if none is (another node's, recorded first, wins).
-func wrappedHasher(ctx context.Context, st driver.Settings, kr Keyring, raw []byte) (*keyHasher, error) {
+func wrappedHasher(ctx context.Context, st driver.Settings, kr Keyring, raw []byte) (*keys.Hasher, error) {
 	if kr == nil {
 		return nil, fmt.Errorf("%w: the store's keys are hashed under a key its Keyring wraps: open it with Options.Keyring", ErrSealed)
 	}
@@ -230,7 +182,7 @@ func wrappedHasher(ctx context.Context, st driver.Settings, kr Keyring, raw []by
 	if raw, err = kr.UnwrapKey(ctx, hashKeyID, w); err != nil {
 		return nil, fmt.Errorf("receipts: unwrap the store's hash key: %w", err)
 	}
-	return newKeyHasher(raw), nil
+	return keys.NewHasher(raw), nil
 }
 
 // rewrapHashKey wraps the store's hash key anew with kr (RewrapKeys); it reports whether
