@@ -607,8 +607,9 @@ func (e *engine) durabilityMetrics() []driver.Metric {
 }
 
 // checkDurability reads, at Open, whether the pool has the notice handler and the server's
-// replication state, logs them, and refuses to open when Options.RequireSyncStandby is set
-// and a commit might not survive a failover.
+// replication state, logs them, and refuses to open on a pool without the handler while the
+// server has synchronous_standby_names set (ErrPoolNotConfigured), or when
+// Options.RequireSyncStandby is set and a commit might not survive a failover.
 func (e *engine) checkDurability(ctx context.Context) error {
 	on, err := e.commitCheckOn(ctx)
 	if err != nil {
@@ -622,8 +623,8 @@ func (e *engine) checkDurability(ctx context.Context) error {
 	}
 	e.o.Logger.Info("pgstore: durability", "synchronous_commit", r.syncCommit, "synchronous_standby_names", r.standbyNames,
 		"sync_standbys_streaming", r.syncUp, "replication_visible", r.visible, "primary", r.primary, "commit_check", on)
-	if !on {
-		e.o.Logger.Warn("pgstore: the pool was built without pgstore.Configure: a COMMIT whose wait for a synchronous standby is cancelled cannot be told from a durable one")
+	if !on && e.requireConfigured(r) == nil {
+		e.o.Logger.Warn("pgstore: the pool was built without pgstore.Configure: if synchronous_standby_names is set, claims are refused (ErrPoolNotConfigured)")
 	}
 	return e.requireSyncStandby()
 }

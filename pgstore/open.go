@@ -61,7 +61,9 @@ type Options struct {
 // Open fails with ErrInvalidOptions for options that cannot work (including the Pebble
 // engine's fields, a bad schema name, or a stored epoch width too narrow for Retention,
 // which leaves the schema as it is), ErrUnknownFormat for a schema written by a newer
-// version (left as it is), ErrCorrupt for damaged meta data, or the database's error.
+// version (left as it is), ErrCorrupt for damaged meta data, ErrPoolNotConfigured for a pool
+// built without Configure (plain pgxpool.New) on a database with synchronous_standby_names
+// set, or the database's error.
 //
 // On the DB it returns, Pebble returns nil, and CommitWith, DoBatch, RunBatch and
 // Checkpoint return ErrUnsupported: stage a receipts.Effect on a pgx.Tx

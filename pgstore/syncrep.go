@@ -40,6 +40,17 @@ var ErrNotReplicated = errors.New("pgstore: commit not confirmed by a synchronou
 // with Configure (a COMMIT made on the primary only could not be told).
 var ErrNoSyncStandby = errors.New("pgstore: no synchronous standby")
 
+// ErrPoolNotConfigured is wrapped by the errors of Open, and of claims, on a pool built
+// without Configure (for instance with plain pgxpool.New) while the database has a synchronous
+// standby (synchronous_standby_names is set): on such a pool a COMMIT whose wait for the
+// standby was cancelled, which a failover loses, could not be told from a durable one, so
+// Do would report receipts that a failover loses and Claim would hand out leases that a
+// failover loses (an effect run twice). Build the pool with Configure (its doc shows how).
+// Without synchronous_standby_names a pool without Configure opens: nothing waits for a
+// standby there, so there is nothing to tell. The state is read at Open and every second: a
+// store opened before synchronous_standby_names was set refuses claims from then on.
+var ErrPoolNotConfigured = errors.New("pgstore: the pool was not built with pgstore.Configure")
+
 // noticeKey is where the notice handler keeps, in a connection's CustomData, the warning
 // PostgreSQL sent last on it.
 const noticeKey = "github.com/receiptstore/receipts/pgstore.warning"
@@ -55,10 +66,12 @@ const noticeKey = "github.com/receiptstore/receipts/pgstore.warning"
 //	pgstore.Configure(cfg)
 //	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 //
-// On a pool built without it the engine cannot tell such a COMMIT from a durable one: Open
-// logs a warning, the metric postgres_commit_check is 0, and Options.RequireSyncStandby
-// refuses to open. Nothing else in cfg is changed: pgstore works with any other pgx setting
-// (the query execution mode, the context watcher handler, statement_timeout).
+// On a pool built without it the engine cannot tell such a COMMIT from a durable one: while
+// the database has a synchronous standby (synchronous_standby_names set), Open refuses such a
+// pool, and claims are refused, with an error wrapping ErrPoolNotConfigured; without one it
+// opens, and the metric postgres_commit_check is 0. Nothing else in cfg is changed: pgstore
+// works with any other pgx setting (the query execution mode, the context watcher handler,
+// statement_timeout).
 func Configure(cfg *pgxpool.Config) {
 	if cfg == nil || cfg.ConnConfig == nil {
 		return
@@ -257,16 +270,38 @@ func (e *engine) watchReplication() {
 	}
 }
 
-// requireSyncStandby returns an error wrapping ErrNoSyncStandby if Options.RequireSyncStandby
-// is set and the replication state last read cannot promise that a commit survives a failover.
+// requireSyncStandby returns an error wrapping ErrPoolNotConfigured if the pool was not built
+// with Configure and the server, as last read, has synchronous_standby_names set (with
+// Options.RequireSyncStandby it wraps ErrNoSyncStandby too); or one wrapping ErrNoSyncStandby
+// if Options.RequireSyncStandby is set and the replication state last read cannot promise
+// that a commit survives a failover.
 func (e *engine) requireSyncStandby() error {
+	r := e.repl.Load()
+	if err := e.requireConfigured(r); err != nil {
+		if e.o.RequireSyncStandby {
+			return fmt.Errorf("%w: %w", ErrNoSyncStandby, err)
+		}
+		return err
+	}
 	if !e.o.RequireSyncStandby {
 		return nil
 	}
-	if why := e.noSyncStandby(e.repl.Load()); why != "" {
+	if why := e.noSyncStandby(r); why != "" {
 		return fmt.Errorf("%w: %s", ErrNoSyncStandby, why)
 	}
 	return nil
+}
+
+// requireConfigured returns an error wrapping ErrPoolNotConfigured if the pool has no notice
+// handler (Configure) while r says synchronous_standby_names is set: a COMMIT made on the
+// primary only would then be reported durable.
+func (e *engine) requireConfigured(r *replication) error {
+	if e.commitCheck.Load() || r == nil || r.err != nil || strings.TrimSpace(r.standbyNames) == "" {
+		return nil
+	}
+	return fmt.Errorf("%w, and the database has a synchronous standby (synchronous_standby_names = %q): "+
+		"a COMMIT whose wait for the standby is cancelled could not be told from a durable one, and a failover would lose it; "+
+		"build the pool with pgstore.Configure(cfg) before pgxpool.NewWithConfig(ctx, cfg)", ErrPoolNotConfigured, r.standbyNames)
 }
 
 // durabilityState holds the engine's view of what survives a failover, for Metrics.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -313,18 +314,9 @@ func TestRequireSyncStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := Open(bg, pool, &o); !errors.Is(err, ErrNoSyncStandby) {
-		t.Fatalf("Open on a pool without Configure: %v, want ErrNoSyncStandby", err)
+	if _, err := Open(bg, pool, &o); !errors.Is(err, ErrNoSyncStandby) || !errors.Is(err, ErrPoolNotConfigured) {
+		t.Fatalf("Open on a pool without Configure: %v, want ErrNoSyncStandby and ErrPoolNotConfigured", err)
 	}
-	plain, err := Open(bg, pool, nil) // without the option it opens, and says it cannot tell
-	if err != nil {
-		t.Fatal(err)
-	}
-	if metric(t, plain, "postgres_commit_check") != 0 || metric(t, plain, "postgres_sync_standby_up") != 1 ||
-		metric(t, plain, "postgres_synchronous_commit") != 3 || metric(t, plain, "postgres_primary") != 1 {
-		t.Errorf("metrics: %+v", plain.EngineMetrics())
-	}
-	_ = plain.Close()
 
 	db := syncDB(t, p.Primary.DSN, o, nil)
 	if metric(t, db, "postgres_commit_check") != 1 || metric(t, db, "postgres_sync_standby_up") != 1 {
@@ -364,6 +356,74 @@ func TestRequireSyncStandby(t *testing.T) {
 	waitFor(t, "asynchronous replication seen", func() bool { return metric(t, db, "postgres_sync_standby_configured") == 0 })
 	if _, _, err := db.Claim(bg, receipts.Key{Scope: "s", ID: "async"}, []byte("fp")); !errors.Is(err, ErrNoSyncStandby) {
 		t.Errorf("claim with asynchronous replication: %v, want ErrNoSyncStandby", err)
+	}
+}
+
+// A pool built the ordinary pgx way (pgxpool.New, without Configure) cannot tell a COMMIT
+// whose wait for the synchronous standby was cancelled (committed on the primary only, lost by
+// a failover) from a durable one. On a database with synchronous_standby_names set, Open
+// refuses it with an error wrapping ErrPoolNotConfigured that names pgstore.Configure, and a
+// pool built with Configure opens and claims. A store opened on such a pool while replication
+// was asynchronous opens (nothing waits for a standby; the metric postgres_commit_check says
+// 0), and refuses claims once synchronous_standby_names is set.
+//
+// On the code before, Open took the plain pool with a log line only: Do then reported success
+// for receipts a failover lost, and Claim handed out leases a failover lost (issue 43, item 3).
+func TestPlainPoolRefused(t *testing.T) {
+	p := pgtest.StartPair(t, true)
+	plainPool := func() *pgxpool.Pool {
+		pool, err := pgxpool.New(bg, p.Primary.DSN) // as ordinary pgx code builds it
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	db, err := Open(bg, plainPool(), nil)
+	if err == nil {
+		_ = db.Close()
+		t.Fatal("Open on a plain pool with a synchronous standby: opened, want ErrPoolNotConfigured")
+	}
+	if !errors.Is(err, ErrPoolNotConfigured) || !strings.Contains(err.Error(), "pgstore.Configure") {
+		t.Fatalf("Open on a plain pool with a synchronous standby: %v, want ErrPoolNotConfigured naming pgstore.Configure", err)
+	}
+	t.Logf("refused: %v", err)
+	configured := syncDB(t, p.Primary.DSN, Options{}, nil)
+	if _, _, err := configured.Claim(bg, receipts.Key{Scope: "s", ID: "configured"}, []byte("fp")); err != nil {
+		t.Fatalf("claim on a pool built with Configure: %v", err)
+	}
+
+	// Opened while replication was asynchronous: claims are refused once it is synchronous.
+	if err := p.Primary.SetSynchronous(bg, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "asynchronous replication seen", func() bool { return metric(t, configured, "postgres_sync_standby_configured") == 0 })
+	plain, err := Open(bg, plainPool(), nil)
+	if err != nil {
+		t.Fatalf("Open on a plain pool without synchronous_standby_names: %v", err)
+	}
+	defer plain.Close()
+	if metric(t, plain, "postgres_commit_check") != 0 {
+		t.Errorf("postgres_commit_check on a plain pool: %v, want 0", metric(t, plain, "postgres_commit_check"))
+	}
+	if _, _, err := plain.Claim(bg, receipts.Key{Scope: "s", ID: "async"}, []byte("fp")); err != nil {
+		t.Fatalf("claim on a plain pool without synchronous_standby_names: %v", err)
+	}
+	if err := p.Primary.SetSynchronous(bg, p.StandbyName); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Primary.WaitStandby(bg, p.StandbyName, "sync"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "synchronous replication seen", func() bool { return metric(t, plain, "postgres_sync_standby_configured") == 1 })
+	if _, err := plain.Do(bg, receipts.Key{Scope: "s", ID: "sync"}, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		t.Error("fn ran on a plain pool with a synchronous standby")
+		return nil, nil
+	}); !errors.Is(err, ErrPoolNotConfigured) {
+		t.Errorf("Do on a plain pool once synchronous_standby_names is set: %v, want ErrPoolNotConfigured", err)
+	}
+	if _, _, err := configured.Claim(bg, receipts.Key{Scope: "s", ID: "configured-sync"}, []byte("fp")); err != nil {
+		t.Errorf("claim on a pool built with Configure: %v", err)
 	}
 }
 
