@@ -414,15 +414,28 @@ func (e *engine) Lookup(ctx context.Context, k driver.Key) (driver.Record, bool,
 	var now time.Time
 	var err error
 	for attempt := 0; ; attempt++ {
-		arg := e.nowArg()
-		err = scanRecord(e.pool.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), arg), &rec, &now)
-		if err == nil || errors.Is(err, errAbsent) {
-			now = e.saw(now, arg)
-		}
+		rec, now, err = e.lookupOn(ctx, e.pool, k)
 		if attempt >= maxLostReply || !lostReply(ctx, err) || sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
 			break
 		}
 	}
+	return e.lookedUp(k, rec, now, err)
+}
+
+// lookupOn is Lookup's statement, once, on q: errAbsent if k has no visible record.
+func (e *engine) lookupOn(ctx context.Context, q querier, k driver.Key) (driver.Record, time.Time, error) {
+	var rec driver.Record
+	var now time.Time
+	arg := e.nowArg()
+	err := scanRecord(q.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), arg), &rec, &now)
+	if err == nil || errors.Is(err, errAbsent) {
+		now = e.saw(now, arg)
+	}
+	return rec, now, err
+}
+
+// lookedUp is Lookup's answer from lookupOn's.
+func (e *engine) lookedUp(k driver.Key, rec driver.Record, now time.Time, err error) (driver.Record, bool, time.Time, error) {
 	switch {
 	case errors.Is(err, errAbsent):
 		return driver.Record{}, false, now, nil

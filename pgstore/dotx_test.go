@@ -555,19 +555,44 @@ func TestClaimBlockedByDoTxHonoursContext(t *testing.T) {
 	}
 }
 
-// cutConn is a connection to the server that, once armed, closes itself right after its
-// next write: the statements written reach the server, and their reply is lost.
+// cutConn is a connection to the server that, once armed, loses the reply to its next write:
+// the statements written reach the server, which runs them and answers into a socket that
+// stays open, as when a reply is lost in the network; this side reads an error ("use of
+// closed network connection") and closes its end in name only. The sockets are closed when
+// the test ends, so the server never sees the client go while it works.
 type cutConn struct {
 	net.Conn
 	armed *atomic.Bool
+	cut   atomic.Bool
+	// beforeCut, if set, is called once before the first read that fails: pgx, told the
+	// connection broke, sends a cancel request for what the server still runs.
+	beforeCut func()
+	once      sync.Once
 }
 
 func (c *cutConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if c.armed.CompareAndSwap(true, false) {
-		_ = c.Conn.Close()
+		c.cut.Store(true)
 	}
 	return n, err
+}
+
+func (c *cutConn) Read(b []byte) (int, error) {
+	if c.cut.Load() {
+		if c.beforeCut != nil {
+			c.once.Do(c.beforeCut)
+		}
+		return 0, &net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *cutConn) Close() error {
+	if c.cut.Load() {
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 // A DoTx whose commit reply is lost reads the record back to tell whether the commit landed,
@@ -576,9 +601,45 @@ func (c *cutConn) Write(b []byte) (int, error) {
 // restarts under DoTx load) it used to wait for a connection forever, its context detached:
 // then this test reports the call that did not return, and its cleanup (Close waits for that
 // call) hangs until go test's -timeout.
+//
+// The server has the whole [finish; COMMIT] batch before the connection is cut, so the
+// commit lands: the verdict must be the receipt. A deferred trigger on the effect's table
+// holds the server's COMMIT on a lock the test holds (the gate) until DoTx has returned or
+// something waits for the held transaction (its read-back, waiting for it to end).
+// On the code before, the read-back looked at once, before the COMMIT had finished, and
+// DoTx answered "commit did not land, nothing happened" while the receipt and its effect
+// committed a moment later (issue 43, item 7); it failed here every time.
 func TestDoTxLostCommitReply(t *testing.T) {
+	testLostCommitReply(t, "DoTx", func(db *receipts.DB, k receipts.Key, effect func(context.Context, pgx.Tx) error) (*receipts.Receipt, error) {
+		return DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+			return []byte("done"), effect(ctx, tx)
+		})
+	})
+}
+
+// An effect staged on a Do's lease (Lease.Stage) commits with the receipt in FinishWith's
+// transaction ([lock; finish; COMMIT]); its lost COMMIT reply is settled as DoTx's is
+// (TestDoTxLostCommitReply). On the code before, the read-back looked at once, and Do
+// answered an unknown outcome ("commit did not land, nothing happened") for a receipt that
+// committed a moment later.
+func TestStagedEffectLostCommitReply(t *testing.T) {
+	testLostCommitReply(t, "Do", func(db *receipts.DB, k receipts.Key, effect func(context.Context, pgx.Tx) error) (*receipts.Receipt, error) {
+		return db.Do(bg, k, []byte("fp"), func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
+			l.Stage(receipts.EffectOn(effect))
+			return []byte("done"), nil
+		})
+	})
+}
+
+// testLostCommitReply runs call twice on a pool of one connection, the second time with the
+// reply to the commit lost and the server's COMMIT held at a gate (holdCommits) until call
+// has returned or its read-back waits; call's effect writes to the gated table. call must
+// answer the receipt both times.
+func testLostCommitReply(t *testing.T, name string, call func(db *receipts.DB, k receipts.Key, effect func(context.Context, pgx.Tx) error) (*receipts.Receipt, error)) {
+	t.Helper()
 	d := newTestDB(t)
 	var armed atomic.Bool
+	var gate *commitGate
 	d.tune = func(c *pgxpool.Config) {
 		c.MaxConns = 1
 		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -586,11 +647,16 @@ func TestDoTxLostCommitReply(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
-			return &cutConn{Conn: conn, armed: &armed}, nil
+			t.Cleanup(func() { _ = conn.Close() })
+			// The loss is told once the COMMIT waits at the gate, which shrugs off pgx's
+			// cancel request; told earlier, the request may cancel a statement before the
+			// COMMIT, which then rolls back instead.
+			return &cutConn{Conn: conn, armed: &armed, beforeCut: func() { gate.awaitHeld(t) }}, nil
 		}
 	}
 	db, pool := d.openDB(Options{})
 	insert, count := effects(t, pool, d.schema)
+	gate = holdCommits(t, d, "effects")
 	for i, arm := range []bool{false, true} { // the first prepares the commit's statements
 		k := receipts.Key{Scope: "s", ID: fmt.Sprint("lost-", i)}
 		type answer struct {
@@ -598,40 +664,165 @@ func TestDoTxLostCommitReply(t *testing.T) {
 			err error
 		}
 		done := make(chan answer, 1)
+		if arm {
+			gate.close()
+		}
 		go func() {
-			r, err := DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+			r, err := call(db, k, func(ctx context.Context, tx pgx.Tx) error {
 				err := insert(ctx, tx, k.ID)
 				armed.Store(arm)
-				return []byte("done"), err
+				return err
 			})
 			done <- answer{r, err}
 		}()
 		var a answer
-		select {
-		case a = <-done:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("DoTx (reply lost: %v) did not return", arm)
+		if arm {
+			a = openWhen(t, gate, done)
+		} else {
+			select {
+			case a = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s (reply lost: %v) did not return", name, arm)
+			}
 		}
 		l, r, err := db.Claim(bg, k, []byte("fp"))
 		switch {
 		case err != nil:
-			t.Fatalf("claim after DoTx (reply lost: %v): %v", arm, err)
+			t.Fatalf("claim after %s (reply lost: %v): %v", name, arm, err)
 		case a.err == nil && (a.r == nil || string(a.r.Result) != "done" || r == nil || string(r.Result) != "done"):
-			t.Fatalf("DoTx (reply lost: %v) answered %+v, the store holds %+v", arm, a.r, r)
+			t.Fatalf("%s (reply lost: %v) answered %+v, the store holds %+v", name, arm, a.r, r)
 		case a.err != nil && (r != nil || l == nil):
-			t.Fatalf("DoTx (reply lost: %v) failed (%v), but the store holds %+v", arm, a.err, r)
+			t.Fatalf("%s (reply lost: %v) failed (%v), but the store holds %+v", name, arm, a.err, r)
 		case a.err != nil:
 			_ = l.Release(bg)
+			t.Fatalf("%s (reply lost: %v) failed (%v): the server had its COMMIT, which landed", name, arm, a.err)
 		}
 		if armed.Load() {
 			t.Fatal("the commit was not sent: the connection was never cut")
 		}
 		t.Logf("reply lost: %v: %+v %v", arm, a.r, a.err)
 	}
+	if !gate.held.Load() {
+		t.Fatal("the lost COMMIT never waited at the gate: the read-back was not raced")
+	}
 	if n := pool.Stat().NewConnsCount(); n < 2 {
 		t.Fatalf("%d connections made: the lost one was not replaced", n)
 	}
-	if n := count(); n != 2 && n != 1 {
-		t.Fatalf("%d effects", n)
+	if n := count(); n != 2 {
+		t.Fatalf("%d effects, want 2", n)
 	}
+}
+
+// commitGate holds the COMMIT of every transaction that wrote to a table (holdCommits) while
+// the test holds its lock.
+type commitGate struct {
+	conn  *pgx.Conn     // holds the gate's lock while closed
+	watch *pgxpool.Pool // reads pg_locks
+	held  atomic.Bool   // a COMMIT was seen waiting at the gate
+}
+
+// gateLock is the gate's advisory lock (one bigint: objsubid 1 in pg_locks, where the
+// engine's two-int4 key locks have objsubid 2).
+const gateLock = 434307
+
+// holdCommits adds to d's table a deferred constraint trigger that, at COMMIT, waits for the
+// gate's lock (shared): a COMMIT of a transaction that wrote to the table waits while the
+// gate is closed, and is then neither committed nor rolled back.
+func holdCommits(t *testing.T, d *testDB, table string) *commitGate {
+	t.Helper()
+	conn, err := pgx.Connect(bg, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(bg) })
+	s := pgx.Identifier{d.schema}.Sanitize()
+	for _, sql := range []string{
+		`CREATE FUNCTION ` + s + `.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  LOOP
+    BEGIN
+      PERFORM pg_advisory_xact_lock_shared(` + fmt.Sprint(gateLock) + `);
+      RETURN NULL;
+    EXCEPTION WHEN query_canceled THEN -- pgx's cancel request after a broken connection
+    END;
+  END LOOP;
+END $$`,
+		`CREATE CONSTRAINT TRIGGER gate AFTER INSERT OR UPDATE ON ` + s + `.` + table + `
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + s + `.gate()`,
+	} {
+		if _, err := conn.Exec(bg, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	watch, err := pgxpool.New(bg, d.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(watch.Close)
+	return &commitGate{conn: conn, watch: watch}
+}
+
+// waiting reports whether a COMMIT waits at the gate, and whether a backend waits for another
+// lock (a key's advisory lock, a row: one the held transaction has).
+func (g *commitGate) waiting(t *testing.T) (atGate, other bool) {
+	if err := g.watch.QueryRow(bg, `SELECT
+  EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1 AND objid = $1),
+  EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND NOT (locktype = 'advisory' AND objsubid = 1 AND objid = $1))`, gateLock).Scan(&atGate, &other); err != nil {
+		t.Error(err)
+	}
+	if atGate {
+		g.held.Store(true)
+	}
+	return atGate, other
+}
+
+func (g *commitGate) close() {
+	if _, err := g.conn.Exec(bg, `SELECT pg_advisory_lock($1)`, gateLock); err != nil {
+		panic(err)
+	}
+}
+
+// awaitHeld waits until a COMMIT waits at the gate (a minute at most).
+func (g *commitGate) awaitHeld(t *testing.T) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if atGate, _ := g.waiting(t); atGate {
+			return
+		}
+	}
+	t.Error("no COMMIT came to the gate")
+}
+
+// openWhen opens g, closed, once done has an answer or a backend waits for a lock the held
+// transaction has (a read-back waiting for it to end, or a write of the key that would wait
+// for ever), and returns done's answer. It
+// records whether a COMMIT waited at the gate meanwhile.
+func openWhen[A any](t *testing.T, g *commitGate, done <-chan A) A {
+	t.Helper()
+	var a A
+	answered := false
+	deadline := time.Now().Add(time.Minute)
+	for !answered {
+		if atGate, readBack := g.waiting(t); readBack && atGate {
+			break
+		}
+		select {
+		case a = <-done:
+			answered = true
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the call neither returned nor read back while its COMMIT was held")
+		}
+	}
+	if _, err := g.conn.Exec(bg, `SELECT pg_advisory_unlock($1)`, gateLock); err != nil {
+		t.Fatal(err)
+	}
+	if !answered {
+		select {
+		case a = <-done:
+		case <-time.After(time.Minute):
+			t.Fatal("the call did not return after its COMMIT was let through")
+		}
+	}
+	return a
 }

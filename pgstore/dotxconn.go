@@ -21,6 +21,9 @@ type txConn struct {
 	c     *pgxpool.Conn
 	tx    pgx.Tx // pgx's transaction on c
 	ended atomic.Bool
+	// keyLocked: the transaction holds the key's advisory lock (DoTx's, from its claim);
+	// otherwise commitDoTx takes it before the finish (settledLookup waits for it).
+	keyLocked bool
 }
 
 // end rolls the transaction back (if it is still open) and releases the connection: the pool

@@ -20,10 +20,11 @@ import (
 // A lease of DoTx already has its transaction: the effect runs in it, and
 // the receipt commits with fn's writes ([finish; COMMIT], commitDoTx).
 // Otherwise: BEGIN; the fence (SELECT … FOR UPDATE: ErrLeaseLost if the
-// token no longer holds, before the effect); the effect; [finish; COMMIT]
-// in one batch. Three round trips besides the effect's own. The COMMIT is
-// sent on a context the caller's cannot cancel, and a lost reply is settled
-// by reading the record back, as for DoTx.
+// token no longer holds, before the effect); the effect; [the key's advisory
+// lock; finish; COMMIT] in one batch. Three round trips besides the effect's
+// own. The COMMIT is sent on a context the caller's cannot cancel, and a lost
+// reply is settled by reading the record back once the transaction has ended
+// on the server (the key's lock: settledLookup), as for DoTx.
 func (e *engine) FinishWith(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte,
 	effect func(ctx context.Context, tx any) error,
 ) (driver.Record, error) {
@@ -133,8 +134,8 @@ func (e *engine) abandonBound(ctx context.Context, t *txConn, k driver.Key, toke
 	if !lostReply(ctx, err) {
 		return fmt.Errorf("pgstore: dotx: abandon: commit: %w", err)
 	}
-	t.end(ctx) // the read below needs a connection of the pool: hand this one back first
-	cur, found, _, lerr := e.Lookup(ctx, k)
+	t.end(ctx)                                  // the read below needs a connection of the pool: hand this one back first
+	cur, found, lerr := e.settledLookup(ctx, k) // once the transaction has ended on the server
 	switch {
 	case lerr != nil:
 		return fmt.Errorf("pgstore: dotx: abandon: commit reply lost and the record cannot be read: %w (%w)", err, lerr)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // CommitTx records l's operation as Succeeded with result inside the caller's transaction
@@ -264,7 +265,7 @@ func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce
 	if err != nil {
 		return nil, claimRow{}, err
 	}
-	t := &txConn{c: c}
+	t := &txConn{c: c, keyLocked: true} // the claim batch takes the key's lock first
 	row, got, tx, err := e.sendFresh(ctx, c, req, nonce, true, "SAVEPOINT "+effectSavepoint)
 	t.tx = tx
 	if err == nil && got == freshExisting {
@@ -289,7 +290,8 @@ func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce
 // outcome first rolls fn's writes back to the savepoint. If the commit's reply is lost, the
 // record says whether it landed.
 //
-// One round trip: [ROLLBACK TO SAVEPOINT (Failed only); finish; COMMIT] in one batch. The
+// One round trip: [ROLLBACK TO SAVEPOINT (Failed only); the key's advisory lock (unless tx
+// holds it already: FinishWith's); finish; COMMIT] in one batch. The
 // finish statement fails if its fence does not hold (finishMust: no row would otherwise let
 // the COMMIT after it commit the effect with the claim still Pending), and a statement that
 // fails makes the server skip the rest of the batch: then nothing is committed.
@@ -321,6 +323,9 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	if ferr != nil {
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: roll back the effect: %w", ferr)
 	}
+	if !tx.keyLocked { // held to the end, so that a read-back after a lost reply waits for it
+		b.Queue(e.q.lock, lockClass, lockID(keyHash(li.Key)))
+	}
 	b.Queue(e.q.finishMust, e.fencedArgs(li.Key, li.Token, int16(state), result, driver.TraceOf(ctx))...)
 	b.Queue("COMMIT")
 	var fin driver.Record
@@ -330,6 +335,9 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 			if _, ferr = br.Exec(); ferr != nil {
 				ferr = fmt.Errorf("roll back the effect: %w", ferr)
 			}
+		}
+		if ferr == nil && !tx.keyLocked {
+			_, ferr = br.Exec()
 		}
 		if ferr == nil {
 			var now time.Time
@@ -366,9 +374,10 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	}
 	// The record is read on another connection: hand this one back first. ctx has no
 	// deadline, and on a pool whose every connection is held like this one (a pool of one,
-	// or a server restart under DoTx load) the read would otherwise wait for ever.
+	// or a server restart under DoTx load) the read would otherwise wait for ever. It is
+	// read once the transaction has ended on the server (settledLookup).
 	tx.end(ctx)
-	cur, found, _, lerr := e.Lookup(ctx, li.Key)
+	cur, found, lerr := e.settledLookup(ctx, li.Key)
 	switch {
 	case found && finished(li.Token, state, result)(cur):
 		if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
@@ -382,4 +391,57 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
 	}
 	return driver.Record{}, fmt.Errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
+}
+
+// settleWait bounds how long a read-back after a lost COMMIT reply waits for the transaction
+// to end on the server (settledLookup): a server that has not noticed its client is gone (a
+// half-open connection) keeps the transaction open until TCP keepalive tells it.
+const settleWait = time.Minute
+
+// errUnsettled: the transaction whose COMMIT reply was lost was still open on the server
+// after settleWait.
+var errUnsettled = errors.New("its transaction is still open on the server")
+
+// settledLookup reads k's record, as Lookup does, once no transaction holds k's advisory lock
+// (lockClass, lockID: taken shared, in a transaction of its own, before the read). DoTx's
+// transaction takes it with the claim, and FinishWith's with its fence, and each holds it to
+// its end, which the server makes visible before it releases the lock. So after a lost COMMIT
+// reply the read sees whether that COMMIT landed: it waits while the server is still
+// committing (a slow flush, a wait for the synchronous standby, deferred triggers) or has
+// yet to roll the transaction back (its connection gone), and its snapshot comes after.
+// Read at once instead, it found the claim still Pending (or absent) while the COMMIT was
+// finishing, and DoTx answered "did not land, nothing happened" for a receipt and effect
+// that had committed (issue 43, item 7). It waits settleWait at most: then errUnsettled.
+func (e *engine) settledLookup(ctx context.Context, k driver.Key) (driver.Record, bool, error) {
+	var rec driver.Record
+	var now time.Time
+	var err, lerr error
+	for attempt := 0; ; attempt++ {
+		err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", settleWait.Milliseconds()))
+			if mutate.Name != mutate.PgReadNow {
+				b.Queue(`SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)`, lockClass, lockID(keyHash(k)))
+			}
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			rec, now, lerr = e.lookupOn(ctx, tx, k)
+			if errors.Is(lerr, errAbsent) {
+				return nil
+			}
+			return lerr
+		})
+		if pgCode(err) == "55P03" { // lock_not_available: lock_timeout
+			return driver.Record{}, false, fmt.Errorf("%w after %v", errUnsettled, settleWait)
+		}
+		if attempt >= maxLostReply || !lostReply(ctx, err) || sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
+			break
+		}
+	}
+	if err != nil {
+		return driver.Record{}, false, fmt.Errorf("pgstore: lookup: %w", err)
+	}
+	cur, found, _, err := e.lookedUp(k, rec, now, lerr)
+	return cur, found, err
 }

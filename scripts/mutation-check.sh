@@ -24,6 +24,9 @@
 #   pgbatchswap each member of a batched PostgreSQL statement (claims, finishes,
 #              replay reads sent together) gets the next member's row
 #              (pgstore's batch tests catch it)
+#   pgreadnow  PostgreSQL's read-back after a lost COMMIT reply reads at once,
+#              without waiting for the transaction to end on the server
+#              (pgstore's lost-commit-reply tests catch it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -72,6 +75,7 @@ suites=(
 	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
 	"./pgstore ^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"
 	"./pgstore ^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"
+	"./pgstore ^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply)$"
 )
 
 harnesses=()      # harness ids: the test's name, or name@package when two packages have it
@@ -112,7 +116,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers pgnogcmarkers pgbatchswap)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

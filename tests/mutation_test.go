@@ -45,6 +45,8 @@ var suites = []struct{ pkg, list string }{
 	// Statements of different keys sent together (pgstore's combiner): each key gets the
 	// decision, the write and the read of its own row.
 	{"./pgstore", "^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"},
+	// A lost COMMIT reply: the read-back waits for the transaction to end on the server.
+	{"./pgstore", "^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply)$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -53,7 +55,7 @@ var suites = []struct{ pkg, list string }{
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
 // cacheraw, nocopy, memokeep, memoraw, histshard, unknownfree, nogcmarkers,
-// pgnogcmarkers, pgbatchswap), logs the table,
+// pgnogcmarkers, pgbatchswap, pgreadnow), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -134,7 +136,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

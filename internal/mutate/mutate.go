@@ -32,6 +32,8 @@
 //	           tombstone markers first
 //	pgnogcmarkers PostgreSQL: GC drops a records partition without copying its
 //	           records' tombstone markers first
+//	pgreadnow  PostgreSQL: the read-back after a lost COMMIT reply (DoTx, FinishWith)
+//	           reads at once, without waiting for the transaction to end on the server
 package mutate
 
 // Mutation names.
@@ -71,4 +73,7 @@ const (
 	// PgBatchSwap: pgstore answers each member of a batched statement (claims, finishes,
 	// replay reads of different keys sent together) with the next member's row.
 	PgBatchSwap = "pgbatchswap"
+	// PgReadNow: pgstore's read-back after a lost COMMIT reply does not wait for the
+	// transaction to end on the server (settledLookup skips the key's lock).
+	PgReadNow = "pgreadnow"
 )
