@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/examples/internal/exampledb"
 )
 
 // errNoItem is returned by items.get for an item the caller does not have.
@@ -37,10 +38,11 @@ type pgItems struct {
 	table string // schema-qualified, quoted
 }
 
-// newPGItems creates the work_items table in schema if it is not there.
+// newPGItems creates the work_items table in schema if it is not there, under
+// an advisory lock (exampledb.CreateObjects): replicas may start at once.
 func newPGItems(ctx context.Context, pool *pgxpool.Pool, schema string) (*pgItems, error) {
 	p := &pgItems{pool: pool, table: pgx.Identifier{schema, "work_items"}.Sanitize()}
-	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.table+` (
+	err := exampledb.CreateObjects(ctx, pool, schema, `CREATE TABLE IF NOT EXISTS `+p.table+` (
 		created_by text NOT NULL,
 		id         text NOT NULL,
 		item       jsonb NOT NULL,

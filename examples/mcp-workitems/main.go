@@ -295,13 +295,12 @@ type pgTracker struct {
 func openPGTracker(ctx context.Context, pool *pgxpool.Pool, schema string) (*pgTracker, error) {
 	t := &pgTracker{pool: pool, table: pgx.Identifier{schema, "work_items"}.Sanitize(),
 		seq: pgx.Identifier{schema, "work_item_ids"}.Sanitize()}
-	for _, stmt := range []string{
-		`CREATE SEQUENCE IF NOT EXISTS ` + t.seq,
-		`CREATE TABLE IF NOT EXISTS ` + t.table + ` (id bigint PRIMARY KEY, item jsonb NOT NULL)`,
-	} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			return nil, fmt.Errorf("tracker: %w", err)
-		}
+	// Under an advisory lock (exampledb.CreateObjects): replicas may start at once.
+	if err := exampledb.CreateObjects(ctx, pool, schema,
+		`CREATE SEQUENCE IF NOT EXISTS `+t.seq,
+		`CREATE TABLE IF NOT EXISTS `+t.table+` (id bigint PRIMARY KEY, item jsonb NOT NULL)`,
+	); err != nil {
+		return nil, fmt.Errorf("tracker: %w", err)
 	}
 	return t, nil
 }

@@ -136,6 +136,29 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// CreateObjects runs stmts, each a CREATE … IF NOT EXISTS of an example's
+// own tables or sequences in schema, in one transaction that first takes a
+// transaction-scoped advisory lock named after schema, as pgstore.Open does
+// for its own objects: replicas that start at the same moment on an empty
+// database take turns, and each later one finds the objects there. Without
+// the lock, concurrent CREATE TABLE IF NOT EXISTS is not safe in PostgreSQL:
+// two transactions both find the table absent, and one fails with a
+// duplicate key on pg_type_typname_nsp_index (or "type … already exists").
+// The lock is transaction-scoped, so it works through a transaction pooler.
+func CreateObjects(ctx context.Context, pool *pgxpool.Pool, schema string, stmts ...string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "receipts examples: "+schema); err != nil {
+			return err
+		}
+		for _, stmt := range stmts {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // Close closes the store (if DB.Close has not already), its pool, and a
 // throwaway cluster.
 func (s *Store) Close() error {
