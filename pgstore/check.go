@@ -40,7 +40,7 @@ func (e *engine) Check(ctx context.Context) (driver.CheckReport, error) {
 		return c.partitions(ctx)
 	})
 	if err != nil {
-		return rep, fmt.Errorf("pgstore: check: %w", err)
+		return rep, errorf("pgstore: check: %w", err)
 	}
 	return rep, nil
 }

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
 	"time"
 
@@ -65,7 +64,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		// committed a claim decided before Close began: the retry finds it ("own") and hands
 		// it out; a retry that decides afresh is refused by claimGated's own check.
 		if lost == 0 && e.closing() {
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
+			return driver.ClaimResult{}, errorf("pgstore: claim: %w", driver.ErrClosed)
 		}
 		row, err := e.claimGated(ctx, req, nonce, lost == 0)
 		if err == nil && e.testLoseReply != nil {
@@ -74,7 +73,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		if err == nil && row.outcome == "own" && row.rec.Attempts == 1 && e.closing() {
 			// A first claim an earlier attempt committed, maybe in one round trip (claimGated's
 			// oneTrip) after Close began: undone, as that attempt would have undone it.
-			return driver.ClaimResult{}, fmt.Errorf("pgstore: claim %s: %w", req.Key, e.undoFresh(ctx, req, row.rec.Token))
+			return driver.ClaimResult{}, errorf("pgstore: claim %s: %w", req.Key, e.undoFresh(ctx, req, row.rec.Token))
 		}
 		if err == nil && row.outcome == "own" {
 			// Our claim, which an attempt whose reply was lost committed: a session sees it
@@ -83,7 +82,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 			if derr := e.confirmDurable(ctx); derr != nil {
 				token, tookOver := row.rec.Token, row.rec.Attempts > 1
 				e.settleLater(ctx, func(ctx context.Context) { e.undoClaim(ctx, req.Key, token, tookOver) })
-				return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: its reply was lost; it landed, but %w", derr)
+				return driver.ClaimResult{}, errorf("pgstore: claim: its reply was lost; it landed, but %w", derr)
 			}
 		}
 		if err == nil && row.outcome != "busy" {
@@ -96,7 +95,7 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 		}
 		switch {
 		case errors.Is(err, driver.ErrClosed):
-			return fail(fmt.Errorf("pgstore: claim: %w", err))
+			return fail(errorf("pgstore: claim: %w", err))
 		case erasedCode(err): // the scope's check: an erasure in force (erase.go)
 			res, eerr := e.erasedClaim(ctx, req)
 			if eerr != nil {
@@ -116,24 +115,24 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 			}
 		case lostReply(ctx, err):
 			if lost > maxLostReply {
-				return fail(fmt.Errorf("pgstore: claim: %w", err))
+				return fail(errorf("pgstore: claim: %w", err))
 			}
 			if err := sleep(ctx, 10*time.Millisecond<<min(lost-1, 5)); err != nil {
 				return fail(err)
 			}
 		case errors.Is(err, pgx.ErrNoRows) || retryable(err) || uniqueViolation(err):
 			if other++; other > maxOther {
-				return fail(fmt.Errorf("pgstore: claim: %w", err))
+				return fail(errorf("pgstore: claim: %w", err))
 			}
 		case noPartition(err):
 			if other++; other > maxOther {
-				return fail(fmt.Errorf("pgstore: claim: %w", err))
+				return fail(errorf("pgstore: claim: %w", err))
 			}
 			if err := e.ensureCurrent(ctx); err != nil {
 				return fail(err)
 			}
 		default:
-			return fail(fmt.Errorf("pgstore: claim: %w", err))
+			return fail(errorf("pgstore: claim: %w", err))
 		}
 	}
 }
@@ -238,7 +237,7 @@ func (e *engine) claimInTx(ctx context.Context, req driver.ClaimRequest, nonce [
 		return row, false, err
 	case errors.Is(cerr, ErrNotReplicated): // committed on the primary only: not handed out
 		e.settleLater(ctx, func(ctx context.Context) { e.undoClaim(ctx, req.Key, row.rec.Token, row.outcome == "took_over") })
-		return claimRow{}, false, fmt.Errorf("pgstore: claim: %w", cerr)
+		return claimRow{}, false, errorf("pgstore: claim: %w", cerr)
 	case cerr != nil:
 		return claimRow{}, false, sent(cerr, pc)
 	}
@@ -355,7 +354,7 @@ func (e *engine) claimResult(req driver.ClaimRequest, row claimRow) (driver.Clai
 		res.Outcome = driver.Expired
 		res.Record = driver.Record{Key: req.Key, UpdatedAt: row.rec.UpdatedAt, ExpiresAt: row.rec.UpdatedAt.Add(e.o.Retention)}
 	default:
-		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: unknown outcome %q", row.outcome)
+		return driver.ClaimResult{}, errorf("pgstore: claim: unknown outcome %q", row.outcome)
 	}
 	if res.Outcome == driver.Claimed || res.Outcome == driver.TookOver {
 		e.leases.put(res.Record.Token, e.epochOf(res.Record.UpdatedAt)) // Finish aims at its partition
@@ -440,7 +439,7 @@ func (e *engine) lookedUp(k driver.Key, rec driver.Record, now time.Time, err er
 	case errors.Is(err, errAbsent):
 		return driver.Record{}, false, now, nil
 	case err != nil:
-		return driver.Record{}, false, time.Time{}, fmt.Errorf("pgstore: lookup: %w", err)
+		return driver.Record{}, false, time.Time{}, errorf("pgstore: lookup: %w", err)
 	}
 	rec.Key = k
 	e.fill(&rec)
@@ -467,7 +466,7 @@ func (e *engine) Scan(ctx context.Context, f driver.Filter) iter.Seq2[driver.Rec
 			rows, err := e.pool.Query(ctx, e.q.scan, e.oldest(), e.retentionUS(), e.nowArg(), []byte(f.Scope),
 				int16(f.State), f.Abandoned, afterScope, afterID, page)
 			if err != nil {
-				yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
+				yield(driver.Record{}, errorf("pgstore: scan: %w", err))
 				return
 			}
 			var recs []driver.Record
@@ -480,7 +479,7 @@ func (e *engine) Scan(ctx context.Context, f driver.Filter) iter.Seq2[driver.Rec
 				if err := rows.Scan(&scope, &id, &state, &rec.Fingerprint, &rec.Token, &rec.Attempts, &rec.CreatedAt,
 					&rec.UpdatedAt, &lease, &rec.Result, &rec.Trace, &now); err != nil {
 					rows.Close()
-					yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
+					yield(driver.Record{}, errorf("pgstore: scan: %w", err))
 					return
 				}
 				rec.State = driver.State(state)
@@ -494,7 +493,7 @@ func (e *engine) Scan(ctx context.Context, f driver.Filter) iter.Seq2[driver.Rec
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
-				yield(driver.Record{}, fmt.Errorf("pgstore: scan: %w", err))
+				yield(driver.Record{}, errorf("pgstore: scan: %w", err))
 				return
 			}
 			for _, r := range recs {

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -22,7 +21,7 @@ import (
 // fails if another caller took the key over meanwhile; the key is then claimed afresh).
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	if err := e.requireSyncStandby(); err != nil {
-		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		return driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 	}
 	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim batch, no read before it
 		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read (replayfast.go)
@@ -48,5 +47,5 @@ func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	e.settleLater(ctx, func(sctx context.Context) {
 		e.undoClaim(sctx, req.Key, res.Record.Token, res.Outcome == driver.TookOver)
 	})
-	return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: renewing a lease granted late: %w", err)
+	return driver.ClaimResult{}, errorf("pgstore: claim: renewing a lease granted late: %w", err)
 }

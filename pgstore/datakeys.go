@@ -63,7 +63,7 @@ func (e *engine) DataKey(ctx context.Context, id []byte) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("pgstore: read a data key: %w", err)
+		return nil, false, errorf("pgstore: read a data key: %w", err)
 	}
 	return w, true, nil
 }
@@ -105,7 +105,7 @@ SELECT coalesce((SELECT wrapped FROM ins), (SELECT wrapped FROM `+e.q.schema+`.d
 		if errors.Is(err, driver.ErrErased) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("pgstore: write a data key: %w", err)
+		return nil, errorf("pgstore: write a data key: %w", err)
 	}
 	return out, nil
 }
@@ -114,7 +114,7 @@ SELECT coalesce((SELECT wrapped FROM ins), (SELECT wrapped FROM `+e.q.schema+`.d
 func (e *engine) SwapDataKey(ctx context.Context, id, old, new []byte) (bool, error) {
 	tag, err := e.pool.Exec(ctx, `UPDATE `+e.q.schema+`.data_keys SET wrapped = $3 WHERE scope_id = $1 AND wrapped = $2`, id, old, new)
 	if err != nil {
-		return false, fmt.Errorf("pgstore: write a data key: %w", err)
+		return false, errorf("pgstore: write a data key: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -124,14 +124,14 @@ func (e *engine) ScanDataKeys(ctx context.Context) iter.Seq2[driver.DataKey, err
 	return func(yield func(driver.DataKey, error) bool) {
 		rows, err := e.pool.Query(ctx, `SELECT scope_id, wrapped FROM `+e.q.schema+`.data_keys ORDER BY scope_id`)
 		if err != nil {
-			yield(driver.DataKey{}, fmt.Errorf("pgstore: scan data keys: %w", err))
+			yield(driver.DataKey{}, errorf("pgstore: scan data keys: %w", err))
 			return
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var k driver.DataKey
 			if err := rows.Scan(&k.ID, &k.Wrapped); err != nil {
-				yield(driver.DataKey{}, fmt.Errorf("pgstore: scan data keys: %w", err))
+				yield(driver.DataKey{}, errorf("pgstore: scan data keys: %w", err))
 				return
 			}
 			if !yield(k, nil) {
@@ -139,7 +139,7 @@ func (e *engine) ScanDataKeys(ctx context.Context) iter.Seq2[driver.DataKey, err
 			}
 		}
 		if err := rows.Err(); err != nil {
-			yield(driver.DataKey{}, fmt.Errorf("pgstore: scan data keys: %w", err))
+			yield(driver.DataKey{}, errorf("pgstore: scan data keys: %w", err))
 		}
 	}
 }
@@ -154,7 +154,7 @@ func (e *engine) Setting(ctx context.Context, name string) ([]byte, bool, error)
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("pgstore: read setting %s: %w", name, err)
+		return nil, false, errorf("pgstore: read setting %s: %w", name, err)
 	}
 	return v, true, nil
 }
@@ -162,7 +162,7 @@ func (e *engine) Setting(ctx context.Context, name string) ([]byte, bool, error)
 // PutSetting records value for name unless a value is recorded, and returns the one in force.
 func (e *engine) PutSetting(ctx context.Context, name string, value []byte) ([]byte, error) {
 	if _, err := e.pool.Exec(ctx, `INSERT INTO `+e.q.schema+`.settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, name, value); err != nil {
-		return nil, fmt.Errorf("pgstore: record setting %s: %w", name, err)
+		return nil, errorf("pgstore: record setting %s: %w", name, err)
 	}
 	v, _, err := e.Setting(ctx, name)
 	return v, err
@@ -172,7 +172,7 @@ func (e *engine) PutSetting(ctx context.Context, name string, value []byte) ([]b
 func (e *engine) SwapSetting(ctx context.Context, name string, old, new []byte) (bool, error) {
 	tag, err := e.pool.Exec(ctx, `UPDATE `+e.q.schema+`.settings SET value = $3 WHERE name = $1 AND value = $2`, name, old, new)
 	if err != nil {
-		return false, fmt.Errorf("pgstore: record setting %s: %w", name, err)
+		return false, errorf("pgstore: record setting %s: %w", name, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }

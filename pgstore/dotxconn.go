@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -48,7 +47,7 @@ func (t *txConn) aborted() bool { return t.c.Conn().PgConn().TxStatus() == 'E' }
 func (t *txConn) fnTx() pgx.Tx { return fnTx{t} }
 
 // errTxOwned is what fn gets for ending DoTx's transaction itself.
-var errTxOwned = fmt.Errorf("pgstore: dotx: %w: fn must not commit or roll back DoTx's transaction (DoTx does, with the receipt)", receipts.ErrInvalidArgument)
+var errTxOwned = errorf("pgstore: dotx: %w: fn must not commit or roll back DoTx's transaction (DoTx does, with the receipt)", receipts.ErrInvalidArgument)
 
 // fnTx is txConn's transaction as fn sees it. Conn and LargeObjects are pgx's own (they
 // cannot be guarded): fn must not keep them beyond its return either.
@@ -56,7 +55,7 @@ type fnTx struct{ t *txConn }
 
 func (f fnTx) live() error {
 	if f.t.ended.Load() {
-		return fmt.Errorf("pgstore: dotx: %w (used after DoTx's fn returned)", pgx.ErrTxClosed)
+		return errorf("pgstore: dotx: %w (used after DoTx's fn returned)", pgx.ErrTxClosed)
 	}
 	return nil
 }

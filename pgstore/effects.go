@@ -33,18 +33,18 @@ func (e *engine) FinishWith(ctx context.Context, k driver.Key, token uint64, sta
 	}
 	c, err := e.pool.Acquire(ctx)
 	if err != nil {
-		return driver.Record{}, fmt.Errorf("pgstore: commit with effects: %w", err)
+		return driver.Record{}, errorf("pgstore: commit with effects: %w", err)
 	}
 	t := &txConn{c: c}
 	defer t.end(ctx) // rolls back unless committed
 	if t.tx, err = c.Begin(ctx); err != nil {
-		return driver.Record{}, fmt.Errorf("pgstore: commit with effects: %w", err)
+		return driver.Record{}, errorf("pgstore: commit with effects: %w", err)
 	}
 	if err := e.fenceTx(ctx, t.tx, k, token); err != nil {
 		return driver.Record{}, err
 	}
 	if err := effect(ctx, t.fnTx()); err != nil {
-		return driver.Record{}, fmt.Errorf("pgstore: the effect: %w", err)
+		return driver.Record{}, errorf("pgstore: the effect: %w", err)
 	}
 	return e.commitDoTx(context.WithoutCancel(ctx), t, driver.LeaseInfo{Key: k, Token: token}, state, result)
 }
@@ -97,7 +97,7 @@ func (e *engine) finishBound(ctx context.Context, t *txConn, k driver.Key, token
 		}
 		if effect != nil {
 			if err := effect(ctx, t.fnTx()); err != nil {
-				return driver.Record{}, fmt.Errorf("pgstore: the effect: %w", err)
+				return driver.Record{}, errorf("pgstore: the effect: %w", err)
 			}
 		}
 	}
@@ -118,10 +118,10 @@ func (e *engine) abandonBound(ctx context.Context, t *txConn, k driver.Key, toke
 	// Alone and in the simple protocol: in an aborted transaction the server prepares
 	// nothing but a rollback (commitDoTx).
 	if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+effectSavepoint, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return fmt.Errorf("pgstore: dotx: abandon: roll back the effect: %w", err)
+		return errorf("pgstore: dotx: abandon: roll back the effect: %w", err)
 	}
 	if _, _, err := e.write(ctx, t.tx, "abandon", e.q.abandon, k, e.fencedArgs(k, token), nil); err != nil {
-		return fmt.Errorf("pgstore: dotx: %w", err)
+		return errorf("pgstore: dotx: %w", err)
 	}
 	err := e.checkedCommit(t.c.Conn().PgConn(), func() error { return t.tx.Commit(ctx) })
 	if err == nil {
@@ -129,21 +129,21 @@ func (e *engine) abandonBound(ctx context.Context, t *txConn, k driver.Key, toke
 		return nil
 	}
 	if errors.Is(err, ErrNotReplicated) {
-		return fmt.Errorf("pgstore: dotx: abandon: %w", err)
+		return errorf("pgstore: dotx: abandon: %w", err)
 	}
 	if !lostReply(ctx, err) {
-		return fmt.Errorf("pgstore: dotx: abandon: commit: %w", err)
+		return errorf("pgstore: dotx: abandon: commit: %w", err)
 	}
 	t.end(ctx)                                  // the read below needs a connection of the pool: hand this one back first
 	cur, found, lerr := e.settledLookup(ctx, k) // once the transaction has ended on the server
 	switch {
 	case lerr != nil:
-		return fmt.Errorf("pgstore: dotx: abandon: commit reply lost and the record cannot be read: %w (%w)", err, lerr)
+		return errorf("pgstore: dotx: abandon: commit reply lost and the record cannot be read: %w (%w)", err, lerr)
 	case found && cur.Token == token && cur.State == driver.Pending:
 		e.wake(k)
 		return nil
 	}
-	return fmt.Errorf("pgstore: dotx: abandon: the commit did not land, and the claim with it: %w", err)
+	return errorf("pgstore: dotx: abandon: the commit did not land, and the claim with it: %w", err)
 }
 
 // releaseBound releases DoTx's claim: t rolls back, and the claim with it. The key is as it

@@ -379,7 +379,7 @@ func (e *engine) Now(ctx context.Context) (time.Time, error) {
 	}
 	var t time.Time
 	if err := e.pool.QueryRow(ctx, "SELECT "+e.q.clock("$1"), e.nowArg()).Scan(&t); err != nil {
-		return time.Time{}, fmt.Errorf("pgstore: now: %w", err)
+		return time.Time{}, errorf("pgstore: now: %w", err)
 	}
 	return e.saw(t, nil), nil
 }
@@ -613,13 +613,13 @@ func (e *engine) durabilityMetrics() []driver.Metric {
 func (e *engine) checkDurability(ctx context.Context) error {
 	on, err := e.commitCheckOn(ctx)
 	if err != nil {
-		return fmt.Errorf("pgstore: open: %w", err)
+		return errorf("pgstore: open: %w", err)
 	}
 	e.commitCheck.Store(on)
 	r := e.readReplication(ctx)
 	e.repl.Store(r)
 	if r.err != nil {
-		return fmt.Errorf("pgstore: open: replication state: %w", r.err)
+		return errorf("pgstore: open: replication state: %w", r.err)
 	}
 	e.o.Logger.Info("pgstore: durability", "synchronous_commit", r.syncCommit, "synchronous_standby_names", r.standbyNames,
 		"sync_standbys_streaming", r.syncUp, "replication_visible", r.visible, "primary", r.primary, "commit_check", on)

@@ -80,10 +80,10 @@ func (e *engine) scopeArgs(k driver.Key, now any) []any {
 func (e *engine) erasedClaim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	er, found, err := e.Erasure(ctx, driver.ScopeID(e.secret, req.Key.Scope))
 	if err != nil {
-		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		return driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 	}
 	if !found { // cannot happen: erasure records are never deleted
-		return driver.ClaimResult{}, fmt.Errorf("pgstore: claim: the scope check found an erasure that is gone")
+		return driver.ClaimResult{}, errorf("pgstore: claim: the scope check found an erasure that is gone")
 	}
 	now, err := e.Now(ctx)
 	if err != nil {
@@ -113,7 +113,7 @@ func (e *engine) Erasure(ctx context.Context, id []byte) (driver.Erasure, bool, 
 		return driver.Erasure{}, false, nil
 	}
 	if err != nil {
-		return driver.Erasure{}, false, fmt.Errorf("pgstore: read an erasure record: %w", err)
+		return driver.Erasure{}, false, errorf("pgstore: read an erasure record: %w", err)
 	}
 	return er, true, nil
 }
@@ -123,14 +123,14 @@ func (e *engine) Erasures(ctx context.Context) iter.Seq2[driver.Erasure, error] 
 	return func(yield func(driver.Erasure, error) bool) {
 		rows, err := e.pool.Query(ctx, `SELECT `+erasureCols+` FROM `+e.q.schema+`.erasures ORDER BY erased_at, scope_id`)
 		if err != nil {
-			yield(driver.Erasure{}, fmt.Errorf("pgstore: scan erasures: %w", err))
+			yield(driver.Erasure{}, errorf("pgstore: scan erasures: %w", err))
 			return
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var er driver.Erasure
 			if err := e.scanErasure(rows, &er); err != nil {
-				yield(driver.Erasure{}, fmt.Errorf("pgstore: scan erasures: %w", err))
+				yield(driver.Erasure{}, errorf("pgstore: scan erasures: %w", err))
 				return
 			}
 			if !yield(er, nil) {
@@ -138,7 +138,7 @@ func (e *engine) Erasures(ctx context.Context) iter.Seq2[driver.Erasure, error] 
 			}
 		}
 		if err := rows.Err(); err != nil {
-			yield(driver.Erasure{}, fmt.Errorf("pgstore: scan erasures: %w", err))
+			yield(driver.Erasure{}, errorf("pgstore: scan erasures: %w", err))
 		}
 	}
 }
@@ -146,7 +146,7 @@ func (e *engine) Erasures(ctx context.Context) iter.Seq2[driver.Erasure, error] 
 // MarkKeyDestroyed records that the Keyring destroyed the key of id.
 func (e *engine) MarkKeyDestroyed(ctx context.Context, id []byte) error {
 	if _, err := e.pool.Exec(ctx, `UPDATE `+e.q.schema+`.erasures SET key_destroyed = true WHERE scope_id = $1`, id); err != nil {
-		return fmt.Errorf("pgstore: write an erasure record: %w", err)
+		return errorf("pgstore: write an erasure record: %w", err)
 	}
 	return nil
 }
@@ -166,7 +166,7 @@ func (e *engine) EraseScope(ctx context.Context, scope string) (driver.Erasure, 
 		}
 	}
 	if err != nil {
-		return driver.Erasure{}, fmt.Errorf("pgstore: erase: %w", err)
+		return driver.Erasure{}, errorf("pgstore: erase: %w", err)
 	}
 	return er, nil
 }

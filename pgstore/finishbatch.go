@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -88,7 +87,7 @@ func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishC
 			}
 			i = member(i, n)
 			if i < 1 || i > int64(n) || got[i-1] != nil {
-				err = fmt.Errorf("pgstore: finish batch: row for key %d of %d", i, n)
+				err = errorf("pgstore: finish batch: row for key %d of %d", i, n)
 				break
 			}
 			got[i-1] = w
@@ -102,7 +101,7 @@ func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishC
 	if errors.Is(err, ErrNotReplicated) { // written, on the primary only: an unknown outcome for each
 		for i, c := range in {
 			if got[i] != nil {
-				c.v.done, c.v.err = true, fmt.Errorf("pgstore: finish: %w", err)
+				c.v.done, c.v.err = true, errorf("pgstore: finish: %w", err)
 			}
 		}
 		return

@@ -134,7 +134,7 @@ func (e *engine) freshAlone(ctx context.Context, req driver.ClaimRequest, nonce 
 			token := row.rec.Token
 			e.settleLater(ctx, func(ctx context.Context) { e.undoClaim(ctx, req.Key, token, false) })
 		}
-		return claimRow{}, freshNone, fmt.Errorf("pgstore: claim: %w", err)
+		return claimRow{}, freshNone, errorf("pgstore: claim: %w", err)
 	}
 	if err != nil && pc.TxStatus() != 'I' { // the batch failed inside its transaction
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -227,7 +227,7 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 					}
 					i = member(i, n)
 					if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
-						err = fmt.Errorf("pgstore: claim batch: row for key %d of %d", i, n)
+						err = errorf("pgstore: claim batch: row for key %d of %d", i, n)
 						break
 					}
 					got[i-1] = true
@@ -298,7 +298,7 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 		for _, bc := range batch {
 			if c := &bc.v; c.got == freshClaimed {
 				undo = append(undo, grant{bc.key, c.row.rec.Token})
-				c.row, c.got, c.err = claimRow{}, freshNone, fmt.Errorf("pgstore: claim: %w", unconfirmed)
+				c.row, c.got, c.err = claimRow{}, freshNone, errorf("pgstore: claim: %w", unconfirmed)
 			}
 		}
 		e.settleLater(ctx, func(ctx context.Context) {

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,7 +49,7 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 	}
 	parts, err := e.partitions(ctx)
 	if err != nil {
-		return st, fmt.Errorf("pgstore: gc: list partitions: %w", err)
+		return st, errorf("pgstore: gc: list partitions: %w", err)
 	}
 	// a node with a longer Retention (or TombstoneWindow) wrote meta last, or this one has:
 	// keep the longer
@@ -103,7 +102,7 @@ func (e *engine) GC(ctx context.Context) (driver.GCStats, error) {
 func (e *engine) copyMarkers(ctx context.Context, p partition, tomb time.Duration) (int64, error) {
 	tag, err := e.pool.Exec(ctx, e.q.copyMarkersSQL(p.name), e.nowArg(), tomb.Microseconds())
 	if err != nil {
-		return 0, fmt.Errorf("pgstore: gc: markers of %s: %w", p.name, err)
+		return 0, errorf("pgstore: gc: markers of %s: %w", p.name, err)
 	}
 	return tag.RowsAffected(), nil
 }
@@ -123,7 +122,7 @@ RETURNING t.n, m.retention_us, coalesce(m.tombstone_window_us, 0)`, e.me, e.o.Ma
 		return now, 0, 0, false, err
 	}
 	if err != nil {
-		return now, 0, 0, false, fmt.Errorf("pgstore: gc: maintenance lease: %w", err)
+		return now, 0, 0, false, errorf("pgstore: gc: maintenance lease: %w", err)
 	}
 	return e.saw(now, arg), retentionUS, windowUS, true, nil
 }
@@ -132,7 +131,7 @@ RETURNING t.n, m.retention_us, coalesce(m.tombstone_window_us, 0)`, e.me, e.o.Ma
 func (e *engine) dropPartition(ctx context.Context, p partition) error {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("pgstore: gc: %w", err)
+		return errorf("pgstore: gc: %w", err)
 	}
 	defer conn.Release()
 	qn := e.q.schema + "." + pgx.Identifier{p.name}.Sanitize()
@@ -147,7 +146,7 @@ func (e *engine) dropPartition(ctx context.Context, p partition) error {
 	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout") }()
 	for _, s := range stmts {
 		if _, err := conn.Exec(ctx, s); err != nil {
-			return fmt.Errorf("pgstore: gc: drop %s: %w", p.name, err)
+			return errorf("pgstore: gc: drop %s: %w", p.name, err)
 		}
 	}
 	return nil

@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -75,7 +74,7 @@ func (e *engine) lookupMany(ctx context.Context, self *lookupCall, in []*lookupC
 			break
 		}
 		if i < 1 || i > int64(n) || got[i-1] != nil {
-			err = fmt.Errorf("pgstore: lookup batch: row for key %d of %d", i, n)
+			err = errorf("pgstore: lookup batch: row for key %d of %d", i, n)
 			break
 		}
 		got[i-1] = r

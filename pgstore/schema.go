@@ -48,7 +48,7 @@ func (e *engine) migrate(ctx context.Context) error {
 			return err
 		}
 
-		return fmt.Errorf("pgstore: open schema %s: %w", e.o.Schema, err)
+		return errorf("pgstore: open schema %s: %w", e.o.Schema, err)
 	}
 	return nil
 }
@@ -255,7 +255,7 @@ func (e *engine) loadClock(ctx context.Context, tx pgx.Tx) error {
 func (e *engine) loadClockFromRecords(ctx context.Context) error {
 	parts, err := e.partitions(ctx)
 	if err != nil {
-		return fmt.Errorf("pgstore: open: list partitions: %w", err)
+		return errorf("pgstore: open: list partitions: %w", err)
 	}
 	slices.SortFunc(parts, func(a, b partition) int { return cmp.Compare(a.epoch, b.epoch) })
 	for i := len(parts) - 1; i >= 0; i-- {
@@ -265,7 +265,7 @@ func (e *engine) loadClockFromRecords(ctx context.Context) error {
 		}
 		var held bool
 		if err := e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.q.schema+`.`+pgx.Identifier{p.name}.Sanitize()+`)`).Scan(&held); err != nil {
-			return fmt.Errorf("pgstore: open: probe %s: %w", p.name, err)
+			return errorf("pgstore: open: probe %s: %w", p.name, err)
 		}
 		if held {
 			e.raise(time.UnixMicro(p.epoch * e.width).UnixNano())
@@ -302,7 +302,7 @@ func (e *engine) ensurePartition(ctx context.Context, epoch int64) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("pgstore: create partition %s: %w", partName(famRecords, epoch), err)
+		return errorf("pgstore: create partition %s: %w", partName(famRecords, epoch), err)
 	}
 	return nil
 }

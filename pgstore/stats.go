@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -42,7 +41,7 @@ SELECT count(DISTINCT epoch),
   FROM r`, e.nowArg(), e.retentionUS(), e.o.Schema).Scan(&live, &c.Pending, &c.Abandoned, &c.Succeeded, &c.Failed,
 		&c.Expired, &disk, &now)
 	if err != nil {
-		return driver.Counts{}, fmt.Errorf("pgstore: count: %w", err)
+		return driver.Counts{}, errorf("pgstore: count: %w", err)
 	}
 	e.saw(now, nil)
 	e.diskBytes.Store(disk)

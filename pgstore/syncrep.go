@@ -154,7 +154,7 @@ func (e *engine) confirmDurable(ctx context.Context) error {
 		return ctx.Err()
 	}
 	if err != nil {
-		return fmt.Errorf("confirming that it is on the synchronous standby: %w", err)
+		return errorf("confirming that it is on the synchronous standby: %w", err)
 	}
 	return nil
 }
@@ -279,7 +279,7 @@ func (e *engine) requireSyncStandby() error {
 	r := e.repl.Load()
 	if err := e.requireConfigured(r); err != nil {
 		if e.o.RequireSyncStandby {
-			return fmt.Errorf("%w: %w", ErrNoSyncStandby, err)
+			return errorf("%w: %w", ErrNoSyncStandby, err)
 		}
 		return err
 	}

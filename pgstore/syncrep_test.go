@@ -439,3 +439,90 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+// Error messages say each layer's word once: "pgstore: claim: commit not confirmed by a
+// synchronous standby: …", not "pgstore: claim: pgstore: claim: pgstore: commit not confirmed
+// …" (issue 43, item 6). The errors come from the real thing: a primary whose synchronous
+// standby is stopped, and COMMITs whose wait for it is cancelled (a claim, a lease's commit,
+// Do's commit, DoTx's commit), and Open refusing a pool without Configure.
+func TestErrorPrefixesOnce(t *testing.T) {
+	p := pgtest.StartPair(t, true)
+	once := func(what string, err error, sentinel error, words ...string) {
+		t.Helper()
+		if !errors.Is(err, sentinel) {
+			t.Errorf("%s: %v, want %v", what, err, sentinel)
+			return
+		}
+		msg := err.Error()
+		for _, w := range append([]string{"pgstore: ", sentinelText(sentinel)}, words...) {
+			n := strings.Count(msg, w)
+			if w == "pgstore: " { // the root may add a second error of the engine's: "… (pgstore: abandon: …)"
+				n -= strings.Count(msg, "(pgstore: ")
+			}
+			if n != 1 {
+				t.Errorf("%s: %q %d times in %q, want once", what, w, n, msg)
+			}
+		}
+		t.Logf("%s: %v", what, err)
+	}
+
+	plain, err := pgxpool.New(bg, p.Primary.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	_, err = Open(bg, plain, &Options{RequireSyncStandby: true})
+	once("Open on a plain pool", err, ErrPoolNotConfigured)
+	once("Open on a plain pool", err, ErrNoSyncStandby)
+
+	db := syncDB(t, p.Primary.DSN, Options{}, nil)
+	l, _, err := db.Claim(bg, receipts.Key{Scope: "s", ID: "commit"}, []byte("fp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFn, release := make(chan struct{}, 2), make(chan struct{})
+	doErr, dotxErr := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := db.Do(bg, receipts.Key{Scope: "s", ID: "do"}, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+			inFn <- struct{}{}
+			<-release
+			return []byte("done"), nil
+		})
+		doErr <- err
+	}()
+	go func() {
+		_, err := DoTx(bg, db, receipts.Key{Scope: "s", ID: "dotx"}, []byte("fp"), func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+			inFn <- struct{}{}
+			<-release
+			return []byte("done"), nil
+		})
+		dotxErr <- err
+	}()
+	<-inFn
+	<-inFn
+	if err := p.Standby.Shutdown(bg); err != nil {
+		t.Fatal(err)
+	}
+
+	claimErr := make(chan error, 1)
+	go func() {
+		_, _, err := db.Claim(bg, receipts.Key{Scope: "s", ID: "claim"}, []byte("fp"))
+		claimErr <- err
+	}()
+	once("Claim", cancelSyncWaits(t, p.Primary.DSN, claimErr), ErrNotReplicated, "claim: ")
+	commitErr := make(chan error, 1)
+	go func() { _, err := l.Commit(bg, []byte("r")); commitErr <- err }()
+	once("Lease.Commit", cancelSyncWaits(t, p.Primary.DSN, commitErr), ErrNotReplicated)
+	close(release)
+	once("Do", cancelSyncWaits(t, p.Primary.DSN, doErr), ErrNotReplicated, "receipts: outcome unknown")
+	once("DoTx", cancelSyncWaits(t, p.Primary.DSN, dotxErr), ErrNotReplicated, "dotx: ")
+}
+
+// sentinelText is a sentinel's message without its package's prefix.
+func sentinelText(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, ": "); i >= 0 {
+		return s[i+2:]
+	}
+	return s
+}

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/receiptstore/receipts/driver"
@@ -55,5 +54,5 @@ func (e *engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 	if found && cur.State == driver.Pending && cur.Token == token && now.Before(cur.LeaseExpiresAt) {
 		return driver.ClaimResult{Outcome: driver.InProgress, Record: cur, Now: now}, nil
 	}
-	return driver.ClaimResult{}, fmt.Errorf("pgstore: take over: the key is no longer the attempt with token %d: %w", token, driver.ErrLeaseLost)
+	return driver.ClaimResult{}, errorf("pgstore: take over: the key is no longer the attempt with token %d: %w", token, driver.ErrLeaseLost)
 }

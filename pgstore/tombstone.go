@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
 	"time"
 
@@ -47,7 +46,7 @@ func (e *engine) Tombstone(ctx context.Context, k driver.Key) (driver.Tombstone,
 	case errors.Is(err, pgx.ErrNoRows):
 		return driver.Tombstone{}, false, nil
 	case err != nil:
-		return driver.Tombstone{}, false, fmt.Errorf("pgstore: tombstone: %w", err)
+		return driver.Tombstone{}, false, errorf("pgstore: tombstone: %w", err)
 	}
 	e.saw(now, arg)
 	return e.tombstoneOf(k, usedAt), true, nil
@@ -77,7 +76,7 @@ func (e *engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 			rows, err := e.pool.Query(ctx, e.q.scanTombstones, e.markerBottom(), []byte(scope), arg, e.tombUS(),
 				e.retentionUS(), e.recordBottom(), afterEpoch, afterScope, afterID, page)
 			if err != nil {
-				yield(driver.Tombstone{}, fmt.Errorf("pgstore: scan tombstones: %w", err))
+				yield(driver.Tombstone{}, errorf("pgstore: scan tombstones: %w", err))
 				return
 			}
 			var out []driver.Tombstone
@@ -86,7 +85,7 @@ func (e *engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 				var usedAt, now time.Time
 				if err := rows.Scan(&afterEpoch, &s, &id, &usedAt, &now); err != nil {
 					rows.Close()
-					yield(driver.Tombstone{}, fmt.Errorf("pgstore: scan tombstones: %w", err))
+					yield(driver.Tombstone{}, errorf("pgstore: scan tombstones: %w", err))
 					return
 				}
 				e.saw(now, arg)
@@ -95,7 +94,7 @@ func (e *engine) ScanTombstones(ctx context.Context, scope string, limit int) it
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
-				yield(driver.Tombstone{}, fmt.Errorf("pgstore: scan tombstones: %w", err))
+				yield(driver.Tombstone{}, errorf("pgstore: scan tombstones: %w", err))
 				return
 			}
 			for _, t := range out {

@@ -36,10 +36,10 @@ import (
 // treat such a commit as an unknown outcome, as the engine treats its own.
 func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) (*receipts.Receipt, error) {
 	if len(result) > receipts.MaxResultSize {
-		return nil, fmt.Errorf("pgstore: commit: %w: %d bytes (max %d)", receipts.ErrResultTooLarge, len(result), receipts.MaxResultSize)
+		return nil, errorf("pgstore: commit: %w: %d bytes (max %d)", receipts.ErrResultTooLarge, len(result), receipts.MaxResultSize)
 	}
 	if tx == nil || l == nil {
-		return nil, fmt.Errorf("pgstore: commit: %w: nil transaction or lease", receipts.ErrInvalidOptions)
+		return nil, errorf("pgstore: commit: %w: nil transaction or lease", receipts.ErrInvalidOptions)
 	}
 	return l.Raw(ctx, func(ctx context.Context, e driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
 		pe, err := pgEngine(e)
@@ -70,7 +70,7 @@ func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) 
 // (stop waits for a renewal that waits for tx). A lease needs no renewal while tx holds it.
 func FenceTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease) error {
 	if tx == nil || l == nil {
-		return fmt.Errorf("pgstore: fence: %w: nil transaction or lease", receipts.ErrInvalidOptions)
+		return errorf("pgstore: fence: %w: nil transaction or lease", receipts.ErrInvalidOptions)
 	}
 	_, err := l.Raw(ctx, func(ctx context.Context, e driver.Engine, li driver.LeaseInfo) (*driver.Record, error) {
 		pe, err := pgEngine(e)
@@ -133,7 +133,7 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 	fn func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error), opts ...receipts.ClaimOption,
 ) (*receipts.Receipt, error) {
 	if db == nil || fn == nil {
-		return nil, fmt.Errorf("pgstore: dotx: %w: nil DB or fn", receipts.ErrInvalidOptions)
+		return nil, errorf("pgstore: dotx: %w: nil DB or fn", receipts.ErrInvalidOptions)
 	}
 	var tx *txConn
 	rollback := func() {
@@ -193,7 +193,7 @@ const effectSavepoint = "receipts_effect"
 // retried in a new transaction with the same nonce, as Claim does.
 func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []byte) (*txConn, driver.ClaimResult, error) {
 	if err := e.requireSyncStandby(); err != nil {
-		return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+		return nil, driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 	}
 	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim transaction (its claim statement answers a finished record too)
 		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read, no transaction
@@ -203,7 +203,7 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 	busy, other := 0, 0
 	for {
 		if e.closing() {
-			return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
+			return nil, driver.ClaimResult{}, errorf("pgstore: claim: %w", driver.ErrClosed)
 		}
 		tx, row, err := e.claimTxOnce(ctx, req, nonce)
 		if err == nil && row.outcome != "busy" {
@@ -214,7 +214,7 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 			}
 			if e.closing() { // decided after its time was taken; nothing is committed yet
 				tx.end(ctx)
-				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", driver.ErrClosed)
+				return nil, driver.ClaimResult{}, errorf("pgstore: claim: %w", driver.ErrClosed)
 			}
 			return tx, res, nil
 		}
@@ -232,7 +232,7 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 			}
 		case retryable(err) || errors.Is(err, pgx.ErrNoRows) || uniqueViolation(err) || noPartition(err) || lostReply(ctx, err):
 			if other++; other > maxOther {
-				return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+				return nil, driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 			}
 			if noPartition(err) {
 				if err := e.ensureCurrent(ctx); err != nil {
@@ -244,7 +244,7 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 				}
 			}
 		default:
-			return nil, driver.ClaimResult{}, fmt.Errorf("pgstore: claim: %w", err)
+			return nil, driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 		}
 	}
 }
@@ -321,7 +321,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 		return driver.Record{}, errors.New("pgstore: dotx: rolled back, nothing happened: fn returned no error, but a statement it ran in tx failed and aborted the transaction")
 	}
 	if ferr != nil {
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: roll back the effect: %w", ferr)
+		return driver.Record{}, errorf("pgstore: dotx: rolled back, nothing happened: roll back the effect: %w", ferr)
 	}
 	if !tx.keyLocked { // held to the end, so that a read-back after a lost reply waits for it
 		b.Queue(e.q.lock, lockClass, lockID(keyHash(li.Key)))
@@ -361,16 +361,16 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	}
 	switch {
 	case errors.Is(err, ErrNotReplicated): // committed on the primary only: the outcome is unknown
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: outcome unknown: %w", err)
+		return driver.Record{}, errorf("pgstore: dotx: outcome unknown: %w", err)
 	case err == nil && ferr == nil:
 		e.wakeFinished(li.Key, fin)
 		return fin, nil
 	case err == nil: // COMMIT ran, but the receipt's write answered nothing readable: the record says
 	case lostReply(ctx, err):
 	case ferr != nil:
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: rolled back, nothing happened: %w", ferr)
+		return driver.Record{}, errorf("pgstore: dotx: rolled back, nothing happened: %w", ferr)
 	default:
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit: rolled back, nothing happened: %w", err)
+		return driver.Record{}, errorf("pgstore: dotx: commit: rolled back, nothing happened: %w", err)
 	}
 	// The record is read on another connection: hand this one back first. ctx has no
 	// deadline, and on a pool whose every connection is held like this one (a pool of one,
@@ -381,16 +381,16 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 	switch {
 	case found && finished(li.Token, state, result)(cur):
 		if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
-			return driver.Record{}, fmt.Errorf("pgstore: dotx: outcome unknown: the receipt was read back, but %w", derr)
+			return driver.Record{}, errorf("pgstore: dotx: outcome unknown: the receipt was read back, but %w", derr)
 		}
 		e.wakeFinished(li.Key, cur)
 		return cur, nil
 	case err == nil: // committed without its receipt: the claim stays Pending until its lease ends
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: committed, but the receipt was not written, outcome unknown: %w (%v)", ferr, lerr)
+		return driver.Record{}, errorf("pgstore: dotx: committed, but the receipt was not written, outcome unknown: %w (%v)", ferr, lerr)
 	case lerr != nil:
-		return driver.Record{}, fmt.Errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
+		return driver.Record{}, errorf("pgstore: dotx: commit reply lost and the record cannot be read, outcome unknown: %w (%w)", err, lerr)
 	}
-	return driver.Record{}, fmt.Errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
+	return driver.Record{}, errorf("pgstore: dotx: commit did not land, nothing happened: %w", err)
 }
 
 // settleWait bounds how long a read-back after a lost COMMIT reply waits for the transaction
@@ -440,7 +440,7 @@ func (e *engine) settledLookup(ctx context.Context, k driver.Key) (driver.Record
 		}
 	}
 	if err != nil {
-		return driver.Record{}, false, fmt.Errorf("pgstore: lookup: %w", err)
+		return driver.Record{}, false, errorf("pgstore: lookup: %w", err)
 	}
 	cur, found, _, err := e.lookedUp(k, rec, now, lerr)
 	return cur, found, err

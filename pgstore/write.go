@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,12 +50,12 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 			if lost && verify != nil {
 				if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
 					if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
-						return driver.Record{}, "", fmt.Errorf("pgstore: %s: the reply was lost; it landed, but %w", op, derr)
+						return driver.Record{}, "", errorf("pgstore: %s: the reply was lost; it landed, but %w", op, derr)
 					}
 					return cur, "", nil
 				}
 			}
-			return driver.Record{}, "", fmt.Errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
+			return driver.Record{}, "", errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
 		}
 		switch {
 		case inTx || attempt >= maxOther:
@@ -73,7 +72,7 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 				continue
 			}
 		}
-		return driver.Record{}, "", fmt.Errorf("pgstore: %s: %w", op, err)
+		return driver.Record{}, "", errorf("pgstore: %s: %w", op, err)
 	}
 }
 
@@ -102,7 +101,7 @@ func finished(token uint64, state driver.State, result []byte) func(driver.Recor
 // Renew implements driver.Engine.
 func (e *engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (rec driver.Record, err error) {
 	if !e.unCancelled(ctx, func(ctx context.Context) { rec, err = e.renew(ctx, k, token, ttl) }) {
-		return driver.Record{}, fmt.Errorf("pgstore: renew: %w", ctx.Err())
+		return driver.Record{}, errorf("pgstore: renew: %w", ctx.Err())
 	}
 	return rec, err
 }
@@ -123,7 +122,7 @@ func (e *engine) renew(ctx context.Context, k driver.Key, token uint64, ttl time
 // Finish implements driver.Engine: one statement, committed before it returns.
 func (e *engine) Finish(ctx context.Context, k driver.Key, token uint64, state driver.State, result []byte) (rec driver.Record, err error) {
 	if !e.unCancelled(ctx, func(ctx context.Context) { rec, err = e.finish(ctx, k, token, state, result) }) {
-		return driver.Record{}, fmt.Errorf("pgstore: finish: %w", ctx.Err())
+		return driver.Record{}, errorf("pgstore: finish: %w", ctx.Err())
 	}
 	return rec, err
 }
@@ -151,7 +150,7 @@ func (e *engine) finish(ctx context.Context, k driver.Key, token uint64, state d
 		} else { // alone, or in a batch with other finishes aimed at the same partition
 			c := &finishCall{ctx: ctx, key: k, v: finishV{ep: ep, token: token, state: state, result: result, trace: trace}}
 			if !e.finishes.do(c) {
-				return driver.Record{}, fmt.Errorf("pgstore: finish: %w", ctx.Err())
+				return driver.Record{}, errorf("pgstore: finish: %w", ctx.Err())
 			}
 			rec, done, err = c.v.rec, c.v.done, c.v.err
 		}
@@ -170,7 +169,7 @@ func (e *engine) finish(ctx context.Context, k driver.Key, token uint64, state d
 		if cur, found, _, lerr := e.Lookup(ctx, k); lerr == nil && found && verify(cur) {
 			rec, err = cur, nil
 			if derr := e.confirmDurable(ctx); derr != nil { // it may be on the primary only
-				rec, err = driver.Record{}, fmt.Errorf("pgstore: finish: the reply was lost; it landed, but %w", derr)
+				rec, err = driver.Record{}, errorf("pgstore: finish: the reply was lost; it landed, but %w", derr)
 			}
 		}
 	}
@@ -183,7 +182,7 @@ func (e *engine) finish(ctx context.Context, k driver.Key, token uint64, state d
 // Abandon implements driver.Engine.
 func (e *engine) Abandon(ctx context.Context, k driver.Key, token uint64) (err error) {
 	if !e.unCancelled(ctx, func(ctx context.Context) { err = e.abandon(ctx, k, token) }) {
-		return fmt.Errorf("pgstore: abandon: %w", ctx.Err())
+		return errorf("pgstore: abandon: %w", ctx.Err())
 	}
 	return err
 }
@@ -205,7 +204,7 @@ func (e *engine) abandon(ctx context.Context, k driver.Key, token uint64) error 
 // unknown, so the next claim must be Recovered too).
 func (e *engine) Release(ctx context.Context, k driver.Key, token uint64, recovered bool) (err error) {
 	if !e.unCancelled(ctx, func(ctx context.Context) { err = e.release(ctx, k, token, recovered) }) {
-		return fmt.Errorf("pgstore: release: %w", ctx.Err())
+		return errorf("pgstore: release: %w", ctx.Err())
 	}
 	return err
 }
@@ -233,7 +232,7 @@ func (e *engine) Forget(ctx context.Context, k driver.Key, token uint64) (err er
 	}
 	e.leases.drop(token)
 	if !e.unCancelled(ctx, func(ctx context.Context) { err = e.delete(ctx, "forget", k, token) }) {
-		return fmt.Errorf("pgstore: forget: %w", ctx.Err())
+		return errorf("pgstore: forget: %w", ctx.Err())
 	}
 	return err
 }
@@ -262,16 +261,16 @@ func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint
 					return nil
 				}
 			}
-			return fmt.Errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
+			return errorf("pgstore: %s: %w", op, driver.ErrLeaseLost)
 		case attempt < maxOther && retryable(err):
 			continue
 		case attempt < maxOther && lostReply(ctx, err):
 			lost = lost || !pgconn.SafeToRetry(err)
 			if sleep(ctx, 10*time.Millisecond<<min(attempt, 5)) != nil {
-				return fmt.Errorf("pgstore: %s: %w", op, err)
+				return errorf("pgstore: %s: %w", op, err)
 			}
 		default:
-			return fmt.Errorf("pgstore: %s: %w", op, err)
+			return errorf("pgstore: %s: %w", op, err)
 		}
 	}
 }
@@ -310,8 +309,8 @@ func (e *engine) fenceTx(ctx context.Context, tx pgx.Tx, k driver.Key, token uin
 		e.saw(now, nil)
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("pgstore: fence: %w", driver.ErrLeaseLost)
+		return errorf("pgstore: fence: %w", driver.ErrLeaseLost)
 	default:
-		return fmt.Errorf("pgstore: fence: %w", err)
+		return errorf("pgstore: fence: %w", err)
 	}
 }
