@@ -118,10 +118,13 @@
 // standby was cancelled (pg_cancel_backend, pg_terminate_backend, a client's cancel request),
 // which PostgreSQL commits on the primary only and answers COMMIT with a warning, is never
 // reported committed: every COMMIT the engine sends goes through one check of the warning
-// (the pool's notice handler, which Configure installs), and such a commit is an unknown
-// outcome (ErrNotReplicated: a claim is undone and not handed out, Do returns
-// ErrOutcomeUnknown); what the engine reads back after a lost reply is reported only once a
-// commit of its own after it is confirmed by the standby. The engine never cancels a COMMIT it
+// (the pool's notice handler, which Configure installs; on a pool built without it, Open and
+// claims fail with ErrPoolNotConfigured while synchronous_standby_names is set), and such a
+// commit is an unknown outcome (ErrNotReplicated: a claim is undone and not handed out, Do
+// returns ErrOutcomeUnknown); what the engine reads back after a lost reply is read once the
+// transaction has ended on the server (DoTx's and a staged effect's: they hold the key's
+// advisory lock to their end), and reported only once a commit of its own after it is
+// confirmed by the standby. The engine never cancels a COMMIT it
 // sent, whatever the pool's pgx settings: its COMMITs run on contexts the caller's cannot
 // cancel (claims and writes in a goroutine of their own when the caller's context can end),
 // so neither pgx's deadline, which closes the connection and sends a cancel request, nor
