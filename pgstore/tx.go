@@ -404,11 +404,13 @@ var errUnsettled = errors.New("its transaction is still open on the server")
 
 // settledLookup reads k's record, as Lookup does, once no transaction holds k's advisory lock
 // (lockClass, lockID: taken shared, in a transaction of its own, before the read). DoTx's
-// transaction takes it with the claim, and FinishWith's with its fence, and each holds it to
-// its end, which the server makes visible before it releases the lock. So after a lost COMMIT
-// reply the read sees whether that COMMIT landed: it waits while the server is still
-// committing (a slow flush, a wait for the synchronous standby, deferred triggers) or has
-// yet to roll the transaction back (its connection gone), and its snapshot comes after.
+// transaction takes it with the claim, and FinishWith's first in its commit batch ([lock;
+// finish; COMMIT]: commitDoTx), and each holds it to its end, which the server makes visible
+// before it releases the lock. So after a lost COMMIT reply the read sees whether that COMMIT
+// landed: it waits while the server is still committing (a slow flush, a wait for the
+// synchronous standby, deferred triggers) or has yet to roll the transaction back (its
+// connection gone), and its snapshot comes after. (FinishWith's batch, if the server has not
+// even begun it, is not waited for: its transaction holds only the record's row lock then.)
 // Read at once instead, it found the claim still Pending (or absent) while the COMMIT was
 // finishing, and DoTx answered "did not land, nothing happened" for a receipt and effect
 // that had committed (issue 43, item 7). It waits settleWait at most: then errUnsettled.
