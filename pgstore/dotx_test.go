@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -570,6 +571,8 @@ type cutConn struct {
 	// connection broke, sends a cancel request for what the server still runs.
 	beforeCut func()
 	once      sync.Once
+	// match, if set, picks the write whose reply is lost: the first armed write it matches.
+	match func([]byte) bool
 }
 
 func (c *cutConn) Write(b []byte) (int, error) {
@@ -578,7 +581,7 @@ func (c *cutConn) Write(b []byte) (int, error) {
 		return 0, &net.OpError{Op: "write", Net: "tcp", Err: net.ErrClosed}
 	}
 	n, err := c.Conn.Write(b)
-	if c.armed.CompareAndSwap(true, false) {
+	if (c.match == nil || c.match(b)) && c.armed.CompareAndSwap(true, false) {
 		c.cut.Store(true)
 	}
 	return n, err
@@ -722,6 +725,73 @@ func testLostCommitReply(t *testing.T, name string, call func(db *receipts.DB, k
 	}
 	if n := count(); n != 2 {
 		t.Fatalf("%d effects, want 2", n)
+	}
+}
+
+// A DoTx whose fn fails with an unmarked error abandons its claim in its own transaction
+// (abandonBound) and commits it; if that COMMIT's reply is lost, the record is read back once
+// the transaction has ended on the server. The server has the COMMIT (held at a gate on the
+// records table until the read-back waits for it), so the abandonment lands: DoTx reports
+// the unknown outcome without saying the abandonment failed, and the next attempt is
+// Recovered. On the code before, the read-back looked at once, found no claim (the fresh
+// claim was not committed yet), and the abandonment was reported failed ("the commit did
+// not land, and the claim with it").
+func TestDoTxAbandonLostCommitReply(t *testing.T) {
+	d := newTestDB(t)
+	var armed atomic.Bool
+	var gate *commitGate
+	d.tune = func(c *pgxpool.Config) {
+		c.MaxConns = 1
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			return &cutConn{Conn: conn, armed: &armed, beforeCut: func() { gate.awaitHeld(t) },
+				match: func(b []byte) bool { return bytes.Contains(b, []byte("commit\x00")) }}, nil
+		}
+	}
+	db, _ := d.openDB(Options{})
+	gate = holdCommits(t, d, "records")
+	boom := errors.New("boom")
+	for i, arm := range []bool{false, true} { // the first prepares the abandonment's statements
+		k := receipts.Key{Scope: "s", ID: fmt.Sprint("abandon-", i)}
+		done := make(chan error, 1)
+		if arm {
+			gate.close()
+		}
+		go func() {
+			_, err := DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+				armed.Store(arm)
+				return nil, boom
+			})
+			done <- err
+		}()
+		var err error
+		if arm {
+			err = openWhen(t, gate, done)
+		} else {
+			err = <-done
+		}
+		if !errors.Is(err, receipts.ErrOutcomeUnknown) || !errors.Is(err, boom) {
+			t.Fatalf("DoTx (reply lost: %v): %v, want ErrOutcomeUnknown and fn's error", arm, err)
+		}
+		if strings.Contains(err.Error(), "abandoning the claim failed") {
+			t.Fatalf("DoTx (reply lost: %v): %v: the abandonment landed", arm, err)
+		}
+		if armed.Load() {
+			t.Fatal("the abandonment's COMMIT was not sent: the connection was never cut")
+		}
+		l, r, err := db.Claim(bg, k, []byte("fp"))
+		if err != nil || l == nil || !l.Recovered() {
+			t.Fatalf("the next attempt after DoTx (reply lost: %v): %v %+v %v: want a Recovered lease", arm, l, r, err)
+		}
+		_ = l.Release(bg)
+		t.Logf("reply lost: %v: %v", arm, err)
+	}
+	if !gate.held.Load() {
+		t.Fatal("the lost COMMIT never waited at the gate: the read-back was not raced")
 	}
 }
 

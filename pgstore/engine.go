@@ -514,7 +514,9 @@ var regexpNoPartition = regexp.MustCompile(`no partition of relation .* found fo
 
 // lostReply: the statement failed without an answer from the server (the connection broke,
 // or could not be had): it may or may not have run. A claim retried after this keeps its
-// nonce, so if it did run it recognises itself.
+// nonce, so if it did run it recognises itself. pgx answers pgconn.ErrConnClosed, bare, for a
+// simple-protocol statement whose reply it lost (pgx.Tx's Commit: DoTx's abandonment), so it
+// counts too: read as a definite failure, it reported a landed COMMIT as failed.
 func lostReply(ctx context.Context, err error) bool {
 	if c := pgCode(err); c != "" {
 		// connection exceptions and operator intervention (shutdown, crash, restart)
@@ -528,7 +530,7 @@ func lostReply(ctx context.Context, err error) bool {
 	var ce *pgconn.ConnectError
 	return pgconn.SafeToRetry(err) || errors.As(err, &ne) || errors.As(err, &ce) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, errLostReply) || errors.Is(err, errBatchLost)
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, errLostReply) || errors.Is(err, errBatchLost)
 }
 
 // mayHaveLanded reports whether a send that carried a COMMIT failed without the server's

@@ -75,7 +75,7 @@ suites=(
 	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
 	"./pgstore ^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"
 	"./pgstore ^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"
-	"./pgstore ^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply)$"
+	"./pgstore ^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply|TestDoTxAbandonLostCommitReply)$"
 )
 
 harnesses=()      # harness ids: the test's name, or name@package when two packages have it

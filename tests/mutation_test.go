@@ -46,7 +46,7 @@ var suites = []struct{ pkg, list string }{
 	// decision, the write and the read of its own row.
 	{"./pgstore", "^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"},
 	// A lost COMMIT reply: the read-back waits for the transaction to end on the server.
-	{"./pgstore", "^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply)$"},
+	{"./pgstore", "^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply|TestDoTxAbandonLostCommitReply)$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
