@@ -34,7 +34,9 @@ package receiptsotel
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
+	"math/rand/v2"
 	"sync"
 
 	"go.opentelemetry.io/otel"
@@ -59,6 +61,21 @@ type Options struct {
 	// span: it lets one follow a key across traces without revealing it,
 	// at the cost of one HMAC per span.
 	KeyHash bool
+	// SampleRatio, if above 0 and below 1, is the fraction of operations
+	// that begin a trace (have no span in their context) that the Observer
+	// records spans for. The Observer decides before the SDK is called, as
+	// sdktrace.ParentBased(sdktrace.TraceIDRatioBased(SampleRatio)) would on
+	// a trace ID it draws itself: an operation sampled out starts no span
+	// and builds no attribute (its context carries that trace ID with the
+	// sampled flag unset, so the work's own spans, and the services it
+	// calls, follow the decision), and the SDK's own path for a span that
+	// is not sampled (microseconds per call) is never taken. Set the
+	// TracerProvider's sampler to sample what reaches it (the SDK's
+	// default, ParentBased(AlwaysSample), does), or the two ratios
+	// multiply. 0 (the default), or 1 and above: the TracerProvider's
+	// sampler decides for operations that begin a trace. Metrics count
+	// every operation whatever the ratio.
+	SampleRatio float64
 }
 
 // Observer is a observe.Observer (and observe.Beginner) that records
@@ -66,6 +83,10 @@ type Options struct {
 type Observer struct {
 	tracer  trace.Tracer
 	keyHash bool
+	// bound: a trace ID whose last 8 bytes, shifted right by one, are
+	// below it is sampled (TraceIDRatioBased's rule); 0 if SampleRatio is
+	// not set.
+	bound uint64
 
 	claims, finishes, gcRuns metric.Int64Counter
 	opDur, waitDur           metric.Float64Histogram
@@ -88,6 +109,9 @@ func New(opts *Options) (*Observer, error) {
 	}
 	m := o.MeterProvider.Meter(ScopeName)
 	ob := &Observer{tracer: o.TracerProvider.Tracer(ScopeName), keyHash: o.KeyHash}
+	if o.SampleRatio > 0 && o.SampleRatio < 1 {
+		ob.bound = max(uint64(o.SampleRatio*(1<<63)), 1)
+	}
 	var err error
 	if ob.claims, err = m.Int64Counter("receipts.claims", metric.WithDescription("Claims by outcome."), metric.WithUnit("{claim}")); err != nil {
 		return nil, err
@@ -108,14 +132,64 @@ func New(opts *Options) (*Observer, error) {
 }
 
 // Begin starts the span of a Do or a claim (observe.Beginner); Observe
-// ends it.
+// ends it. No span is started, and the SDK is not called, if the span in
+// ctx is neither recording nor sampled (the SDK's default sampler,
+// ParentBased, would not sample a child of it), or if ctx has no span and
+// the Observer's own sampler (Options.SampleRatio) samples the operation
+// out.
 func (o *Observer) Begin(ctx context.Context, kind observe.EventKind) context.Context {
+	parent := trace.SpanFromContext(ctx)
+	if psc := parent.SpanContext(); psc.IsValid() {
+		if !psc.IsSampled() && !parent.IsRecording() {
+			return ctx // the parent's decision: nothing to record
+		}
+	} else if o.bound != 0 {
+		tid := newTraceID()
+		if !o.sampledID(tid) {
+			// Sampled out: the operation, and the work it runs, carry a
+			// trace of their own that is not sampled, as the SDK would
+			// give them, and nested operations follow this decision.
+			return trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: newSpanID()}))
+		}
+	}
 	name := "receipts.claim"
 	if kind == observe.DoEvent {
 		name = "receipts.do"
 	}
 	ctx, _ = o.tracer.Start(ctx, name, internalSpan...)
 	return ctx
+}
+
+// records reports whether a span of its own (a wait, a finish, a GC) is to
+// be started in ctx: Begin's decision, with a draw of its own for one that
+// begins a trace.
+func (o *Observer) records(ctx context.Context) bool {
+	parent := trace.SpanFromContext(ctx)
+	if psc := parent.SpanContext(); psc.IsValid() {
+		return psc.IsSampled() || parent.IsRecording()
+	}
+	return o.bound == 0 || rand.Uint64()>>1 < o.bound
+}
+
+// sampledID is TraceIDRatioBased's decision on tid with the Observer's
+// ratio.
+func (o *Observer) sampledID(tid trace.TraceID) bool {
+	return binary.BigEndian.Uint64(tid[8:16])>>1 < o.bound
+}
+
+// newTraceID draws a random, valid trace ID.
+func newTraceID() trace.TraceID {
+	var tid trace.TraceID
+	binary.BigEndian.PutUint64(tid[:8], rand.Uint64())
+	binary.BigEndian.PutUint64(tid[8:], rand.Uint64()|1) // never all zero
+	return tid
+}
+
+// newSpanID draws a random, valid span ID.
+func newSpanID() trace.SpanID {
+	var sid trace.SpanID
+	binary.BigEndian.PutUint64(sid[:], rand.Uint64()|1)
+	return sid
 }
 
 // internalSpan is the option every span starts with, built once (an
@@ -140,9 +214,11 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 			span.End(trace.WithTimestamp(end))
 		}
 	default:
-		_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(o.attrs(e)...), internalSpan[0])
-		setStatus(span, e.Outcome)
-		span.End(trace.WithTimestamp(end))
+		if o.records(ctx) {
+			_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(o.attrs(e)...), internalSpan[0])
+			setStatus(span, e.Outcome)
+			span.End(trace.WithTimestamp(end))
+		}
 	}
 
 	switch e.Kind {
