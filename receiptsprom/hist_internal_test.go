@@ -73,3 +73,31 @@ func TestCtrCountsEveryInc(t *testing.T) {
 	require.Equal(t, 8000.0, m.GetCounter().GetValue())
 	require.Equal(t, "v", m.GetLabel()[0].GetValue())
 }
+
+// stripe is in range, stays the same on one goroutine, and spreads
+// goroutines over the stripes.
+func TestStripeSpreadsGoroutines(t *testing.T) {
+	const n = 64
+	got := make([]int, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sh := stripe()
+			for range 100 {
+				if stripe() != sh {
+					sh = -1
+				}
+			}
+			got[g] = sh
+		}()
+	}
+	wg.Wait()
+	seen := map[int]bool{}
+	for _, sh := range got {
+		require.True(t, sh >= 0 && sh < histShards, "stripe %d: out of range, or not the same on one goroutine", sh)
+		seen[sh] = true
+	}
+	require.GreaterOrEqual(t, len(seen), histShards/2, "64 goroutines over %d stripes: %v", histShards, got)
+}
