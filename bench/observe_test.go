@@ -6,6 +6,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -52,6 +53,18 @@ func BenchmarkObserved(b *testing.B) {
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 			b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
 			o, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp, MeterProvider: mp, SampleRatio: 0.01})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return o
+		}},
+		// otel-1pct-traces: otel-1pct with no metrics (a no-op MeterProvider, as a service
+		// that takes its metrics from receiptsprom would run it): what the spans' sampling
+		// costs alone.
+		{"otel-1pct-traces", func(b *testing.B) observe.Observer {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}))
+			b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			o, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp, MeterProvider: metricnoop.NewMeterProvider(), SampleRatio: 0.01})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -38,6 +38,7 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -91,7 +92,9 @@ type Observer struct {
 	claims, finishes, gcRuns metric.Int64Counter
 	opDur, waitDur           metric.Float64Histogram
 
-	sets sync.Map // setKey -> *measureOpts
+	sets  sync.Map               // setKey -> *measureOpts
+	byKey sync.Map               // seriesKey -> *series
+	last  atomic.Pointer[series] // the series used last: most stores have one engine and class
 }
 
 // New returns an Observer; set it as Options.Observer, alone or with others
@@ -221,21 +224,22 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 		}
 	}
 
+	row := o.row(&e)
 	switch e.Kind {
 	case observe.ClaimEvent:
-		o.claims.Add(ctx, 1, o.attrSet(e, "").add...)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "claim").rec...)
+		o.claims.Add(ctx, 1, o.opts(row, &e, opNone).add...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opClaim).rec...)
 	case observe.WaitEvent:
-		o.waitDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "").rec...)
+		o.waitDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opNone).rec...)
 	case observe.FinishEvent:
-		o.finishes.Add(ctx, 1, o.attrSet(e, "").add...)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "finish").rec...)
-		o.opDur.Record(ctx, e.Held.Seconds(), o.attrSet(e, "attempt").rec...)
+		o.finishes.Add(ctx, 1, o.opts(row, &e, opNone).add...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opFinish).rec...)
+		o.opDur.Record(ctx, e.Held.Seconds(), o.opts(row, &e, opAttempt).rec...)
 	case observe.GCEvent:
-		o.gcRuns.Add(ctx, 1, o.attrSet(e, "").add...)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "gc").rec...)
+		o.gcRuns.Add(ctx, 1, o.opts(row, &e, opNone).add...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opGC).rec...)
 	case observe.DoEvent:
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.attrSet(e, "do").rec...)
+		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opDo).rec...)
 	}
 }
 
@@ -251,17 +255,97 @@ type measureOpts struct {
 // an event, and the op attribute ("" for none).
 type setKey struct{ engine, class, outcome, op string }
 
-// attrSet returns the measurement options for e's attributes (with op, if
-// not ""), built once per distinct set: attribute sets are what the SDK's
-// aggregation is keyed by, and building one sorts and copies.
-func (o *Observer) attrSet(e observe.Event, op string) *measureOpts {
-	k := setKey{e.Engine, e.Class, string(e.Outcome), op}
+// The op attribute's values, as indexes of series.sets.
+const (
+	opNone = iota
+	opClaim
+	opFinish
+	opAttempt
+	opGC
+	opDo
+	numOps
+)
+
+var opNames = [numOps]string{"", "claim", "finish", "attempt", "gc", "do"}
+
+// outcomeList are the documented outcomes, as indexes of series.sets.
+var outcomeList = [...]observe.Outcome{observe.OutcomeReplayed, observe.OutcomeClaimed, observe.OutcomeSucceeded, observe.OutcomeTookOver,
+	observe.OutcomeInProgress, observe.OutcomeMismatch, observe.OutcomeExpired, observe.OutcomeCanceled, observe.OutcomeClosed,
+	observe.OutcomeError, observe.OutcomeFailed, observe.OutcomeReleased, observe.OutcomeAbandoned, observe.OutcomeLeaseLost, observe.OutcomeOK}
+
+// outcomeIndex is out's index in outcomeList, or -1.
+func outcomeIndex(out observe.Outcome) int {
+	for i, o := range outcomeList { // the common outcomes first
+		if o == out {
+			return i
+		}
+	}
+	return -1
+}
+
+// series are the measurement options of one engine and class, resolved
+// once per outcome and op: an event then costs an index, not a hash of
+// its attributes (sync.Map's, on four strings, was most of what the
+// Observer itself spent on a replay).
+type series struct {
+	engine, class string
+	sets          [len(outcomeList)][numOps]atomic.Pointer[measureOpts] // [outcomeIndex][op]
+}
+
+// row returns the measurement options of e's engine, class and outcome,
+// one per op, or nil for an outcome this version does not list.
+func (o *Observer) row(e *observe.Event) *[numOps]atomic.Pointer[measureOpts] {
+	s := o.last.Load()
+	if s == nil || s.engine != e.Engine || s.class != e.Class {
+		s = o.series(e.Engine, e.Class)
+	}
+	if i := outcomeIndex(e.Outcome); i >= 0 {
+		return &s.sets[i]
+	}
+	return nil
+}
+
+// opts returns the measurement options for e's attributes with op (opNone:
+// none) from row (o.row(e)), built once per distinct set: attribute sets
+// are what the SDK's aggregation is keyed by, and building one sorts and
+// copies.
+func (o *Observer) opts(row *[numOps]atomic.Pointer[measureOpts], e *observe.Event, op int) *measureOpts {
+	if row == nil {
+		return o.attrSet(e, op)
+	}
+	if m := row[op].Load(); m != nil {
+		return m
+	}
+	m := o.attrSet(e, op)
+	row[op].Store(m)
+	return m
+}
+
+// series returns, and makes the last one used, the series of engine and
+// class.
+func (o *Observer) series(engine, class string) *series {
+	k := seriesKey{engine, class}
+	v, ok := o.byKey.Load(k)
+	if !ok {
+		v, _ = o.byKey.LoadOrStore(k, &series{engine: engine, class: class})
+	}
+	s := v.(*series)
+	o.last.Store(s)
+	return s
+}
+
+type seriesKey struct{ engine, class string }
+
+// attrSet returns the measurement options for e's attributes with op,
+// from the Observer's map of them (made on first use).
+func (o *Observer) attrSet(e *observe.Event, op int) *measureOpts {
+	k := setKey{e.Engine, e.Class, string(e.Outcome), opNames[op]}
 	if v, ok := o.sets.Load(k); ok {
 		return v.(*measureOpts)
 	}
-	attrs := o.metricAttrs(e)
-	if op != "" {
-		attrs = append(attrs, attribute.String("op", op))
+	attrs := o.metricAttrs(*e)
+	if op != opNone {
+		attrs = append(attrs, attribute.String("op", opNames[op]))
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	v, _ := o.sets.LoadOrStore(k, &measureOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
