@@ -46,6 +46,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/receiptstore/receipts/internal/mutate"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -149,6 +150,9 @@ func (o *Observer) Begin(ctx context.Context, kind observe.EventKind) context.Co
 	} else if o.bound != 0 {
 		tid := newTraceID()
 		if !o.sampledID(tid) {
+			if mutate.Name == mutate.OTelUnmarked {
+				return ctx
+			}
 			// Sampled out: the operation, and the work it runs, carry a
 			// trace of their own that is not sampled, as the SDK would
 			// give them, and nested operations follow this decision.

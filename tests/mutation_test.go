@@ -32,6 +32,8 @@ var suites = []struct{ pkg, list string }{
 	{".", "^TestReplayFromMemoryAllocatesOnce$"},
 	// receiptsprom's striped histograms and counters, against client_golang's own.
 	{"./receiptsprom", "^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"},
+	// receiptsotel's own sampler: an operation sampled out, and what is nested in it, start no span.
+	{"./receiptsotel", "^(TestSampledOutStartsNoSpan|TestUnsampledParentStartsNoSpan|TestSampledParentStillRecords|TestSampledOperationsComplete)$"},
 	// The outcome protocol, written once (Lease.conclude): the conformance kit on both
 	// engines.
 	{".", "^TestConformance$"},
@@ -54,7 +56,7 @@ var suites = []struct{ pkg, list string }{
 // it builds each harness package's tests with -tags receipts_mutate, checks
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
-// cacheraw, nocopy, memokeep, memoraw, histshard, unknownfree, nogcmarkers,
+// cacheraw, nocopy, memokeep, memoraw, histshard, otelunmarked, unknownfree, nogcmarkers,
 // pgnogcmarkers, pgbatchswap, pgreadnow), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
@@ -136,7 +138,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

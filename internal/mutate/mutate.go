@@ -28,6 +28,9 @@
 //	           and the next attempt is not Recovered
 //	histshard  receiptsprom: a duration histogram's scrape reads only its first
 //	           stripe (the counts other goroutines added elsewhere are lost)
+//	otelunmarked receiptsotel: an operation its sampler samples out runs with
+//	           the caller's context unmarked, so the operations nested in it
+//	           (a Do's claim and commit) draw again and start spans of their own
 //	nogcmarkers Pebble's GC drops an epoch's records without writing their
 //	           tombstone markers first
 //	pgnogcmarkers PostgreSQL: GC drops a records partition without copying its
@@ -66,6 +69,8 @@ const (
 	UnknownFree = "unknownfree"
 	// HistShard: receiptsprom's striped histograms sum only their first stripe at scrape.
 	HistShard = "histshard"
+	// OTelUnmarked: receiptsotel's sampled-out operations leave no unsampled trace in their context.
+	OTelUnmarked = "otelunmarked"
 	// NoGCMarkers: Pebble's GC drops epochs without writing their records' tombstone markers.
 	NoGCMarkers = "nogcmarkers"
 	// PgNoGCMarkers: pgstore's GC drops records partitions without copying their markers.
