@@ -20,6 +20,13 @@
 // stores that span's W3C traceparent (55 bytes) with the receipt, on every
 // engine, for as long as the receipt is kept.
 //
+// Sampling is decided before the SDK is called: an operation whose parent
+// span is neither recording nor sampled starts no span, and with
+// Options.SampleRatio the Observer samples the operations that begin a
+// trace itself (as ParentBased(TraceIDRatioBased) would): one sampled out
+// starts no span and builds no attribute, and its work runs in a trace that
+// is not sampled. Metrics count every operation.
+//
 // Attributes: receipts.engine, receipts.outcome, receipts.class (if set),
 // receipts.attempt, receipts.recovered, receipts.key_hash (the key's keyed
 // hash, never its scope or ID; only with Options.KeyHash), and for GC
