@@ -83,8 +83,8 @@ const (
 	// SealOverhead is what encryption (Options.Keyring) adds to a stored result: the
 	// envelope's header and GCM's tag.
 	SealOverhead = sealHeaderLen + 16
-	// dataKeyAge bounds how long a data key unwrapped stays in memory: on a store shared by
-	// several nodes, a scope erased on one stops being readable on the others within it.
+	// dataKeyAge bounds how long a data key unwrapped is used to seal before it is read
+	// again. (Whether an erasure came after it is checked at every seal: sealKey.)
 	dataKeyAge = time.Minute
 	// maxDataKeys bounds the data keys kept in memory.
 	maxDataKeys = 4096
@@ -104,12 +104,16 @@ type sealer struct {
 	// published (a replay reads it with one atomic load); mu serializes its replacements.
 	keys atomic.Pointer[map[string]*dataKey]
 	mu   sync.Mutex
+	// forgets counts the keys dropped from memory (forget, under mu): a key read from the
+	// engine before one was dropped is not kept (keep).
+	forgets atomic.Uint64
 }
 
 // dataKey is one scope's data key, unwrapped.
 type dataKey struct {
 	aead   cipher.AEAD
 	tag    [sealTagLen]byte
+	gen    uint32    // its generation: the scope's erasures before it was made
 	loaded time.Time // when it was read from the engine (monotonic)
 }
 
@@ -194,62 +198,142 @@ func additionalData(header []byte, k driver.Key, token uint64, state driver.Stat
 }
 
 // key returns the data key of the stored scope, from memory or the engine; with create (to
-// seal), it makes one if the scope has none (errNoDataKey otherwise), and takes one from
-// memory only if it is younger than dataKeyAge: on another node the scope may have been
-// erased since, and a result sealed with its old key could not be opened. To open, any key
-// in memory does: the envelope names the key it was sealed with (its tag), and a result that
-// is there to open was sealed with a key that was the scope's.
+// seal), it makes one if the scope has none (errNoDataKey otherwise). To open, any key in
+// memory does: the envelope names the key it was sealed with (its tag), and a result that is
+// there to open was sealed with a key that was the scope's. To seal, only the key of the
+// scope's current generation does (sealKey).
 func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, error) {
-	dk := (*s.keys.Load())[scope]
-	if dk != nil && (!create || time.Since(dk.loaded) < dataKeyAge) {
+	if create {
+		return s.sealKey(ctx, scope)
+	}
+	if dk := (*s.keys.Load())[scope]; dk != nil {
 		return dk, nil
 	}
 	id := driver.ScopeID(s.secret, scope)
+	forgets := s.forgets.Load()
 	wrapped, found, err := s.dk.DataKey(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("receipts: read a data key: %w", err)
 	}
-	var raw []byte
-	if found {
-		if raw, err = s.unwrap(ctx, id, wrapped); err != nil {
+	if !found {
+		return nil, errNoDataKey
+	}
+	raw, err := s.unwrap(ctx, id, wrapped)
+	if err != nil {
+		return nil, err
+	}
+	gen, _, _ := splitWrapped(wrapped)
+	return s.keep(scope, id, raw, gen, forgets)
+}
+
+// sealKeyTries bounds how many times sealKey reads the scope's key again after another node
+// changed it under it (an erasure, a new generation).
+const sealKeyTries = 4
+
+// sealKey returns the data key to seal a result of the stored scope with: the key of the
+// scope's current generation, made if the scope has none.
+//
+// A key is bound to the erasure state it was made under: its generation (stored with it) is
+// the number of the scope's erasures before it was made, and each erasure destroys the
+// generation it ends. A key in memory may have been erased since it was loaded, by this node
+// or another, and the erasure may have ended since (its end is on the store's clock, not the
+// node's): so before sealing with it, sealKey reads the scope's erasure record, and uses the
+// key only if no erasure came after it (the erasure count is its generation). The lease that
+// seals was claimed before that read, so an erasure after the read makes its commit write
+// nothing (ErrLeaseLost): a result is never sealed with a destroyed key.
+func (s *sealer) sealKey(ctx context.Context, scope string) (*dataKey, error) {
+	id := driver.ScopeID(s.secret, scope)
+	for range sealKeyTries {
+		forgets := s.forgets.Load()
+		gen, err := s.generation(ctx, id)
+		if err != nil {
 			return nil, err
 		}
-	} else {
-		if !create {
-			return nil, errNoDataKey
+		if dk := (*s.keys.Load())[scope]; dk != nil && dk.gen == gen && time.Since(dk.loaded) < dataKeyAge {
+			return dk, nil
 		}
-		raw = make([]byte, 32)
+		wrapped, found, err := s.dk.DataKey(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("receipts: read a data key: %w", err)
+		}
+		if found {
+			g, _, err := splitWrapped(wrapped)
+			if err != nil {
+				return nil, fmt.Errorf("receipts: the data key of scope %x: %w", id, err)
+			}
+			switch {
+			case g == gen:
+				raw, err := s.unwrap(ctx, id, wrapped)
+				if err != nil {
+					return nil, err
+				}
+				return s.keep(scope, id, raw, gen, forgets)
+			case g > gen: // an erasure and a new key since the read: read again
+				continue
+			}
+			// A key of an erased generation: stored by a call that read the scope's
+			// generation before an erasure and wrote after it had ended. It is destroyed
+			// in the Keyring: replace it.
+		}
+		raw := make([]byte, 32)
 		if _, err := rand.Read(raw); err != nil {
 			return nil, fmt.Errorf("receipts: make a data key: %w", err)
-		}
-		var gen uint32 // the scope's erasures so far: each erasure destroyed a generation
-		if s.er != nil {
-			e, found, err := s.er.Erasure(ctx, id)
-			if err != nil {
-				return nil, fmt.Errorf("receipts: read the erasures of scope %x: %w", id, err)
-			}
-			if found {
-				gen = e.Count
-			}
 		}
 		w, err := s.wrap(ctx, id, gen, raw)
 		if err != nil {
 			return nil, err
 		}
+		if found {
+			swapped, err := s.dk.SwapDataKey(ctx, id, wrapped, w)
+			if err != nil {
+				return nil, fmt.Errorf("receipts: replace the erased data key of scope %x: %w", id, err)
+			}
+			if !swapped { // another node's (or call's) change won: read again
+				continue
+			}
+			return s.keep(scope, id, raw, gen, forgets)
+		}
 		stored, err := s.dk.PutDataKey(ctx, id, w)
 		if err != nil {
 			return nil, fmt.Errorf("receipts: store the data key of scope %x: %w", id, err)
 		}
-		if !bytes.Equal(stored, w) { // another node's (or call's) key won
-			if raw, err = s.unwrap(ctx, id, stored); err != nil {
-				return nil, err
-			}
+		if !bytes.Equal(stored, w) { // another node's (or call's) key won: read again
+			continue
 		}
+		return s.keep(scope, id, raw, gen, forgets)
 	}
-	if dk, err = newDataKey(raw); err != nil {
+	return nil, fmt.Errorf("receipts: the data key of scope %x changed %d times while it was read (erasures racing): %w", id, sealKeyTries, ErrLeaseLost)
+}
+
+// generation returns the scope's erasure count: the generation of its data key in force.
+func (s *sealer) generation(ctx context.Context, id []byte) (uint32, error) {
+	if s.er == nil {
+		return 0, nil
+	}
+	e, found, err := s.er.Erasure(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("receipts: read the erasures of scope %x: %w", id, err)
+	}
+	if !found {
+		return 0, nil
+	}
+	return e.Count, nil
+}
+
+// keep returns the data key raw of generation gen and keeps it in memory, unless a key was
+// forgotten (an erasure) since forgets was read: a key read before an erasure is not put back
+// after the erasure dropped it.
+func (s *sealer) keep(scope string, id, raw []byte, gen uint32, forgets uint64) (*dataKey, error) {
+	dk, err := newDataKey(raw)
+	if err != nil {
 		return nil, fmt.Errorf("receipts: the data key of scope %x: %w", id, err)
 	}
+	dk.gen = gen
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.forgets.Load() != forgets {
+		return dk, nil
+	}
 	m := maps.Clone(*s.keys.Load())
 	if len(m) >= maxDataKeys {
 		for k := range m { // any one
@@ -259,7 +343,6 @@ func (s *sealer) key(ctx context.Context, scope string, create bool) (*dataKey, 
 	}
 	m[scope] = dk
 	s.keys.Store(&m)
-	s.mu.Unlock()
 	return dk, nil
 }
 
@@ -333,6 +416,7 @@ func (s *sealer) forget(scope string) {
 	m := maps.Clone(*s.keys.Load())
 	delete(m, scope)
 	s.keys.Store(&m)
+	s.forgets.Add(1)
 	s.mu.Unlock()
 }
 
