@@ -37,8 +37,10 @@ func EffectOn[TTx any](f func(ctx context.Context, tx TTx) error) Effect {
 // durable together or not at all. A Failed receipt is written without them,
 // and Release and Abandon drop them. If an effect returns an error, nothing
 // is written and the commit returns that error (Run and Do abandon the
-// claim: the outcome is unknown). A commit that fails keeps the effects
-// staged for the next try; one that succeeds clears them.
+// claim: the outcome is unknown; an effect that panics makes Run and Do
+// abandon the claim at once too, and the panic goes on to their caller). A
+// commit that fails keeps the effects staged for the next try; one that
+// succeeds clears them.
 //
 // This is how an effect commits with its receipt on every engine;
 // pebblestore.DoBatch, RunBatch and CommitWith are the Pebble engine's own

@@ -60,16 +60,16 @@ func (l *Lease) run(ctx context.Context, fn func(ctx context.Context, l *Lease) 
 
 	finished := false
 	defer func() {
-		if !finished { // fn panicked (or called runtime.Goexit)
+		if !finished { // fn or a staged effect panicked (or called runtime.Goexit)
 			keep.stop()
 			_ = l.abandonUnknown(detached)
 		}
 	}()
 	result, ferr := fn(fctx, l)
-	finished = true
 	keep.stop()
 
-	o := l.conclude(detached, result, ferr, l.release)
+	o := l.conclude(detached, result, ferr, l.release) // runs the staged effects
+	finished = true
 	switch o.verdict {
 	case verdictCommit:
 		if o.err != nil {
