@@ -20,6 +20,16 @@ type Effect func(ctx context.Context, tx any) error
 // PostgreSQL. On another engine the effect writes nothing and
 // returns an error wrapping ErrUnsupported: the commit it was staged for
 // fails, and nothing is recorded.
+//
+// An effect writes into tx and must not end it: tx's commit is the
+// receipt's. An effect that does anyway (a COMMIT or ROLLBACK sent with
+// pgx.Tx.Exec, tx.Commit being refused; a *pebble.Batch's Commit) may have
+// made its writes durable without the receipt: the engines detect it after
+// the effect returns (PostgreSQL: the connection is no longer in a
+// transaction; Pebble: the batch was committed), and the commit fails with
+// an error wrapping ErrEffectEnded and ErrOutcomeUnknown, nothing recorded
+// and the claim abandoned (the next attempt is Recovered), whatever the
+// effect returned.
 func EffectOn[TTx any](f func(ctx context.Context, tx TTx) error) Effect {
 	return func(ctx context.Context, tx any) error {
 		t, ok := tx.(TTx)

@@ -129,7 +129,14 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte) (*Receip
 		return nil, err
 	}
 	defer l.db.exit()
-	return l.settle(ctx, state, result)
+	r, err := l.settle(ctx, state, result)
+	if errors.Is(err, ErrEffectEnded) { // the effect may have written without the receipt
+		if aerr := l.abandonUnknown(ctx); aerr != nil {
+			return nil, fmt.Errorf("%w: %w (%w)", ErrOutcomeUnknown, err, aerr)
+		}
+		return nil, fmt.Errorf("%w: %w; the claim is abandoned", ErrOutcomeUnknown, err)
+	}
+	return r, err
 }
 
 // settle records state and result. A Succeeded receipt commits with the

@@ -37,6 +37,13 @@ var (
 	// ErrLocked: an embedded engine's directory is held by another process (or another
 	// store in this process).
 	ErrLocked = errors.New("receipts: store is locked by another process (use the service's admin endpoint, or open a checkpoint)")
+
+	// ErrEffectEnded: an effect (Effects.FinishWith, or the Pebble engine's batch) ended
+	// the engine's unit of atomic work itself: it committed or rolled back the
+	// transaction with a statement, or committed the batch. What it wrote before may be
+	// durable without the receipt, so the outcome is unknown. Engines return it, having
+	// recorded nothing; the root abandons the claim.
+	ErrEffectEnded = errors.New("receipts: the effect ended the unit of work itself")
 )
 
 // State of a record.

@@ -43,10 +43,28 @@ func (e *engine) FinishWith(ctx context.Context, k driver.Key, token uint64, sta
 	if err := e.fenceTx(ctx, t.tx, k, token); err != nil {
 		return driver.Record{}, err
 	}
-	if err := effect(ctx, t.fnTx()); err != nil {
-		return driver.Record{}, errorf("pgstore: the effect: %w", err)
+	if err := t.checkEffect(effect(ctx, t.fnTx())); err != nil {
+		return driver.Record{}, err
 	}
 	return e.commitDoTx(context.WithoutCancel(ctx), t, driver.LeaseInfo{Key: k, Token: token}, state, result)
+}
+
+// checkEffect returns what an effect that ran in t and returned err did wrong: err, or
+// driver.ErrEffectEnded if it ended t's transaction itself (a COMMIT or ROLLBACK sent as a
+// statement: pgx.Tx's Commit and Rollback are refused, fnTx), whatever it returned. Its
+// writes may then be durable without the receipt; the connection is no longer in a
+// transaction, and the root abandons the claim.
+func (t *txConn) checkEffect(err error) error {
+	if t.c.Conn().PgConn().TxStatus() == 'I' {
+		if err != nil {
+			return fmt.Errorf("pgstore: the effect: %w: it sent COMMIT or ROLLBACK through the transaction, so its writes may be durable without the receipt (it returned: %w)", driver.ErrEffectEnded, err)
+		}
+		return fmt.Errorf("pgstore: the effect: %w: it sent COMMIT or ROLLBACK through the transaction, so its writes may be durable without the receipt", driver.ErrEffectEnded)
+	}
+	if err != nil {
+		return errorf("pgstore: the effect: %w", err)
+	}
+	return nil
 }
 
 // boundTxs are the transactions of DoTx's leases, by token: while DoTx's fn
@@ -96,8 +114,12 @@ func (e *engine) finishBound(ctx context.Context, t *txConn, k driver.Key, token
 			return driver.Record{}, errAbortedSuccess
 		}
 		if effect != nil {
-			if err := effect(ctx, t.fnTx()); err != nil {
-				return driver.Record{}, errorf("pgstore: the effect: %w", err)
+			if err := t.checkEffect(effect(ctx, t.fnTx())); err != nil {
+				if errors.Is(err, driver.ErrEffectEnded) { // t is over: the claim is abandoned on another connection
+					e.bound.unbind(token)
+					t.end(ctx)
+				}
+				return driver.Record{}, err
 			}
 		}
 	}

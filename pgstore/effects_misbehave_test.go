@@ -2,6 +2,9 @@ package pgstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +50,70 @@ func TestPanickingStagedEffectAbandons(t *testing.T) {
 	}
 	if _, err := l.Commit(bg, []byte("reconciled")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEffectThatCommitsItself (issue 43, item 2): a staged effect that sends COMMIT through
+// its pgx.Tx (tx.Commit is refused; Exec is not) and then returns an error has made its
+// writes durable, so "nothing is written" cannot hold: the commit fails with an error that
+// says what the effect did (ErrEffectEnded, ErrOutcomeUnknown), no receipt is recorded, and
+// the claim is abandoned at once (the next attempt is Recovered), never left to be released.
+// Through Lease.Commit and through Do.
+func TestEffectThatCommitsItself(t *testing.T) {
+	d := newTestDB(t)
+	db, pool := d.openDB(Options{Options: receipts.Options{LeaseTTL: time.Hour}})
+	insert, count := effects(t, pool, d.schema)
+	committing := func(id string, fail bool) receipts.Effect {
+		return receipts.EffectOn(func(ctx context.Context, tx pgx.Tx) error {
+			if err := insert(ctx, tx, id); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "COMMIT"); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("the provider said no")
+			}
+			return nil
+		})
+	}
+	check := func(t *testing.T, k receipts.Key, err error, effects int) {
+		t.Helper()
+		if !errors.Is(err, receipts.ErrEffectEnded) || !errors.Is(err, receipts.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "COMMIT") {
+			t.Fatalf("the commit: %v; want ErrEffectEnded and ErrOutcomeUnknown, saying the effect sent COMMIT", err)
+		}
+		if n := count(); n != effects {
+			t.Fatalf("%d effects durable, want %d", n, effects)
+		}
+		l, r, err := db.Claim(bg, k, []byte("fp"))
+		if err != nil || r != nil || !l.Recovered() {
+			t.Fatalf("the next attempt, at once: %v, %v; want a Recovered lease", r, err)
+		}
+		if err := l.Abandon(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, fail := range []bool{true, false} {
+		t.Run(fmt.Sprintf("Commit/fails=%v", fail), func(t *testing.T) {
+			k := receipts.Key{Scope: "s", ID: fmt.Sprintf("commit-%v", fail)}
+			l, _, err := db.Claim(bg, k, []byte("fp"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Stage(committing(k.ID, fail))
+			r, err := l.Commit(bg, []byte("ok"))
+			if r != nil {
+				t.Fatalf("a receipt: %+v", r)
+			}
+			check(t, k, err, 2*i+1)
+		})
+		t.Run(fmt.Sprintf("Do/fails=%v", fail), func(t *testing.T) {
+			k := receipts.Key{Scope: "s", ID: fmt.Sprintf("do-%v", fail)}
+			_, err := db.Do(bg, k, []byte("fp"), func(_ context.Context, l *receipts.Lease) ([]byte, error) {
+				l.Stage(committing(k.ID, fail))
+				return []byte("ok"), nil
+			})
+			check(t, k, err, 2*i+2)
+		})
 	}
 }

@@ -88,9 +88,16 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 		}
 		next.Trace = bytes.Clone(driver.TraceOf(ctx)) // the finishing call's trace context, if any
 		if effect != nil {
-			if err := effect(b); err != nil {
+			err := effect(b)
+			if batchCommitted(b) {
+				return nil, false, true, fmt.Errorf("receipts: the effect: %w: it committed the batch (b.Commit), so its writes are durable without the receipt (it returned: %w)", driver.ErrEffectEnded, err)
+			}
+			if err != nil {
 				return nil, false, true, fmt.Errorf("receipts: the effect: %w", err)
 			}
+		}
+		if batchCommitted(b) { // DoBatch's or RunBatch's fn committed it
+			return nil, false, true, fmt.Errorf("receipts: %w: the batch was committed before the receipt (b.Commit), so its writes are durable without it", driver.ErrEffectEnded)
 		}
 		return next, false, true, nil
 	})
@@ -98,6 +105,13 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 		return driver.Record{}, err
 	}
 	return e.record(k, next), nil
+}
+
+// batchCommitted reports whether b was committed already, by the effect or fn that wrote into
+// it: Pebble gives a batch its sequence number, and times it, when it commits it. (A batch
+// too large for the memtable drops its contents once committed, but is timed still.)
+func batchCommitted(b *pebble.Batch) bool {
+	return b != nil && (b.CommitStats().TotalDuration != 0 || (b.Count() != 0 && b.SeqNum() != 0))
 }
 
 // FinishWith implements driver.Effects: the effect writes into the batch
