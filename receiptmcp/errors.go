@@ -121,7 +121,17 @@ func errKeyMissing(c *config, tool string) error {
 }
 
 func errKeyInvalid(c *config, tool string, why string) error {
+	return errKeyInvalidAt(tool, c.MetaKey, why)
+}
+
+// errKeyInvalidAt refuses the key the client sent in params._meta[metaKey].
+func errKeyInvalidAt(tool, metaKey, why string) error {
+	if metaKey == ParamsKeyMetaKey {
+		return newError(CodeInvalidParams,
+			fmt.Sprintf("invalid operation key in params.idempotencyKey (or params._meta[%q]): %s", metaKey, why),
+			ErrorData{Type: TypeKeyInvalid, Tool: tool, MetaKey: metaKey})
+	}
 	return newError(CodeInvalidParams,
-		fmt.Sprintf("invalid operation key in params._meta[%q]: %s", c.MetaKey, why),
-		ErrorData{Type: TypeKeyInvalid, Tool: tool, MetaKey: c.MetaKey})
+		fmt.Sprintf("invalid operation key in params._meta[%q]: %s", metaKey, why),
+		ErrorData{Type: TypeKeyInvalid, Tool: tool, MetaKey: metaKey})
 }

@@ -74,14 +74,14 @@ func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *
 		return next(ctx, methodCallTool, req)
 	}
 	id, present, err := operationKey(req.Params.Meta, c.MetaKey)
-	alias, aliased, aerr := operationKey(req.Params.Meta, ParamsKeyMetaKey)
+	alias, aliased, aerr := aliasKey(req.Params.Meta)
 	switch {
 	case err != nil:
 		return nil, errKeyInvalid(c, tool, err.Error())
 	case aerr != nil:
-		return nil, errKeyInvalid(c, tool, "params.idempotencyKey: "+aerr.Error())
+		return nil, errKeyInvalidAt(tool, ParamsKeyMetaKey, aerr.Error())
 	case present && aliased && id != alias:
-		return nil, errKeyInvalid(c, tool, "params.idempotencyKey and params._meta["+strconv.Quote(c.MetaKey)+"] hold different keys")
+		return nil, errKeyInvalid(c, tool, "it differs from params.idempotencyKey (params._meta["+strconv.Quote(ParamsKeyMetaKey)+"])")
 	case !present && aliased:
 		id, present = alias, true
 	}
@@ -128,6 +128,16 @@ func (m *middleware) callTool(ctx context.Context, next mcp.MethodHandler, req *
 	return m.execute(ctx, next, req, lease)
 }
 
+// aliasKey reads the key a client sent as params.idempotencyKey, or in
+// params._meta[ParamsKeyMetaKey] (moveParamsKey): two different keys there
+// (an array of two, moveParamsKey's) are refused as such.
+func aliasKey(meta mcp.Meta) (id string, present bool, err error) {
+	if two, ok := meta[ParamsKeyMetaKey].([]any); ok && len(two) == 2 {
+		return "", true, errors.New("params.idempotencyKey and params._meta[" + strconv.Quote(ParamsKeyMetaKey) + "] hold different keys")
+	}
+	return operationKey(meta, ParamsKeyMetaKey)
+}
+
 // operationKey reads the key from params._meta.
 func operationKey(meta mcp.Meta, metaKey string) (id string, present bool, err error) {
 	v, ok := meta[metaKey]
@@ -137,7 +147,7 @@ func operationKey(meta mcp.Meta, metaKey string) (id string, present bool, err e
 	s, ok := v.(string)
 	switch {
 	case !ok:
-		return "", true, fmt.Errorf("want a string, got %T", v)
+		return "", true, fmt.Errorf("want a string, got %s", jsonType(v))
 	case s == "":
 		return "", true, errors.New("empty")
 	case len(s) > receipts.MaxKeyPartLen:
@@ -309,3 +319,18 @@ var (
 	errNeedsInput = errors.New("receiptmcp: the tool needs input")
 	errToolError  = errors.New("receiptmcp: the tool returned isError")
 )
+
+// jsonType names the JSON type of v, as encoding/json decodes it.
+func jsonType(v any) string {
+	switch v.(type) {
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	case float64, json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	}
+	return fmt.Sprintf("%T", v)
+}

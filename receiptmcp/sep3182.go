@@ -22,8 +22,8 @@ import (
 // message, by one of those two wrappers, and the middleware reads it
 // there. A call that carries a key in both places with different values
 // is rejected (invalid params, data.type "idempotency_key_invalid"); with
-// the same value it is one key. A client may also set this _meta entry
-// itself.
+// the same value (as decoded: "k-1" and "k-\u0031" are one) it is one key.
+// A client may also set this _meta entry itself.
 const ParamsKeyMetaKey = "dev.receipts/idempotencyKey"
 
 // maxAliasBody bounds the request bodies AcceptIdempotencyKeyParam reads;
@@ -98,8 +98,10 @@ func (c aliasConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 
 // moveParamsKey moves a tools/call's params.idempotencyKey into
 // params._meta[ParamsKeyMetaKey], and reports whether it changed req. An
-// entry already there with another value is replaced by both values (an
-// array), which the middleware refuses as malformed.
+// entry already there with the same value, compared as decoded JSON (so
+// "k-1" and "k-\u0031" are one key), stays one key; with another value it
+// is replaced by both values (an array, the entry's first), which the
+// middleware refuses as two different keys (aliasKey).
 func moveParamsKey(req *jsonrpc.Request) bool {
 	if req.Method != methodCallTool || len(req.Params) == 0 || !bytes.Contains(req.Params, []byte(`"idempotencyKey"`)) {
 		return false
@@ -120,7 +122,7 @@ func moveParamsKey(req *jsonrpc.Request) bool {
 	if meta == nil {
 		meta = map[string]json.RawMessage{}
 	}
-	if old, ok := meta[ParamsKeyMetaKey]; ok && !bytes.Equal(old, key) {
+	if old, ok := meta[ParamsKeyMetaKey]; ok && !sameJSON(old, key) {
 		key, _ = json.Marshal([]json.RawMessage{old, key})
 	}
 	meta[ParamsKeyMetaKey] = key
@@ -135,4 +137,19 @@ func moveParamsKey(req *jsonrpc.Request) bool {
 	}
 	req.Params = p
 	return true
+}
+
+// sameJSON reports whether a and b are the same JSON value once decoded:
+// one string escaped two ways is one string.
+func sameJSON(a, b json.RawMessage) bool {
+	if bytes.Equal(a, b) {
+		return true
+	}
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	xs, ok1 := x.(string)
+	ys, ok2 := y.(string)
+	return ok1 && ok2 && xs == ys
 }

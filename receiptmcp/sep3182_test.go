@@ -186,3 +186,42 @@ func TestIdempotencyKeyParamTransport(t *testing.T) {
 		t.Fatalf("%d runs, want 1", runs.Load())
 	}
 }
+
+// TestIdempotencyKeyParamSpelledTwoWays (issue 43, item 6): one key written two ways in JSON
+// ("k-1" in params.idempotencyKey, "k-\u0031" in params._meta[ParamsKeyMetaKey]) is one key:
+// the call runs, and a retry with either spelling is its replay. Two different keys there are
+// refused with an error that names what the client sent (params.idempotencyKey and that
+// entry), not the middleware's own _meta entry, and no Go type.
+func TestIdempotencyKeyParamSpelledTwoWays(t *testing.T) {
+	url, runs := sep3182Server(t, true)
+	first := rawCall(t, url, `{"name":"create","arguments":{"title":"a"},"idempotencyKey":"k-1","_meta":{"dev.receipts/idempotencyKey":"k-\u0031"}}`)
+	if first.Error != nil || runs.Load() != 1 {
+		t.Fatalf(`"k-1" and "k-\u0031": %+v, %d runs (want 1)`, first.Error, runs.Load())
+	}
+	for _, params := range []string{
+		`{"name":"create","arguments":{"title":"a"},"idempotencyKey":"k-\u0031"}`,
+		`{"name":"create","arguments":{"title":"a"},"_meta":{"dev.receipts/operationKey":"k-1"}}`,
+	} {
+		again := rawCall(t, url, params)
+		if again.Error != nil || again.Result.Meta[receiptmcp.DefaultReplayMetaKey] != true || runs.Load() != 1 {
+			t.Fatalf("%s: %+v %+v, %d runs; want the replay", params, again.Error, again.Result, runs.Load())
+		}
+	}
+
+	differ := rawCall(t, url, `{"name":"create","arguments":{"title":"b"},"idempotencyKey":"k-2","_meta":{"dev.receipts/idempotencyKey":"k-3"}}`)
+	if differ.Error == nil || differ.Error.Code != receiptmcp.CodeInvalidParams || differ.Error.Data.Type != receiptmcp.TypeKeyInvalid {
+		t.Fatalf("two different keys: %+v", differ)
+	}
+	msg := differ.Error.Message
+	if !strings.Contains(msg, "params.idempotencyKey") || !strings.Contains(msg, receiptmcp.ParamsKeyMetaKey) || !strings.Contains(msg, "different keys") ||
+		strings.Contains(msg, "operationKey") || strings.Contains(msg, "interface") || differ.Error.Data.MetaKey != receiptmcp.ParamsKeyMetaKey {
+		t.Fatalf("two different keys: %q (data %+v); want it to name params.idempotencyKey and %s, and nothing the client did not send", msg, differ.Error.Data, receiptmcp.ParamsKeyMetaKey)
+	}
+	bad := rawCall(t, url, `{"name":"create","arguments":{"title":"b"},"idempotencyKey":7}`)
+	if bad.Error == nil || !strings.Contains(bad.Error.Message, "got a number") || !strings.Contains(bad.Error.Message, "params.idempotencyKey") {
+		t.Fatalf("a number as the key: %+v", bad.Error)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs after the refused calls, want 1", runs.Load())
+	}
+}
