@@ -51,7 +51,10 @@ PostgreSQL (--pg) next to the service's running nodes.`,
 			if err := a.needDir("erase"); err != nil {
 				return err
 			}
-			scope := args[0]
+			scope, err := keyArg("SCOPE", args[0])
+			if err != nil {
+				return err
+			}
 			if scope == "" || len(scope) > receipts.MaxKeyPartLen {
 				return usagef("erase: a scope of %d bytes (want 1 to %d)", len(scope), receipts.MaxKeyPartLen)
 			}

@@ -60,12 +60,41 @@ func showBytes(b []byte, max int) string {
 }
 
 // showKeyPart renders a scope or ID as stored, quoted (Go syntax) only if it
-// is not printable.
+// is not printable (a hashed key: "\x00h…") or starts with a double quote, so
+// that keyArg reads every form shown back as the key it shows.
 func showKeyPart(s string) string {
-	if s != "" && printable([]byte(s), false) {
+	if s != "" && s[0] != '"' && printable([]byte(s), false) {
 		return s
 	}
 	return strconv.Quote(s)
+}
+
+// keyArg reads a scope or ID given on the command line (what names it in
+// errors): as given, or, in double quotes, as the Go string literal that ls,
+// reconcile and get show for a key part that is not printable (showKeyPart),
+// such as a hashed key (Options.HashKeys), whose NUL byte cannot be typed.
+func keyArg(what, s string) (string, error) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return s, nil
+	}
+	u, err := strconv.Unquote(s)
+	if err != nil {
+		return "", usagef("%s %s: a quoted key part is read as a Go string literal, as ls shows it: %v", what, s, err)
+	}
+	return u, nil
+}
+
+// keyArgs reads SCOPE and ID given on the command line (keyArg).
+func keyArgs(scope, id string) (receipts.Key, error) {
+	s, err := keyArg("SCOPE", scope)
+	if err != nil {
+		return receipts.Key{}, err
+	}
+	i, err := keyArg("ID", id)
+	if err != nil {
+		return receipts.Key{}, err
+	}
+	return receipts.Key{Scope: s, ID: i}, nil
 }
 
 // showTime renders a time for people, in the local zone.

@@ -16,12 +16,19 @@ func (a *app) getCmd() *cobra.Command {
 		Long: `get shows the record of the operation SCOPE/ID: its state (pending,
 succeeded, failed), attempts, fencing token, times and stored result. A
 pending record whose lease ran out is an abandoned claim: its outcome is
-unknown until the next attempt reconciles it. Exit code 1 if there is none.`,
+unknown until the next attempt reconciles it. Exit code 1 if there is none.
+
+SCOPE and ID are taken as given or, in double quotes, as the Go string
+literal ls shows for a key part it cannot print (a hashed key, "\x00h...");
+reconcile and erase read theirs the same way.`,
 		Example: `  receiptctl --dir ./data get acct_7 op-42
   receiptctl --addr http://127.0.0.1:8081/admin/receipts get acct_7 op-42 --json`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			k := receipts.Key{Scope: args[0], ID: args[1]}
+			k, err := keyArgs(args[0], args[1])
+			if err != nil {
+				return err
+			}
 			if k.Scope == "" || k.ID == "" {
 				return usagef("SCOPE and ID must not be empty")
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"testing"
 
 	"github.com/receiptstore/receipts"
@@ -62,4 +63,40 @@ func TestHashedKeys(t *testing.T) {
 	require.Contains(t, r.out, `"scope":"acct_1"`)
 	require.NotContains(t, r.out, "op-ok")
 	require.Contains(t, r.out, `"result":"b2s6MQ=="`) // ok:1
+}
+
+// TestHashedKeysListedFormAccepted (issue 43, item 6): on a store whose keys are hashed, ls
+// and reconcile show a stored key quoted ("\x00h…": its NUL byte cannot be typed), and get,
+// reconcile and erase take that listed form back, as docs/privacy.md promises for every call.
+func TestHashedKeysListedFormAccepted(t *testing.T) {
+	dir := newFixtureOpts(t, &receipts.Options{GCInterval: -1, HashKeys: true})
+	quoted := `("(?:[^"\\]|\\.)*")`
+	row := func(out, state string) []string {
+		t.Helper()
+		m := regexp.MustCompile(`(?m)^` + quoted + `\s+` + quoted + `\s+` + regexp.QuoteMeta(state) + `\s`).FindStringSubmatch(out)
+		require.NotNil(t, m, "no %s row in\n%s", state, out)
+		return m[1:]
+	}
+	ls := cli(t, "--dir", dir, "ls").requireCode(t, exitOK).out
+	failed := row(ls, "failed")
+	r := cli(t, "--dir", dir, "get", failed[0], failed[1]).requireCode(t, exitOK)
+	require.Contains(t, r.out, "card declined")
+
+	// reconcile: the listing's abandoned claim, settled by its listed key and token
+	list := cli(t, "--dir", dir, "reconcile").requireCode(t, exitOK).out
+	m := regexp.MustCompile(`(?m)^` + quoted + `\s+` + quoted + `\s+\d+\s+(\d+)\s`).FindStringSubmatch(list)
+	require.NotNil(t, m, "no claim in\n%s", list)
+	cli(t, "--dir", dir, "reconcile", m[1], m[2], "--token", m[3], "--fail", "refunded by hand").requireCode(t, exitOK)
+	r = cli(t, "--dir", dir, "get", m[1], m[2]).requireCode(t, exitOK)
+	require.Contains(t, r.out, "refunded by hand")
+
+	// erase: the scope by its listed form; its keys are then refused, the other scope's kept
+	cli(t, "--dir", dir, "erase", failed[0], "--yes").requireCode(t, exitOK)
+	cli(t, "--dir", dir, "get", failed[0], failed[1]).requireCode(t, exitProblem)
+	cli(t, "--dir", dir, "get", "acct_1", "op-ok").requireCode(t, exitProblem) // the same scope, raw
+	ls = cli(t, "--dir", dir, "ls").requireCode(t, exitOK).out
+	require.NotContains(t, ls, failed[0])
+	require.NotEmpty(t, row(ls, "succeeded"), "the other scope")
+
+	cli(t, "--dir", dir, "get", `"\x0"`, "x").requireCode(t, exitUsage) // not a Go string literal
 }

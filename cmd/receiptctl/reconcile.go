@@ -155,7 +155,10 @@ reconcile.Reconciler.`,
 			if len(args) == 0 {
 				return a.reconcileList(cmd.Context(), db, scope)
 			}
-			k := receipts.Key{Scope: args[0], ID: args[1]}
+			k, err := keyArgs(args[0], args[1])
+			if err != nil {
+				return err
+			}
 			var opts []receipts.ClaimOption
 			if leaseFor > 0 {
 				opts = append(opts, receipts.LeaseFor(leaseFor))
