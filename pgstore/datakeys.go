@@ -58,7 +58,7 @@ func scopeLock(id []byte) int32 { return int32(binary.BigEndian.Uint32(id)) }
 // DataKey returns the wrapped data key of the scope named id.
 func (e *engine) DataKey(ctx context.Context, id []byte) ([]byte, bool, error) {
 	var w []byte
-	err := e.pool.QueryRow(ctx, `SELECT wrapped FROM `+e.q.schema+`.data_keys WHERE scope_id = $1`, id).Scan(&w)
+	err := e.sealReader(ctx).QueryRow(ctx, `SELECT wrapped FROM `+e.q.schema+`.data_keys WHERE scope_id = $1`, id).Scan(&w)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}

@@ -105,10 +105,48 @@ func (e *engine) scanErasure(r pgx.Row, er *driver.Erasure) error {
 	return nil
 }
 
+// sealTxKey is the context key under which DoTx and CommitTx hand the root's seal of their
+// result (receipts' Options.Keyring) the transaction that will record it: the seal reads
+// the scope's erasure count (and, now and then, its data key) before it encrypts, and a read
+// of its own would need another of the pool's connections, which with as many DoTx calls as
+// the pool has connections, each holding one, nobody would give back (the seal runs on a
+// context that does not end).
+type sealTxKey struct{}
+
+// sealTx is the transaction a context carries for the seal's reads: tx, while it is open
+// (DoTx's: until DoTx ends it and hands its connection back to the pool).
+type sealTx struct {
+	tx    pgx.Tx
+	ended func() bool // nil: the caller's transaction (CommitTx), open while the seal runs
+}
+
+// withSealTx returns ctx carrying st for the seal's reads (nil: none).
+func withSealTx(ctx context.Context, st *sealTx) context.Context {
+	return context.WithValue(ctx, sealTxKey{}, st)
+}
+
+// rowQuerier is what Erasure and DataKey read with: the pool or a transaction.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// sealReader returns the transaction ctx carries for the seal's reads if it is open and
+// usable, the pool otherwise. Reading in that transaction is as fresh as reading outside:
+// it runs at READ COMMITTED, and a DoTx's holds the scope's lock shared, so no erasure of the
+// scope can happen before it ends.
+func (e *engine) sealReader(ctx context.Context) rowQuerier {
+	if st, _ := ctx.Value(sealTxKey{}).(*sealTx); st != nil && (st.ended == nil || !st.ended()) {
+		if c := st.tx.Conn(); c != nil && c.PgConn().TxStatus() == 'T' {
+			return st.tx
+		}
+	}
+	return e.pool
+}
+
 // Erasure returns the erasure record of the scope named id.
 func (e *engine) Erasure(ctx context.Context, id []byte) (driver.Erasure, bool, error) {
 	var er driver.Erasure
-	err := e.scanErasure(e.pool.QueryRow(ctx, `SELECT `+erasureCols+` FROM `+e.q.schema+`.erasures WHERE scope_id = $1`, id), &er)
+	err := e.scanErasure(e.sealReader(ctx).QueryRow(ctx, `SELECT `+erasureCols+` FROM `+e.q.schema+`.erasures WHERE scope_id = $1`, id), &er)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.Erasure{}, false, nil
 	}

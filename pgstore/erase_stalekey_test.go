@@ -2,9 +2,14 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/keyring"
@@ -79,4 +84,49 @@ func TestEraseEndsWhileAnotherNodeHoldsTheKey(t *testing.T) {
 		lookup(t, a, "s2", "b-after", "the node that held the old key")
 		lookup(t, a, "s2", "a-after", "the node that recorded it")
 	})
+}
+
+// TestSealedDoTxOnAFullPool: the check that a data key is still the scope's (seal.go reads
+// the scope's erasure count before each seal) runs in DoTx's own transaction, which holds the
+// scope's lock, not on another connection of the pool: as many encrypted DoTx calls as the
+// pool has connections, all committing at once, commit (they used to wait for a connection
+// none of them would give back, until their context ended).
+func TestSealedDoTxOnAFullPool(t *testing.T) {
+	d := newTestDB(t)
+	const conns = 3
+	pool, err := pgxpool.NewWithConfig(bg, d.poolConfig(conns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(bg, pool, &Options{Schema: d.schema, Options: receipts.Options{Keyring: newKeyring(t)}})
+	if err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(); pool.Close() })
+	if _, err := db.Do(bg, receipts.Key{Scope: "s", ID: "warm"}, []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+		return []byte("the scope's data key is in memory"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg, time.Minute) // bounds the claims; the seal runs detached: a hang shows as the test binary's timeout
+	defer cancel()
+	var entered sync.WaitGroup
+	entered.Add(conns)
+	errs := make(chan error, conns)
+	for i := range conns {
+		go func() {
+			_, err := DoTx(ctx, db, receipts.Key{Scope: "s", ID: fmt.Sprint("tx-", i)}, []byte("fp"), func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+				entered.Done()
+				entered.Wait() // every connection is held by a DoTx now
+				return []byte("sealed"), nil
+			})
+			errs <- err
+		}()
+	}
+	for range conns {
+		if err := <-errs; err != nil {
+			t.Fatalf("an encrypted DoTx on a full pool: %v", err)
+		}
+	}
 }

@@ -47,7 +47,7 @@ func CommitTx(ctx context.Context, tx pgx.Tx, l *receipts.Lease, result []byte) 
 			return nil, err
 		}
 		if li.Seal != nil { // Options.Keyring: the result is stored encrypted
-			if result, err = li.Seal(ctx, driver.Succeeded, result); err != nil {
+			if result, err = li.Seal(withSealTx(ctx, &sealTx{tx: tx}), driver.Succeeded, result); err != nil {
 				return nil, err
 			}
 		}
@@ -168,8 +168,8 @@ func DoTx(ctx context.Context, db *receipts.DB, k receipts.Key, fingerprint []by
 	pe.bound.bind(l.Token(), tx)
 	defer pe.bound.unbind(l.Token())
 	fnTx := tx.fnTx()
-	return l.Run(ctx, func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
-		return fn(ctx, fnTx, l)
+	return l.Run(withSealTx(ctx, &sealTx{tx: tx.tx, ended: tx.ended.Load}), func(ctx context.Context, l *receipts.Lease) ([]byte, error) {
+		return fn(withSealTx(ctx, nil), fnTx, l) // fn's own calls read through the pool
 	})
 }
 
