@@ -51,6 +51,30 @@ func TestPanickingStagedEffectAbandons(t *testing.T) {
 	if _, err := l.Commit(bg, []byte("reconciled")); err != nil {
 		t.Fatal(err)
 	}
+
+	// DoTx: the same, the claim abandoned in DoTx's transaction, fn's insert rolled back
+	k = receipts.Key{Scope: "s", ID: "pay-tx"}
+	got = nil
+	func() {
+		defer func() { got = recover() }()
+		_, _ = DoTx(bg, db, k, []byte("fp"), func(ctx context.Context, tx pgx.Tx, l *receipts.Lease) ([]byte, error) {
+			l.Stage(receipts.EffectOn(func(context.Context, pgx.Tx) error { panic("effect exploded") }))
+			return []byte("ok"), insert(ctx, tx, "pay-tx")
+		})
+	}()
+	if got != "effect exploded" {
+		t.Fatalf("DoTx: the caller recovered %v, want the effect's panic", got)
+	}
+	l, r, err = db.Claim(bg, k, []byte("fp"))
+	if err != nil || r != nil || !l.Recovered() {
+		t.Fatalf("DoTx: the next attempt, at once: %v, %v", r, err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("DoTx: %d effects written", n)
+	}
+	if err := l.Abandon(bg); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestEffectThatCommitsItself (issue 43, item 2): a staged effect that sends COMMIT through
