@@ -76,6 +76,7 @@ func TestEffectThatCommitsItself(t *testing.T) {
 		require.ErrorIs(t, err, receipts.ErrEffectEnded)
 		require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
 		require.Contains(t, err.Error(), "committed the batch")
+		require.NotContains(t, err.Error(), "%!")
 		v, closer, gerr := s.db.Pebble().Get([]byte("app/" + k.ID))
 		require.NoError(t, gerr, "the effect's write is durable: the error must not say nothing was written")
 		require.Equal(t, "paid", string(v))
@@ -102,6 +103,9 @@ func TestEffectThatCommitsItself(t *testing.T) {
 				r, err = l.Commit(bg, []byte("ok"))
 			}()
 			require.Nil(t, r)
+			rerr := l.Release(bg) // the claim stays abandoned: releasing it could run the effect twice
+			require.ErrorIs(t, rerr, receipts.ErrEffectEnded)
+			require.ErrorIs(t, rerr, receipts.ErrOutcomeUnknown)
 			check(t, k, err)
 		})
 		t.Run(fmt.Sprintf("Do/fails=%v", fail), func(t *testing.T) {

@@ -67,7 +67,8 @@ var (
 	// (Lease.Stage) ended the engine's unit of atomic work itself (a COMMIT or ROLLBACK
 	// sent through the pgx.Tx, a *pebble.Batch committed): what it wrote may be durable
 	// without the receipt. Nothing is recorded and the claim is abandoned (the next attempt
-	// is Recovered), never released. It is driver.ErrEffectEnded.
+	// is Recovered), never released: Release and Forget of that lease return it too. It is
+	// driver.ErrEffectEnded.
 	ErrEffectEnded = driver.ErrEffectEnded
 
 	// ErrClosed is returned by every method called after Close. It is

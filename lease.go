@@ -32,6 +32,9 @@ type Lease struct {
 	claimedAt time.Time     // DB.clock at the claim, for the attempt-duration estimate
 	class     string        // the claim's operation class (WithOperationClass), for the observer and the RetryAfter estimates
 	lostOnce  atomic.Bool
+	// effectEnded: a staged effect ended the engine's unit of work itself (ErrEffectEnded):
+	// its writes may be durable, so the claim is abandoned and never released (release).
+	effectEnded atomic.Bool
 
 	mu     sync.Mutex // protects staged
 	staged []Effect   // Stage's effects, committed with a Succeeded receipt
@@ -175,6 +178,9 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receip
 		err = fmt.Errorf("%w: effects that commit with the receipt on the %s engine", ErrUnsupported, l.db.eng.Name())
 	}
 	rec.Result = result // the plaintext (stored may be its envelope)
+	if errors.Is(err, ErrEffectEnded) {
+		l.effectEnded.Store(true)
+	}
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			l.observeFinish(ctx, observe.OutcomeLeaseLost, start)
@@ -253,6 +259,9 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 func (l *Lease) release(ctx context.Context) error {
+	if err := l.unreleasable(); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -264,6 +273,16 @@ func (l *Lease) release(ctx context.Context) error {
 	}
 	l.observeWrite(ctx, observe.OutcomeReleased, start, err)
 	return err
+}
+
+// unreleasable refuses Release and Forget of a lease whose staged effect ended the unit of
+// work itself: what it wrote may be durable, so freeing the key could run it twice.
+func (l *Lease) unreleasable() error {
+	if !l.effectEnded.Load() {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: a staged effect ended the unit of work itself, so the claim stays abandoned (the next attempt is Recovered and reconciles): %w",
+		ErrOutcomeUnknown, l.db.keyName(l.key), ErrEffectEnded)
 }
 
 // Forget gives the key up for good: the caller has checked with the
@@ -281,6 +300,9 @@ func (l *Lease) Forget(ctx context.Context) error {
 }
 
 func (l *Lease) forget(ctx context.Context) error {
+	if err := l.unreleasable(); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

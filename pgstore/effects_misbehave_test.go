@@ -129,6 +129,9 @@ func TestEffectThatCommitsItself(t *testing.T) {
 			if r != nil {
 				t.Fatalf("a receipt: %+v", r)
 			}
+			if rerr := l.Release(bg); !errors.Is(rerr, receipts.ErrEffectEnded) { // it could run the effect twice
+				t.Fatalf("Release after the effect ended the transaction: %v", rerr)
+			}
 			check(t, k, err, 2*i+1)
 		})
 		t.Run(fmt.Sprintf("Do/fails=%v", fail), func(t *testing.T) {

@@ -90,7 +90,11 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 		if effect != nil {
 			err := effect(b)
 			if batchCommitted(b) {
-				return nil, false, true, fmt.Errorf("receipts: the effect: %w: it committed the batch (b.Commit), so its writes are durable without the receipt (it returned: %w)", driver.ErrEffectEnded, err)
+				ended := fmt.Errorf("receipts: the effect: %w: it committed the batch (b.Commit), so its writes are durable without the receipt", driver.ErrEffectEnded)
+				if err != nil {
+					ended = fmt.Errorf("%w (it returned: %w)", ended, err)
+				}
+				return nil, false, true, ended
 			}
 			if err != nil {
 				return nil, false, true, fmt.Errorf("receipts: the effect: %w", err)
