@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -17,7 +18,7 @@ import (
 // attempt takes the key over, Recovered, instead of getting ErrInProgress for a whole lease
 // (an hour here). The panic reaches the caller, and the effect's write is not applied.
 func TestPanickingStagedEffectAbandons(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.LeaseTTL, o.Retention = time.Hour, 24*time.Hour })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.LeaseTTL, o.Retention = time.Hour, 24*time.Hour })
 	k := key("s", "pay")
 	var got any
 	func() {
@@ -38,7 +39,7 @@ func TestPanickingStagedEffectAbandons(t *testing.T) {
 	require.NoError(t, err, "the next attempt, at once")
 	require.Nil(t, r)
 	require.True(t, l.Recovered(), "the next attempt is Recovered")
-	_, closer, err := s.db.Pebble().Get([]byte("app/paid"))
+	_, closer, err := pebblestore.DB(s.db).Get([]byte("app/paid"))
 	require.ErrorIs(t, err, pebble.ErrNotFound, "the panicking effect's write")
 	if closer != nil {
 		_ = closer.Close()
@@ -56,7 +57,7 @@ func TestPanickingStagedEffectAbandons(t *testing.T) {
 // nothing had happened), and an effect that returned nil made Pebble panic ("batch already
 // applied").
 func TestEffectThatCommitsItself(t *testing.T) {
-	s := newTestStore(t, func(o *receipts.Options) { o.LeaseTTL, o.Retention = time.Hour, 24*time.Hour })
+	s := newTestStore(t, func(o *pebblestore.Options) { o.LeaseTTL, o.Retention = time.Hour, 24*time.Hour })
 	committing := func(id string, fail bool) receipts.Effect {
 		return receipts.EffectOn(func(_ context.Context, b *pebble.Batch) error {
 			if err := b.Set([]byte("app/"+id), []byte("paid"), nil); err != nil {
@@ -77,7 +78,7 @@ func TestEffectThatCommitsItself(t *testing.T) {
 		require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
 		require.Contains(t, err.Error(), "committed the batch")
 		require.NotContains(t, err.Error(), "%!")
-		v, closer, gerr := s.db.Pebble().Get([]byte("app/" + k.ID))
+		v, closer, gerr := pebblestore.DB(s.db).Get([]byte("app/" + k.ID))
 		require.NoError(t, gerr, "the effect's write is durable: the error must not say nothing was written")
 		require.Equal(t, "paid", string(v))
 		_ = closer.Close()

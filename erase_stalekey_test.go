@@ -8,6 +8,7 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/keyring"
+	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
 
@@ -53,7 +54,7 @@ func (k *slowKeyring) holdUnwraps() (entered <-chan struct{}, release func()) {
 // used to be ErrErased, sealed with a key the store no longer holds).
 func TestEraseRacingSlowUnwrap(t *testing.T) {
 	kr := &slowKeyring{File: newKeyring(t)}
-	s := newTestStore(t, func(o *receipts.Options) {
+	s := newTestStore(t, func(o *pebblestore.Options) {
 		o.Keyring, o.Retention, o.TombstoneWindow = kr, time.Hour, -1
 	})
 	ok := func(res string) func(context.Context, *receipts.Lease) ([]byte, error) {
