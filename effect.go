@@ -23,7 +23,7 @@ type Effect func(ctx context.Context, tx any) error
 //
 // An effect writes into tx and must not end it: tx's commit is the
 // receipt's. An effect that does anyway (a COMMIT or ROLLBACK sent with
-// pgx.Tx.Exec, tx.Commit being refused; a *pebble.Batch's Commit) may have
+// pgx.Tx.Exec, tx.Commit being refused; the Pebble batch's Commit) may have
 // made its writes durable without the receipt: the engines detect it after
 // the effect returns (PostgreSQL: the connection is no longer in a
 // transaction; Pebble: the batch was committed), and the commit fails with

@@ -65,7 +65,7 @@ var (
 
 	// ErrEffectEnded is returned, with ErrOutcomeUnknown, by a commit whose staged effect
 	// (Lease.Stage) ended the engine's unit of atomic work itself (a COMMIT or ROLLBACK
-	// sent through the pgx.Tx, a *pebble.Batch committed): what it wrote may be durable
+	// sent through the pgx.Tx, the Pebble engine's batch committed): what it wrote may be durable
 	// without the receipt. Nothing is recorded and the claim is abandoned (the next attempt
 	// is Recovered), never released: Release and Forget of that lease return it too. It is
 	// driver.ErrEffectEnded.
