@@ -182,6 +182,10 @@ func TestIdempotencyKeyParamTransport(t *testing.T) {
 	if r := roundTrip(4, "tools/call", `{"name":"create","arguments":{},"idempotencyKey":"k-1","_meta":{"dev.receipts/operationKey":"k-9"}}`); r.Error == nil {
 		t.Fatal("two different keys were accepted")
 	}
+	// One key written two ways (issue 43, item 6): the replay of k-1.
+	if r := roundTrip(5, "tools/call", `{"name":"create","arguments":{},"idempotencyKey":"k-\u0031","_meta":{"dev.receipts/idempotencyKey":"k-1"}}`); r.Error != nil {
+		t.Fatalf("one key written two ways: %v", r.Error)
+	}
 	if runs.Load() != 1 {
 		t.Fatalf("%d runs, want 1", runs.Load())
 	}
