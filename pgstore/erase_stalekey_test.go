@@ -75,6 +75,17 @@ func TestEraseEndsWhileAnotherNodeHoldsTheKey(t *testing.T) {
 		lookup(t, b, "s1", "after", "the other node")
 		lookup(t, a, "s1", "after", "the node that recorded it")
 	})
+	t.Run("DoTx", func(t *testing.T) { // the seal reads the erasure count in DoTx's transaction
+		do(t, a, "s3", "before")
+		erase(t, "s3")
+		r, err := DoTx(bg, a, receipts.Key{Scope: "s3", ID: "after"}, []byte("fp"), func(context.Context, pgx.Tx, *receipts.Lease) ([]byte, error) {
+			return []byte("s3/after"), nil
+		})
+		if err != nil || string(r.Result) != "s3/after" {
+			t.Fatalf("DoTx: %v, %v", r, err)
+		}
+		lookup(t, b, "s3", "after", "the other node")
+	})
 	t.Run("the other node made the next key", func(t *testing.T) {
 		do(t, a, "s2", "before")
 		erase(t, "s2")
