@@ -16,9 +16,10 @@ import (
 // before it answers: a KMS call whose answer arrives late. It destroys keys as the file does.
 type slowKeyring struct {
 	*keyring.File
-	mu      sync.Mutex
-	hold    chan struct{} // non-nil: UnwrapKey waits for it to be closed
-	entered chan struct{} // UnwrapKey sends on it once it holds the unwrapped key
+	mu       sync.Mutex
+	hold     chan struct{} // non-nil: UnwrapKey waits for it to be closed
+	holdWrap chan struct{} // non-nil: WrapKey waits for it to be closed
+	entered  chan struct{} // UnwrapKey sends on it once it holds the unwrapped key
 }
 
 func (k *slowKeyring) UnwrapKey(ctx context.Context, scopeID, wrapped []byte) ([]byte, error) {
@@ -31,6 +32,33 @@ func (k *slowKeyring) UnwrapKey(ctx context.Context, scopeID, wrapped []byte) ([
 		<-hold
 	}
 	return raw, err
+}
+
+// WrapKey wraps as the file does, and then, while wraps are held, waits for their release.
+func (k *slowKeyring) WrapKey(ctx context.Context, scopeID, dataKey []byte) ([]byte, error) {
+	w, err := k.File.WrapKey(ctx, scopeID, dataKey)
+	k.mu.Lock()
+	hold, entered := k.holdWrap, k.entered
+	k.mu.Unlock()
+	if hold != nil {
+		entered <- struct{}{}
+		<-hold
+	}
+	return w, err
+}
+
+// holdWraps makes the next WrapKey calls wait until the returned release is called.
+func (k *slowKeyring) holdWraps() (entered <-chan struct{}, release func()) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.holdWrap, k.entered = make(chan struct{}), make(chan struct{}, 16)
+	hold := k.holdWrap
+	return k.entered, func() {
+		k.mu.Lock()
+		k.holdWrap = nil
+		k.mu.Unlock()
+		close(hold)
+	}
 }
 
 // holdUnwraps makes the next UnwrapKey calls wait until the returned release is called.
@@ -82,6 +110,43 @@ func TestEraseRacingSlowUnwrap(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "after the erasure", string(r.Result))
 
+	s.reopen()
+	got, err := s.db.Lookup(bg, key("victim", "after"))
+	require.NoError(t, err, "a receipt recorded after the erasure ended, read after a restart")
+	require.Equal(t, "after the erasure", string(got.Result))
+}
+
+// TestEraseRacingSlowWrap (issue 43, item 1): the first result of a scope makes its data key,
+// and the Keyring's WrapKey answers late; meanwhile the scope is erased (its first key
+// generation destroyed in the Keyring) and the erasure ends. The late key is then stored as
+// the scope's, though the Keyring destroyed its generation: the next results of the scope
+// must not be sealed with it (before, each was sealed with it and read as ErrErased after a
+// restart), and the one that raced is not recorded (its lease was erased).
+func TestEraseRacingSlowWrap(t *testing.T) {
+	kr := &slowKeyring{File: newKeyring(t)}
+	s := newTestStore(t, func(o *pebblestore.Options) {
+		o.Keyring, o.Retention, o.TombstoneWindow = kr, time.Hour, -1
+	})
+	ok := func(res string) func(context.Context, *receipts.Lease) ([]byte, error) {
+		return func(context.Context, *receipts.Lease) ([]byte, error) { return []byte(res), nil }
+	}
+	entered, release := kr.holdWraps()
+	raced := make(chan error, 1)
+	go func() {
+		_, err := s.db.Do(bg, key("victim", "racing"), []byte("fp"), ok("racing"))
+		raced <- err
+	}()
+	<-entered // the scope's first data key is being wrapped
+	st, err := s.db.EraseScope(bg, "victim")
+	require.NoError(t, err)
+	require.True(t, st.KeyDestroyed)
+	s.clock.Set(st.Until.Add(time.Second)) // the erasure has ended
+	release()
+	require.Error(t, <-raced, "the racing action's lease was erased")
+
+	r, err := s.db.Do(bg, key("victim", "after"), []byte("fp"), ok("after the erasure"))
+	require.NoError(t, err)
+	require.Equal(t, "after the erasure", string(r.Result))
 	s.reopen()
 	got, err := s.db.Lookup(bg, key("victim", "after"))
 	require.NoError(t, err, "a receipt recorded after the erasure ended, read after a restart")
