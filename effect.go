@@ -27,7 +27,7 @@ type Effect func(ctx context.Context, tx any) error
 // made its writes durable without the receipt: the engines detect it after
 // the effect returns (PostgreSQL: the connection is no longer in a
 // transaction; Pebble: the batch was committed), and the commit fails with
-// an error wrapping ErrEffectEnded and ErrOutcomeUnknown, nothing recorded
+// an error wrapping driver.ErrEffectEnded and ErrOutcomeUnknown, nothing recorded
 // and the claim abandoned (the next attempt is Recovered), whatever the
 // effect returned.
 func EffectOn[TTx any](f func(ctx context.Context, tx TTx) error) Effect {

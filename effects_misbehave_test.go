@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/pebblestore"
 	"github.com/stretchr/testify/require"
 )
@@ -51,7 +52,7 @@ func TestPanickingStagedEffectAbandons(t *testing.T) {
 
 // TestEffectThatCommitsItself (issue 43, item 2): on Pebble, a staged effect that commits
 // the batch itself (b.Commit) has made its writes durable, so "nothing is written" cannot
-// hold: the commit fails with an error that says so (ErrEffectEnded, ErrOutcomeUnknown), no
+// hold: the commit fails with an error that says so (driver.ErrEffectEnded, ErrOutcomeUnknown), no
 // receipt is recorded, and the claim is abandoned at once (the next attempt is Recovered).
 // Before, the effect's error came back with the lease still held (to be released, as if
 // nothing had happened), and an effect that returned nil made Pebble panic ("batch already
@@ -74,7 +75,7 @@ func TestEffectThatCommitsItself(t *testing.T) {
 	}
 	check := func(t *testing.T, k receipts.Key, err error) {
 		t.Helper()
-		require.ErrorIs(t, err, receipts.ErrEffectEnded)
+		require.ErrorIs(t, err, driver.ErrEffectEnded)
 		require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
 		require.Contains(t, err.Error(), "committed the batch")
 		require.NotContains(t, err.Error(), "%!")
@@ -105,7 +106,7 @@ func TestEffectThatCommitsItself(t *testing.T) {
 			}()
 			require.Nil(t, r)
 			rerr := l.Release(bg) // the claim stays abandoned: releasing it could run the effect twice
-			require.ErrorIs(t, rerr, receipts.ErrEffectEnded)
+			require.ErrorIs(t, rerr, driver.ErrEffectEnded)
 			require.ErrorIs(t, rerr, receipts.ErrOutcomeUnknown)
 			check(t, k, err)
 		})

@@ -63,14 +63,6 @@ var (
 	// oversized result changes nothing and returns ErrResultTooLarge.
 	ErrOutcomeUnknown = errors.New("receipts: outcome unknown")
 
-	// ErrEffectEnded is returned, with ErrOutcomeUnknown, by a commit whose staged effect
-	// (Lease.Stage) ended the engine's unit of atomic work itself (a COMMIT or ROLLBACK
-	// sent through the pgx.Tx, the Pebble engine's batch committed): what it wrote may be durable
-	// without the receipt. Nothing is recorded and the claim is abandoned (the next attempt
-	// is Recovered), never released: Release and Forget of that lease return it too. It is
-	// driver.ErrEffectEnded.
-	ErrEffectEnded = driver.ErrEffectEnded
-
 	// ErrClosed is returned by every method called after Close. It is
 	// driver.ErrClosed, which engines return.
 	ErrClosed = driver.ErrClosed

@@ -32,7 +32,7 @@ type Lease struct {
 	claimedAt time.Time     // DB.clock at the claim, for the attempt-duration estimate
 	class     string        // the claim's operation class (WithOperationClass), for the observer and the RetryAfter estimates
 	lostOnce  atomic.Bool
-	// effectEnded: a staged effect ended the engine's unit of work itself (ErrEffectEnded):
+	// effectEnded: a staged effect ended the engine's unit of work itself (driver.ErrEffectEnded):
 	// its writes may be durable, so the claim is abandoned and never released (release).
 	effectEnded atomic.Bool
 
@@ -133,7 +133,7 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte) (*Receip
 	}
 	defer l.db.exit()
 	r, err := l.settle(ctx, state, result)
-	if errors.Is(err, ErrEffectEnded) { // the effect may have written without the receipt
+	if errors.Is(err, driver.ErrEffectEnded) { // the effect may have written without the receipt
 		if aerr := l.abandonUnknown(ctx); aerr != nil {
 			return nil, fmt.Errorf("%w: %w (%w)", ErrOutcomeUnknown, err, aerr)
 		}
@@ -178,7 +178,7 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receip
 		err = fmt.Errorf("%w: effects that commit with the receipt on the %s engine", ErrUnsupported, l.db.eng.Name())
 	}
 	rec.Result = result // the plaintext (stored may be its envelope)
-	if errors.Is(err, ErrEffectEnded) {
+	if errors.Is(err, driver.ErrEffectEnded) {
 		l.effectEnded.Store(true)
 	}
 	if err != nil {
@@ -282,7 +282,7 @@ func (l *Lease) unreleasable() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s: a staged effect ended the unit of work itself, so the claim stays abandoned (the next attempt is Recovered and reconciles): %w",
-		ErrOutcomeUnknown, l.db.keyName(l.key), ErrEffectEnded)
+		ErrOutcomeUnknown, l.db.keyName(l.key), driver.ErrEffectEnded)
 }
 
 // Forget gives the key up for good: the caller has checked with the

@@ -42,7 +42,9 @@ var (
 	// the engine's unit of atomic work itself: it committed or rolled back the
 	// transaction with a statement, or committed the batch. What it wrote before may be
 	// durable without the receipt, so the outcome is unknown. Engines return it, having
-	// recorded nothing; the root abandons the claim.
+	// recorded nothing; the root abandons the claim and wraps it in
+	// receipts.ErrOutcomeUnknown, and that lease's Release and Forget return it too (freeing
+	// the key could run the effect twice). Applications match it with errors.Is.
 	ErrEffectEnded = errors.New("receipts: the effect ended the unit of work itself")
 )
 

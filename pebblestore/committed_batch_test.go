@@ -10,12 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/pebblestore"
 )
 
 // TestBatchCommittedByTheApplication (issue 43, item 2): DoBatch's fn, or CommitWith's effect,
 // that commits the batch itself (b.Commit) has made its writes durable without the receipt:
-// the call fails with ErrEffectEnded and ErrOutcomeUnknown (it used to make Pebble panic,
+// the call fails with driver.ErrEffectEnded and ErrOutcomeUnknown (it used to make Pebble panic,
 // "batch already committing", as the engine committed the batch again), no receipt is
 // recorded, and the next attempt is Recovered at once.
 func TestBatchCommittedByTheApplication(t *testing.T) {
@@ -31,7 +32,7 @@ func TestBatchCommittedByTheApplication(t *testing.T) {
 	}
 	check := func(t *testing.T, k receipts.Key, err error) {
 		t.Helper()
-		require.ErrorIs(t, err, receipts.ErrEffectEnded)
+		require.ErrorIs(t, err, driver.ErrEffectEnded)
 		require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
 		v, closer, gerr := pebblestore.DB(db).Get([]byte("app/" + k.ID))
 		require.NoError(t, gerr, "the application's write is durable")

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/driver"
 )
 
 // TestPanickingStagedEffectAbandons (issue 43, item 2): on PostgreSQL too, a staged effect
@@ -80,7 +81,7 @@ func TestPanickingStagedEffectAbandons(t *testing.T) {
 // TestEffectThatCommitsItself (issue 43, item 2): a staged effect that sends COMMIT through
 // its pgx.Tx (tx.Commit is refused; Exec is not) and then returns an error has made its
 // writes durable, so "nothing is written" cannot hold: the commit fails with an error that
-// says what the effect did (ErrEffectEnded, ErrOutcomeUnknown), no receipt is recorded, and
+// says what the effect did (driver.ErrEffectEnded, ErrOutcomeUnknown), no receipt is recorded, and
 // the claim is abandoned at once (the next attempt is Recovered), never left to be released.
 // Through Lease.Commit and through Do.
 func TestEffectThatCommitsItself(t *testing.T) {
@@ -103,7 +104,7 @@ func TestEffectThatCommitsItself(t *testing.T) {
 	}
 	check := func(t *testing.T, k receipts.Key, err error, effects int) {
 		t.Helper()
-		if !errors.Is(err, receipts.ErrEffectEnded) || !errors.Is(err, receipts.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "COMMIT") {
+		if !errors.Is(err, driver.ErrEffectEnded) || !errors.Is(err, receipts.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "COMMIT") {
 			t.Fatalf("the commit: %v; want ErrEffectEnded and ErrOutcomeUnknown, saying the effect sent COMMIT", err)
 		}
 		if n := count(); n != effects {
@@ -129,7 +130,7 @@ func TestEffectThatCommitsItself(t *testing.T) {
 			if r != nil {
 				t.Fatalf("a receipt: %+v", r)
 			}
-			if rerr := l.Release(bg); !errors.Is(rerr, receipts.ErrEffectEnded) { // it could run the effect twice
+			if rerr := l.Release(bg); !errors.Is(rerr, driver.ErrEffectEnded) { // it could run the effect twice
 				t.Fatalf("Release after the effect ended the transaction: %v", rerr)
 			}
 			check(t, k, err, 2*i+1)
