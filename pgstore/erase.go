@@ -130,13 +130,15 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// sealReader returns the transaction ctx carries for the seal's reads if it is open and
-// usable, the pool otherwise. Reading in that transaction is as fresh as reading outside:
+// sealReader returns the transaction ctx carries for the seal's reads if it is open, the
+// pool otherwise. Reading in that transaction is as fresh as reading outside:
 // it runs at READ COMMITTED, and a DoTx's holds the scope's lock shared, so no erasure of the
 // scope can happen before it ends.
 func (e *engine) sealReader(ctx context.Context) rowQuerier {
 	if st, _ := ctx.Value(sealTxKey{}).(*sealTx); st != nil && (st.ended == nil || !st.ended()) {
-		if c := st.tx.Conn(); c != nil && c.PgConn().TxStatus() == 'T' {
+		// In a transaction, or in one a failed statement aborted: the read fails at once
+		// then, as the commit would, rather than wait for another connection.
+		if c := st.tx.Conn(); c != nil && (c.PgConn().TxStatus() == 'T' || c.PgConn().TxStatus() == 'E') {
 			return st.tx
 		}
 	}

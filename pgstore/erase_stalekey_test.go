@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -138,6 +139,26 @@ func TestSealedDoTxOnAFullPool(t *testing.T) {
 	for range conns {
 		if err := <-errs; err != nil {
 			t.Fatalf("an encrypted DoTx on a full pool: %v", err)
+		}
+	}
+
+	// fn's transaction aborted by a failed statement fn ignored: the seal's read fails in it
+	// at once, and the outcome is unknown, as without a Keyring
+	entered.Add(conns)
+	for i := range conns {
+		go func() {
+			_, err := DoTx(ctx, db, receipts.Key{Scope: "s", ID: fmt.Sprint("aborted-", i)}, []byte("fp"), func(ctx context.Context, tx pgx.Tx, _ *receipts.Lease) ([]byte, error) {
+				_, _ = tx.Exec(ctx, "SELECT 1/0")
+				entered.Done()
+				entered.Wait()
+				return []byte("sealed"), nil
+			})
+			errs <- err
+		}()
+	}
+	for range conns {
+		if err := <-errs; !errors.Is(err, receipts.ErrOutcomeUnknown) {
+			t.Fatalf("an encrypted DoTx whose transaction is aborted, on a full pool: %v", err)
 		}
 	}
 }
