@@ -29,7 +29,10 @@ type Effect func(ctx context.Context, tx any) error
 // transaction; Pebble: the batch was committed), and the commit fails with
 // an error wrapping driver.ErrEffectEnded and ErrOutcomeUnknown, nothing recorded
 // and the claim abandoned (the next attempt is Recovered), whatever the
-// effect returned.
+// effect returned. What the engines cannot see is not detected: an effect
+// that commits and then begins a new transaction (COMMIT; BEGIN), or
+// commits the batch and then resets it, leaves the unit looking untouched,
+// and its first writes durable whatever happens next.
 func EffectOn[TTx any](f func(ctx context.Context, tx TTx) error) Effect {
 	return func(ctx context.Context, tx any) error {
 		t, ok := tx.(TTx)
