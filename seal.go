@@ -40,9 +40,9 @@ import (
 
 // Keyring is the application's key-encryption key (KEK), for Options.Keyring: it wraps the
 // data key of each scope before the store keeps it, and unwraps it when the store needs it
-// (once per scope, then kept in memory, and read again a minute later before it seals). Scopes are named by their
-// ScopeID, a keyed hash of the scope that reveals it to nobody without the store's secret,
-// never by the scope itself. Package keyring is a Keyring in a local file (with an example
+// (once per scope, then kept in memory, and read again a minute later before it seals).
+// Scopes are named by their ScopeID, a keyed hash of the scope that reveals it to nobody
+// without the store's secret, never by the scope itself. Package keyring is a Keyring in a local file (with an example
 // for a KMS). Implementations must be safe for concurrent use.
 type Keyring interface {
 	// WrapKey encrypts dataKey, the data key of the scope named scopeID, and returns what
