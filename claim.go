@@ -29,6 +29,7 @@ import (
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/mutate"
+	"github.com/receiptstore/receipts/internal/seal"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -273,7 +274,7 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		}
 		return &Lease{db: db, key: k, skey: res.Record.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}, nil, nil
 	case driver.Replay:
-		if isSealed(res.Record.Result) { // decrypted once BeforeReplay allows it (seal.go)
+		if seal.IsSealed(res.Record.Result) { // decrypted once BeforeReplay allows it (seal.go)
 			r, err := db.replaySealed(ctx, k, &res.Record)
 			return nil, r, err
 		}
@@ -421,7 +422,7 @@ func (db *DB) replaySealed(ctx context.Context, k Key, rec *driver.Record) (*Rec
 	if err != nil {
 		return nil, err
 	}
-	if r.Result, err = db.seal.openInto(ctx, rec, plain); err != nil {
+	if r.Result, err = db.seal.OpenInto(ctx, rec, plain); err != nil {
 		return nil, err
 	}
 	return r, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/hot"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/seal"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -27,7 +28,7 @@ type DB struct {
 	opts    Options
 	eng     driver.Engine
 	tombs   driver.Tombstones // eng, when it keeps tombstones and they are on; nil otherwise
-	seal    *sealer           // encrypts and decrypts results (Options.Keyring); never nil
+	seal    *seal.Sealer      // encrypts and decrypts results (Options.Keyring); never nil
 	keys    *keys.Hasher      // the stored keys' hashes (Options.HashKeys); nil: keys as given
 	secret  []byte            // eng.Secret(), for ProviderKey
 	hashKey []byte            // derived from secret, for Event.KeyHash

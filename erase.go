@@ -81,7 +81,7 @@ func (db *DB) EraseScope(ctx context.Context, scope string) (EraseStats, error) 
 	if err != nil {
 		return EraseStats{}, fmt.Errorf("receipts: erase scope %x: %w", db.ScopeID(scope), err)
 	}
-	db.seal.forget(stored)
+	db.seal.Forget(stored)
 	st := eraseStats(e)
 	if err := db.destroyKey(ctx, er, &st); err != nil {
 		return st, err
@@ -96,7 +96,7 @@ func (db *DB) destroyKey(ctx context.Context, er driver.Eraser, st *EraseStats) 
 	if !ok || st.KeyDestroyed {
 		return nil
 	}
-	if err := kd.DestroyKey(ctx, db.seal.keyringID(st.ScopeID, st.count-1)); err != nil {
+	if err := kd.DestroyKey(ctx, db.seal.KeyringID(st.ScopeID, st.count-1)); err != nil {
 		return fmt.Errorf("receipts: erase scope %x: its records are erased, but the Keyring did not destroy its key (erase it again): %w", st.ScopeID, err)
 	}
 	if err := er.MarkKeyDestroyed(ctx, st.ScopeID); err != nil {

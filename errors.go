@@ -113,7 +113,7 @@ var (
 
 	// ErrSealed is returned for a result stored encrypted (Options.Keyring) by a DB
 	// opened without a Keyring, which cannot open it.
-	ErrSealed = errors.New("receipts: the result is encrypted and no keyring is set")
+	ErrSealed = driver.ErrSealed
 )
 
 // sentinel is an error value that also matches its parents under errors.Is.

@@ -84,7 +84,7 @@ func (db *DB) providerKey(k Key) string {
 // info is what identifies l to its engine.
 func (l *Lease) info() driver.LeaseInfo {
 	li := driver.LeaseInfo{Key: l.skey, Token: l.token, Attempts: l.attempt, Recovered: l.recovered}
-	if l.db.seal.kr != nil {
+	if l.db.seal.Enabled() {
 		li.Seal = l.sealResult
 	}
 	return li
@@ -230,7 +230,7 @@ func (l *Lease) Raw(ctx context.Context, fn func(ctx context.Context, e driver.E
 	if err != nil || rec == nil {
 		return nil, err
 	}
-	if err := l.db.seal.open(ctx, rec); err != nil { // the result as recorded, in the clear
+	if err := l.db.seal.Open(ctx, rec); err != nil { // the result as recorded, in the clear
 		return nil, err
 	}
 	r := l.db.finished(l, rec)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/seal"
 )
 
 // Lookup returns the visible record of k in any state (a Pending claim
@@ -91,7 +92,7 @@ func (db *DB) lookupSealed(ctx context.Context, k Key) (r *Receipt, sealed *driv
 	}
 	r = newReceipt(&rec)
 	r.Key = k // the caller's (the record's is the stored key)
-	if isSealed(rec.Result) {
+	if seal.IsSealed(rec.Result) {
 		r.Result = nil
 		return r, &rec, nil
 	}

@@ -69,7 +69,7 @@ func (db *DB) Scan(ctx context.Context, f Filter) iter.Seq2[*Receipt, error] {
 				}
 				continue
 			}
-			if err := db.seal.open(ctx, &rec); err != nil {
+			if err := db.seal.Open(ctx, &rec); err != nil {
 				if !yield(nil, err) {
 					return
 				}

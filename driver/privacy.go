@@ -18,6 +18,10 @@ import (
 // (DataKeys.PutDataKey). receipts.ErrErased is this error.
 var ErrErased = errors.New("receipts: scope erased")
 
+// ErrSealed is returned for a stored result that is encrypted when no Keyring is set to
+// open it. receipts.ErrSealed is this error.
+var ErrSealed = errors.New("receipts: the result is encrypted and no keyring is set")
+
 // Erased is the outcome of a claim in a scope whose erasure is in force (Eraser): nothing
 // written; Record holds the key, UpdatedAt the erasure's time and ExpiresAt its Until.
 const Erased = Expired + 1
