@@ -414,7 +414,7 @@ func (db *DB) erased(k Key, rec *driver.Record) error {
 // room for the plaintext), which the plaintext is decrypted into.
 func (db *DB) replaySealed(ctx context.Context, k Key, rec *driver.Record) (*Receipt, error) {
 	room := *rec
-	room.Result = rec.Result[:len(rec.Result)-SealOverhead] // its length only: overwritten below
+	room.Result = rec.Result[:len(rec.Result)-seal.Overhead] // its length only: overwritten below
 	r := newReceiptCopy(&room)
 	plain := r.Result[:0]
 	r.Key, r.Result = k, nil

@@ -161,7 +161,7 @@ type Options struct {
 	// its result). Results stored before the option was set are read as they are. A DB
 	// opened without it cannot read encrypted results (ErrSealed). Package keyring keeps a
 	// key-encryption key in a local file. An engine that keeps no data keys refuses it
-	// (ErrUnsupported). SealOverhead bytes are added to each stored result.
+	// (ErrUnsupported). Each stored result grows by 36 bytes (the envelope's header and GCM's tag).
 	Keyring Keyring
 	// HashKeys stores every scope and ID as a keyed hash under the store's secret, so that
 	// a copy of the store does not say who called what (docs/privacy.md). Every call still

@@ -63,9 +63,6 @@ type KeyDestroyer interface {
 // and answers after Close.
 func (db *DB) ScopeID(scope string) []byte { return driver.ScopeID(db.secret, db.storedScope(scope)) }
 
-// SealOverhead is what encryption (Options.Keyring) adds to a stored result: the envelope's
-// header and GCM's tag.
-const SealOverhead = seal.Overhead
 
 // sealMagic starts every sealed result.
 // sealResult is what l stores for result recorded as state: its envelope with a Keyring,
