@@ -63,7 +63,6 @@ type KeyDestroyer interface {
 // and answers after Close.
 func (db *DB) ScopeID(scope string) []byte { return driver.ScopeID(db.secret, db.storedScope(scope)) }
 
-// sealMagic starts every sealed result.
 // sealResult is what l stores for result recorded as state: its envelope with a Keyring,
 // result itself without.
 func (l *Lease) sealResult(ctx context.Context, state driver.State, result []byte) ([]byte, error) {

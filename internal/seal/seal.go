@@ -76,6 +76,7 @@ func (s *Sealer) Rewrap(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// sealMagic starts every sealed result.
 var sealMagic = [4]byte{0xc1, 'r', 'S', 1}
 
 const (
