@@ -3,10 +3,10 @@ package receiptsprom
 import (
 	"math"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/receiptstore/receipts/internal/hot"
 	"github.com/receiptstore/receipts/internal/mutate"
 )
 
@@ -38,18 +38,10 @@ func newHist(desc *prometheus.Desc, upper []float64, labels ...string) *hist {
 	return &hist{desc: desc, labels: labels, upper: upper, stride: stride, words: make([]atomic.Uint64, histShards*stride)}
 }
 
-// stripe picks the stripe an event's adds go to: by the address of the
-// calling goroutine's stack, hashed, so that goroutines (which have stacks
-// of their own, each at least 2 KiB) mostly use different stripes and a
-// goroutine keeps to one (its cache lines stay where it runs). It is a
-// multiply, where a random pick (rand.Uint32, ChaCha8) was about 180
-// instructions, 5% of a replay from memory. One event's adds (its counter
-// and histograms) share one pick.
-func stripe() int {
-	var here byte
-	a := uint64(uintptr(unsafe.Pointer(&here))) >> 10
-	return int(a * 0x9e3779b97f4a7c15 >> (64 - histShardBits))
-}
+// stripe picks the stripe an event's adds go to (hot.Stripe: by the
+// calling goroutine's stack, so a goroutine keeps to one). One event's adds
+// (its counter and histograms) share one pick.
+func stripe() int { return hot.Stripe(histShardBits) }
 
 // histShardBits is log2(histShards).
 const histShardBits = 3

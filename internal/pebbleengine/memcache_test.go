@@ -79,12 +79,12 @@ func TestReplayFromMemory(t *testing.T) {
 	require.NotNil(t, ent.Val, "a small receipt's bytes are held")
 
 	require.NoError(t, e.pdb.Delete(ent.Key, pebble.Sync)) // not through DB(): the flag stays off
-	hits := e.hot.CacheHits.Load()
+	hits := e.cacheHits.Load()
 	res := replay(t, e, k, "A")
 	require.Equal(t, driver.Replay, res.Outcome, "answered from memory, Pebble not read")
 	require.Equal(t, "a", string(res.Record.Result))
 	require.Equal(t, driver.Mismatch, replay(t, e, k, "B").Outcome)
-	require.Equal(t, hits+2, e.hot.CacheHits.Load())
+	require.Equal(t, hits+2, e.cacheHits.Load())
 
 	_ = e.DB() // the caller may now write behind the engine's back
 	res = replay(t, e, k, "A")
@@ -212,11 +212,11 @@ func TestUncachedReadCachesStoredBytes(t *testing.T) {
 	require.NotNil(t, ent)
 	require.Equal(t, odd, ent.Val, "the entry holds the stored bytes")
 	require.True(t, ent.Matches(odd))
-	hits := e.hot.CacheHits.Load()
+	hits := e.cacheHits.Load()
 	res := replay(t, e, k, "fp")
 	require.Equal(t, driver.Replay, res.Outcome)
 	require.Equal(t, "result", string(res.Record.Result))
-	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "answered by the cache")
+	require.Equal(t, hits+1, e.cacheHits.Load(), "answered by the cache")
 }
 
 // openFinished opens an engine with a 1 MiB replay cache and finishes the

@@ -93,9 +93,9 @@ func TestCachedReplayProbesNewerEpochs(t *testing.T) {
 	clk.Add(15 * time.Minute) // the next epoch; the receipt is still visible
 	hi := e.epochOf(e.now())
 	require.Greater(t, hi, ent.Epoch)
-	hits := e.hot.CacheHits.Load()
+	hits := e.cacheHits.Load()
 	require.Equal(t, driver.Replay, replay(t, e, k, "A").Outcome)
-	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "answered through the cache")
+	require.Equal(t, hits+1, e.cacheHits.Load(), "answered through the cache")
 
 	v, closer, err := e.pdb.Get(ent.Key)
 	require.NoError(t, err)
@@ -107,5 +107,5 @@ func TestCachedReplayProbesNewerEpochs(t *testing.T) {
 	res := replay(t, e, k, "A")
 	require.Equal(t, driver.Replay, res.Outcome)
 	require.Equal(t, "newer", string(res.Record.Result), "the newest record answers")
-	require.Equal(t, hits+1, e.hot.CacheHits.Load(), "not through the stale entry")
+	require.Equal(t, hits+1, e.cacheHits.Load(), "not through the stale entry")
 }

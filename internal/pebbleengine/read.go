@@ -131,7 +131,7 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 	hi := e.epochOf(now)
 	if ent.Val != nil && e.fromMemory(ent, now, hi) {
 		if res, ok = e.answer(k, ent, ent.Val, fp, now, true); ok {
-			e.hot.CacheHits.Add(1)
+			e.cacheHits.Add(1)
 		}
 		return res, ok
 	}
@@ -167,7 +167,7 @@ func (e *Engine) fromCache(ctx context.Context, k driver.Key, lockKey, fp []byte
 		}
 		_ = closer.Close()
 		if ok {
-			e.hot.CacheHits.Add(1)
+			e.cacheHits.Add(1)
 		}
 		return res, ok
 	}

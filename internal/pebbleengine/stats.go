@@ -11,7 +11,7 @@ import (
 // Stats reports disk usage and the replay cache, from memory.
 func (e *Engine) Stats() driver.Stats {
 	var s driver.Stats
-	s.ReplayCacheHits = e.hot.CacheHits.Load()
+	s.ReplayCacheHits = e.cacheHits.Load()
 	s.ReplayCacheEntries, s.ReplayCacheBytes = e.cache.Len()
 	s.DiskBytes = e.pdb.Metrics().DiskSpaceUsage()
 	return s
