@@ -21,6 +21,7 @@ package receipts
 // records its outcome (run.go).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -272,7 +273,11 @@ func (db *DB) claimed(ctx context.Context, k Key, ttl time.Duration, res *driver
 		if recovered {
 			db.n.takeovers.Add(1)
 		}
-		return &Lease{db: db, key: k, skey: res.Record.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}, nil, nil
+		l := &Lease{db: db, key: k, skey: res.Record.Key, token: res.Record.Token, attempt: res.Record.Attempts, recovered: recovered, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}
+		if len(res.Record.Journal) > 0 { // a takeover resumes the steps recorded
+			l.steps.raw = bytes.Clone(res.Record.Journal)
+		}
+		return l, nil, nil
 	case driver.Replay:
 		if seal.IsSealed(res.Record.Result) { // decrypted once BeforeReplay allows it (seal.go)
 			r, err := db.replaySealed(ctx, k, &res.Record)

@@ -72,6 +72,11 @@ func (l *Lease) stagedEffect() Effect {
 	l.mu.Lock()
 	list := l.staged
 	l.mu.Unlock()
+	return joinEffects(list)
+}
+
+// joinEffects is list as one effect (nil for none), run in order until one fails.
+func joinEffects(list []Effect) Effect {
 	switch len(list) {
 	case 0:
 		return nil

@@ -38,6 +38,11 @@ type Lease struct {
 
 	mu     sync.Mutex // protects staged
 	staged []Effect   // Stage's effects, committed with a Succeeded receipt
+
+	steps leaseSteps // the key's step journal (steps.go)
+	// stepUnknown: a step's outcome is unknown (steps.go): the claim is abandoned and never
+	// released, as for effectEnded.
+	stepUnknown atomic.Bool
 }
 
 // Key returns the operation's key.
@@ -266,7 +271,8 @@ func (l *Lease) release(ctx context.Context) error {
 		return err
 	}
 	start := l.db.traceStart(ctx)
-	err := l.db.eng.Release(ctx, l.skey, l.token, l.recovered)
+	// A claim with a step journal is kept too: its recorded steps happened.
+	err := l.db.eng.Release(ctx, l.skey, l.token, l.recovered || l.hasJournal())
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
@@ -278,6 +284,10 @@ func (l *Lease) release(ctx context.Context) error {
 // unreleasable refuses Release and Forget of a lease whose staged effect ended the unit of
 // work itself: what it wrote may be durable, so freeing the key could run it twice.
 func (l *Lease) unreleasable() error {
+	if l.stepUnknown.Load() {
+		return fmt.Errorf("%w: %s: a step's outcome is unknown, so the claim stays abandoned (the next attempt runs it again, Recovered)",
+			ErrOutcomeUnknown, l.db.keyName(l.key))
+	}
 	if !l.effectEnded.Load() {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package receipts
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -91,7 +92,9 @@ func (db *DB) takeOver(ctx context.Context, r *Receipt, cfg claimConfig) (*Lease
 	case driver.TookOver:
 		db.hot.Claims.Add(1)
 		db.n.takeovers.Add(1)
-		return &Lease{db: db, key: r.Key, skey: sk, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}, nil
+		l := &Lease{db: db, key: r.Key, skey: sk, token: res.Record.Token, attempt: res.Record.Attempts, recovered: true, ttl: ttl, claimedAt: db.clock(), class: observe.OperationClass(ctx)}
+		l.steps.raw = bytes.Clone(res.Record.Journal)
+		return l, nil
 	case driver.InProgress:
 		return nil, &InProgressError{Key: r.Key, RetryAfter: db.retryAfter(&res.Record, res.Now, observe.OperationClass(ctx)), db: db}
 	}

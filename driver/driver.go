@@ -81,6 +81,10 @@ type Record struct {
 	// Trace is the trace context stored with a finished record (at most MaxTrace bytes, opaque
 	// to the engine: TraceOf of the finishing call's context), or nil.
 	Trace []byte
+	// Journal is the record's step journal (Journals.Journal: opaque to the engine, written
+	// by the root), or nil. Every write of the record keeps it (Renew, Finish, Abandon, a
+	// takeover, Release) until the record is deleted.
+	Journal []byte
 }
 
 // MaxTrace bounds the trace context a record stores (Record.Trace).
@@ -397,6 +401,32 @@ type Effects interface {
 	FinishWith(ctx context.Context, k Key, token uint64, state State, result []byte,
 		effect func(ctx context.Context, tx any) error) (Record, error)
 }
+
+// Journals is implemented by an engine that keeps a step journal with a claim: what
+// receipts.Lease.Step records each finished step in. An engine without it makes Step return
+// receipts.ErrUnsupported.
+//
+// The journal is bytes the root encodes (and seals per scope); the engine stores them with
+// the record and hands them back in Record.Journal from Claim (a takeover), TakeOver, Lookup
+// and Scan. Every later write of the record keeps them: Renew, Finish, Abandon, a takeover.
+// Release keeps a record that has a journal, as it keeps one that was taken over (abandoned,
+// so the next claim takes it over and resumes): the steps it records happened. Forget
+// deletes the record with its journal, and so do retention, GC and erasure.
+type Journals interface {
+	// Journal replaces the journal of k's Pending record held by token, durably (synced or
+	// committed) before it returns, leaving the lease's expiry as it is. If the lease is
+	// lost, it writes nothing and returns ErrLeaseLost. effect, if not nil, writes into the
+	// engine's unit of atomic work as for Effects.FinishWith (the Pebble batch, the pgx.Tx):
+	// its writes and the journal commit together or not at all; if it fails, nothing is
+	// written and its error is returned (wrapped); if it ended the unit of work itself, the
+	// error wraps ErrEffectEnded.
+	Journal(ctx context.Context, k Key, token uint64, journal []byte,
+		effect func(ctx context.Context, tx any) error) (Record, error)
+}
+
+// MaxJournal bounds a journal an engine must store (receipts' limits on steps keep the
+// root's journals below it).
+const MaxJournal = 2 << 20
 
 // LeaseInfo is what identifies a lease to its engine: what receipts.Lease.Raw hands an engine
 // package's own ways of finishing a lease (pgstore.CommitTx).

@@ -9,8 +9,9 @@
 // fingerprint (bin), result (bin or nil), attempts (uint), token (uint),
 // created, updated and lease-expiry times (int, Unix nanoseconds), and, on a
 // record that stores one, an eighth: its trace context (bin, 1 to MaxTrace
-// bytes). A record without a trace is encoded exactly as before the eighth
-// element existed.
+// bytes), and on a record that stores a step journal, a ninth: the journal
+// (bin, non-empty; its trace then is nil when it has none). A record without
+// a trace or a journal is encoded exactly as before those elements existed.
 //
 // Decode never panics and never allocates by a length that the bytes declare
 // before checking it against the bytes that are there: every malformed input
@@ -60,6 +61,8 @@ type Record struct {
 	// Trace is the trace context stored with the record (at most MaxTrace
 	// bytes), or nil.
 	Trace []byte
+	// Journal is the record's step journal (opaque here), or nil.
+	Journal []byte
 }
 
 // MaxTrace bounds Record.Trace.
@@ -70,6 +73,7 @@ const (
 	trailerLen  = 4
 	bodyFields  = 7                          // without a trace
 	traceFields = 8                          // with one
+	stepFields  = 9                          // with a journal (and a trace, maybe nil)
 	minEncoding = headerLen + 1 + trailerLen // at least an array header
 )
 
@@ -89,6 +93,9 @@ func AppendRecord(dst []byte, r *Record) []byte {
 	if len(r.Trace) > 0 {
 		fields = traceFields
 	}
+	if len(r.Journal) > 0 {
+		fields = stepFields
+	}
 	_ = enc.EncodeArrayLen(fields)
 	_ = enc.EncodeBytes(r.Fingerprint)
 	_ = enc.EncodeBytes(r.Result)
@@ -97,8 +104,11 @@ func AppendRecord(dst []byte, r *Record) []byte {
 	_ = enc.EncodeInt(r.CreatedAt)
 	_ = enc.EncodeInt(r.UpdatedAt)
 	_ = enc.EncodeInt(r.LeaseExpiresAt)
-	if fields == traceFields {
+	if fields >= traceFields {
 		_ = enc.EncodeBytes(r.Trace)
+	}
+	if fields == stepFields {
+		_ = enc.EncodeBytes(r.Journal)
 	}
 	msgpack.PutEncoder(enc)
 
@@ -111,7 +121,7 @@ func AppendRecord(dst []byte, r *Record) []byte {
 
 // EncodeRecord returns the encoding of r.
 func EncodeRecord(r *Record) []byte {
-	return AppendRecord(make([]byte, 0, 64+len(r.Fingerprint)+len(r.Result)+len(r.Trace)), r)
+	return AppendRecord(make([]byte, 0, 64+len(r.Fingerprint)+len(r.Result)+len(r.Trace)+len(r.Journal)), r)
 }
 
 func corrupt(format string, args ...any) error {
@@ -190,8 +200,8 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 	if err != nil {
 		return corrupt("body: %v", err)
 	}
-	if fields != bodyFields && fields != traceFields {
-		return corrupt("body has %d fields, want %d or %d", fields, bodyFields, traceFields)
+	if fields < bodyFields || fields > stepFields {
+		return corrupt("body has %d fields, want %d to %d", fields, bodyFields, stepFields)
 	}
 	r.State = state
 	slab := make([]byte, 0, len(body))
@@ -221,13 +231,24 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 	if r.LeaseExpiresAt, err = dec.DecodeInt64(); err != nil {
 		return corrupt("lease expiry: %v", err)
 	}
-	r.Trace = nil
-	if fields == traceFields {
-		if r.Trace, _, err = readBin(dec, rd, slab); err != nil {
+	r.Trace, r.Journal = nil, nil
+	if fields >= traceFields {
+		if r.Trace, slab, err = readBin(dec, rd, slab); err != nil {
 			return corrupt("trace: %v", err)
 		}
-		if len(r.Trace) == 0 || len(r.Trace) > MaxTrace {
+		if len(r.Trace) > MaxTrace || (len(r.Trace) == 0 && fields == traceFields) {
 			return corrupt("trace of %d bytes (want 1 to %d)", len(r.Trace), MaxTrace)
+		}
+		if len(r.Trace) == 0 {
+			r.Trace = nil
+		}
+	}
+	if fields == stepFields {
+		if r.Journal, _, err = readBin(dec, rd, slab); err != nil {
+			return corrupt("journal: %v", err)
+		}
+		if len(r.Journal) == 0 {
+			return corrupt("empty journal")
 		}
 	}
 	if rd.Len() != 0 {

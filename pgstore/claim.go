@@ -426,7 +426,7 @@ func (e *engine) lookupOn(ctx context.Context, q querier, k driver.Key) (driver.
 	var rec driver.Record
 	var now time.Time
 	arg := e.nowArg()
-	err := scanRecord(q.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), arg), &rec, &now)
+	err := scanRecord(q.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), arg), &rec, &now, &rec.Journal)
 	if err == nil || errors.Is(err, errAbsent) {
 		now = e.saw(now, arg)
 	}

@@ -33,6 +33,7 @@ type queries struct {
 	finishManyIn                                                         string // the same for a batch of finishes (finishInSQL)
 	tombstone, scanTombstones                                            string // tombs only
 	copyMarkers                                                          string // GC's, template (copyMarkersSQL)
+	journal, journalOf                                                   string // a claim's step journal (steps.go)
 }
 
 // clock is the SQL of a statement's time, from its clock parameter p (engine.nowArg): the
@@ -281,7 +282,7 @@ RETURNING *
 
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.
-	q.lookup = x(`SELECT ` + recCols + `, t.now
+	q.lookup = x(`SELECT ` + recCols + `, t.now, r.journal
   FROM (SELECT ` + q.clock("$4") + ` AS now) t
   LEFT JOIN LATERAL (SELECT * FROM S.records
                       WHERE scope = $1 AND id = $2 AND epoch >= $3
@@ -360,6 +361,13 @@ UPDATE S.@records@ r
   FROM k, t
  WHERE ` + manyFenced + `
  RETURNING ` + recCols + `, t.now, pg_current_xact_id()::text, k.i`)
+
+	// A claim's step journal (steps.go): $8 the journal, the lease as it is.
+	q.journal = x(upd(`journal = $8::bytea, updated_at = t.now, epoch = t.ep`))
+	// The journal of the record a takeover holds: $1 scope, $2 id, $3 oldest, $4 token.
+	q.journalOf = x(`SELECT journal FROM S.records
+ WHERE scope = $1 AND id = $2 AND epoch >= $3 AND token = $4
+ ORDER BY epoch DESC LIMIT 1`)
 
 	// Abandon (and Release of a recovered lease): the lease ends now, the claim stays.
 	q.abandon = x(upd(`lease_expires_at = t.now, updated_at = t.now, epoch = t.ep`))
@@ -531,7 +539,8 @@ func schemaSQL(schema string) []string {
   updated_at       timestamptz NOT NULL,   -- visible while now < updated_at + retention
   lease_expires_at timestamptz,            -- pending only
   result           bytea,                  -- finished only
-  meta             bytea,                  -- reserved (a later format's per-record data); NULL
+  meta             bytea,                  -- the trace context of a finished record (driver.Record.Trace), or NULL
+  journal          bytea,                  -- the claim's step journal (steps.go), or NULL
   PRIMARY KEY (scope, id, epoch)
 ) PARTITION BY RANGE (epoch)`),
 		markersSQL(s),

@@ -151,6 +151,9 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 				return fmt.Errorf("migrate format 2 to %d: %w", formatVersion, err)
 			}
 		}
+		if err := e.addJournal(ctx, tx); err != nil {
+			return fmt.Errorf("add the step journal column: %w", err)
+		}
 		if err := e.loadClock(ctx, tx); err != nil {
 			return err
 		}
@@ -464,4 +467,18 @@ func (e *engine) partEnd(p partition) time.Time {
 		return time.UnixMicro((p.epoch + 1) * e.mwidth)
 	}
 	return e.epochEnd(p.epoch)
+}
+
+// addJournal adds the step journal column (steps.go) to a schema created before it, in the
+// open's transaction: a catalog read first, so that opening a schema that has it takes no
+// lock on the records table.
+func (e *engine) addJournal(ctx context.Context, tx pgx.Tx) error {
+	var has bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'records' AND a.attname = 'journal' AND NOT a.attisdropped)`, e.o.Schema).Scan(&has); err != nil || has {
+		return err
+	}
+	_, err := tx.Exec(ctx, `ALTER TABLE `+e.q.schema+`.records ADD COLUMN IF NOT EXISTS journal bytea`)
+	return err
 }

@@ -42,6 +42,10 @@ func (e *engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 	sql = strings.Replace(sql, "coalesce($7::timestamptz, clock_timestamp())", e.q.clock("$7"), 1) // the clock's high-water mark
 	rec, _, err := e.write(ctx, e.pool, "take over", sql, k, e.fencedArgs(k, token, req.LeaseTTL.Microseconds(), newNonce()), nil)
 	if err == nil {
+		if rec.Journal, err = e.journalOf(ctx, k, rec.Token); err != nil { // the steps it resumes (steps.go)
+			e.settleLater(ctx, func(sctx context.Context) { e.undoClaim(sctx, k, rec.Token, true) })
+			return driver.ClaimResult{}, err
+		}
 		return driver.ClaimResult{Outcome: driver.TookOver, Record: rec, Now: rec.UpdatedAt}, nil
 	}
 	if !errors.Is(err, driver.ErrLeaseLost) {

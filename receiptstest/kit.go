@@ -67,6 +67,7 @@ func topics() []struct {
 		{"Reconciler", reconcilerTests},
 		{"Wait", waitTests},
 		{"Do", doTests},
+		{"Steps", stepTests},
 		{"Lookup", lookupTests},
 		{"BeforeReplay", beforeReplayTests},
 		{"Retention", retentionTests},

@@ -261,3 +261,24 @@ func Hash(hk []byte, scope, id string) string {
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(MAC(sum[:0], hk, scope, id)[:12])
 }
+
+// stepDomain separates step keys' MACs from MAC's: they are taken under a key derived
+// from the secret, so no step key is ever another key's MAC.
+const stepDomain = "receipts/step-key/v1"
+
+// StepMAC appends to dst the HMAC-SHA256 of the step name of the key (scope, id): the bytes
+// behind receipts' Step.ProviderKey. It is taken under HMAC(secret, stepDomain), over the
+// name's length, the name and the key's lock-key form, so two steps, or a step and a key,
+// never share it. Changing it changes every step key ever handed out.
+func StepMAC(dst, secret []byte, scope, id, name string) []byte {
+	dk := hmac.New(sha256.New, secret)
+	dk.Write([]byte(stepDomain))
+	var kb [sha256.Size]byte
+	mac := hmac.New(sha256.New, dk.Sum(kb[:0]))
+	var lk [MaxLockKeyLen + binary.MaxVarintLen64]byte
+	b := binary.AppendUvarint(lk[:0], uint64(len(name)))
+	mac.Write(b)
+	mac.Write([]byte(name))
+	mac.Write(AppendLockKey(lk[:0], scope, id))
+	return mac.Sum(dst)
+}

@@ -159,7 +159,8 @@ func Finish(cur *encoding.Record, token uint64, state encoding.State, result []b
 // deletes the record, so the next claim starts afresh. After a takeover
 // (Attempts > 1: Claim adds an attempt exactly when it takes over an
 // abandoned claim, whose outcome is unknown) the earlier attempt's outcome
-// is still unknown, so the claim is kept, abandoned: next is cur with the
+// is still unknown, so the claim is kept, abandoned; and so it is when the
+// claim has a step journal (its steps happened): next is cur with the
 // lease ended at now, attempts and fingerprint kept, and the next claim
 // takes it over at once, Recovered, with one more attempt. ok is false if
 // the lease is lost. Only Forget, or a finished outcome, clears that.
@@ -167,10 +168,22 @@ func Release(cur *encoding.Record, token uint64, now int64) (next *encoding.Reco
 	if !holds(cur, token) {
 		return nil, false
 	}
-	if cur.Attempts <= 1 {
+	if cur.Attempts <= 1 && len(cur.Journal) == 0 {
 		return nil, true
 	}
 	return Abandon(cur, token, now)
+}
+
+// Journal replaces the step journal of token's claim (receipts' Lease.Step),
+// the lease's expiry kept. ok is false if the lease is lost.
+func Journal(cur *encoding.Record, token uint64, journal []byte, now int64) (next *encoding.Record, ok bool) {
+	if !holds(cur, token) {
+		return nil, false
+	}
+	n := *cur
+	n.Journal = journal
+	n.UpdatedAt = now
+	return &n, true
 }
 
 // Forget checks that token holds cur; the caller then deletes the record.

@@ -19,20 +19,25 @@ func (e *Engine) record(k driver.Key, rec *encoding.Record) driver.Record {
 		LeaseExpiresAt: e.time(rec.LeaseExpiresAt),
 		ExpiresAt:      e.time(rec.UpdatedAt + e.retention),
 		Trace:          rec.Trace, // its own bytes: decoded into a new slab, or the cache entry's copy
+		Journal:        rec.Journal,
 	}
 }
 
 // recordCopy is record for a rec whose fingerprint and result alias memory
 // the caller must not keep (the engine's bytes): the record gets its own
-// copy of both, in one allocation.
+// copy of both (and of its journal), in one allocation.
 func (e *Engine) recordCopy(k driver.Key, rec *encoding.Record) driver.Record {
 	r := e.record(k, rec)
-	slab := make([]byte, len(rec.Fingerprint)+len(rec.Result))
+	slab := make([]byte, len(rec.Fingerprint)+len(rec.Result)+len(rec.Journal))
 	nf := copy(slab, rec.Fingerprint)
-	copy(slab[nf:], rec.Result)
+	nr := nf + copy(slab[nf:], rec.Result)
 	r.Fingerprint = slab[:nf:nf]
 	if rec.Result != nil {
-		r.Result = slab[nf:]
+		r.Result = slab[nf:nr:nr]
+	}
+	if rec.Journal != nil {
+		copy(slab[nr:], rec.Journal)
+		r.Journal = slab[nr:]
 	}
 	return r
 }

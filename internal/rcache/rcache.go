@@ -319,8 +319,8 @@ const maxPooledEnc = 64 << 10
 // checksum is taken as stored, not checked again: enc must be intact
 // (encoded, or accepted by encoding.DecodeRecord).
 func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record, enc []byte) {
-	if c == nil || r.State == encoding.StatePending {
-		return
+	if c == nil || r.State == encoding.StatePending || len(r.Journal) > 0 {
+		return // a record with a step journal is read from the store: entries carry no journal
 	}
 	l, err := encoding.RecordLayout(enc)
 	if err != nil {
