@@ -152,6 +152,9 @@ func (l *Lease) finish(ctx context.Context, state State, result []byte) (*Receip
 // (driver.Effects); an engine package's own unit of work for the lease
 // travels in ctx, which the engine reads (pebblestore's batch).
 func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receipt, error) {
+	if l.stepUnknown.Load() { // a step's effect may have happened: the next attempt runs it, Recovered
+		return nil, fmt.Errorf("%w: %s: a step's outcome is unknown, so the action cannot be recorded; the claim is abandoned", ErrOutcomeUnknown, l.db.keyName(l.key))
+	}
 	if err := validateResult(result); err != nil {
 		return nil, err
 	}

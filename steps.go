@@ -392,3 +392,66 @@ func (db *DB) Steps(ctx context.Context, k Key) ([]StepRecord, error) {
 	}
 	return out, nil
 }
+
+// SettleStep settles the step named name that the key's journal holds as started, its
+// outcome unknown (the last step, DB.Steps reports it Pending), without running it: what an
+// operator does after asking the provider, by the step's ProviderKey, what happened. Call it
+// on a lease that took the claim over (DB.TakeOver, or Claim of an abandoned claim).
+//   - Succeeded or Failed: the step is recorded with result, as if its fn had returned it
+//     (nil or Permanent); the next attempt gets it without running the step.
+//   - Pending: the step did not happen; its start is taken back, and the next attempt runs
+//     it as never started (not Recovered).
+//
+// It returns ErrNotFound if the journal's last step is not name started, ErrInvalidArgument
+// for another state or a result larger than MaxStepResultSize, and ErrLeaseLost if the lease
+// is lost; nothing is written then.
+func (l *Lease) SettleStep(ctx context.Context, name string, state State, result []byte) error {
+	if err := l.db.enter(); err != nil {
+		return err
+	}
+	defer l.db.exit()
+	if state != Succeeded && state != Failed && state != Pending {
+		return fmt.Errorf("%w: settle step %q as %s (want succeeded, failed or pending)", ErrInvalidArgument, name, state)
+	}
+	if len(result) > MaxStepResultSize {
+		return fmt.Errorf("%w: settle step %q: a result of %d bytes (at most MaxStepResultSize = %d)", ErrInvalidArgument, name, len(result), MaxStepResultSize)
+	}
+	jn, ok := l.db.eng.(driver.Journals)
+	if !ok {
+		return fmt.Errorf("%w: steps on the %s engine", ErrUnsupported, l.db.eng.Name())
+	}
+	st := &l.steps
+	if !st.mu.TryLock() {
+		return fmt.Errorf("%w: settle step %q while a step of the lease runs", ErrInvalidArgument, name)
+	}
+	defer st.mu.Unlock()
+	if !st.loaded {
+		entries, err := journal.Decode(st.raw)
+		if err != nil {
+			return fmt.Errorf("receipts: %s: %w", l.db.keyName(l.key), err)
+		}
+		st.entries, st.raw, st.loaded = entries, nil, true
+	}
+	n := len(st.entries)
+	if n == 0 || st.entries[n-1].State != driver.Pending || st.entries[n-1].Name != name {
+		return fmt.Errorf("%w: %s: no step %q started with its outcome unknown", ErrNotFound, l.db.keyName(l.key), name)
+	}
+	entries := st.entries[: n-1 : n-1]
+	if state != Pending {
+		if result == nil {
+			result = []byte{}
+		}
+		sealed, err := l.sealStep(ctx, n-1, driver.State(state), result)
+		if err != nil {
+			return err
+		}
+		e := st.entries[n-1]
+		e.State, e.Token, e.At, e.Result = driver.State(state), l.token, l.db.clock().UnixNano(), sealed
+		entries = append(entries, e)
+	}
+	if _, err := jn.Journal(ctx, l.skey, l.token, journalBytes(entries), nil); err != nil {
+		return err
+	}
+	st.entries = entries
+	return nil
+}

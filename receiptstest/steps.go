@@ -30,6 +30,8 @@ var stepTests = []test{
 	{"Encrypted", testStepsEncrypted},
 	{"Erased", testStepsErased},
 	{"StagedEffectCommitsWithTheStep", testStepsStaged},
+	{"SettleStep", testStepsSettle},
+	{"UnknownStepRefusesCommit", testStepsUnknownRefusesCommit},
 }
 
 // stepsEnv opens a store, skipping the test on an engine without steps.
@@ -483,4 +485,52 @@ func testStepsStaged(t *testing.T, s Store) {
 	require.NoError(t, err)
 	require.True(t, rec)
 	require.True(t, x.has(t, "step-two"))
+}
+
+// An operator settles the uncertain step without running it: as done (the next attempt gets
+// its result) or as not done (the next attempt runs it, not Recovered).
+func testStepsSettle(t *testing.T, s Store) {
+	e := stepsEnv(t, s, nil)
+	for _, c := range []struct {
+		state receipts.State
+		runs  int32
+	}{{receipts.Succeeded, 1}, {receipts.Pending, 2}} {
+		k := key("a", "settle-"+c.state.String())
+		a := &action{fail: 2, failErr: errors.New("timeout")}
+		_, err := e.db.Do(bg, k, []byte("fp"), a.fn)
+		require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+		r := e.listed(k)
+		l, err := e.db.TakeOver(bg, r)
+		require.NoError(t, err)
+		require.ErrorIs(t, l.SettleStep(bg, "notify", c.state, nil), receipts.ErrNotFound, "not the uncertain step")
+		require.ErrorIs(t, l.SettleStep(bg, "charge", 0, nil), receipts.ErrInvalidArgument)
+		require.NoError(t, l.SettleStep(bg, "charge", c.state, []byte("charge-done")))
+		require.ErrorIs(t, l.SettleStep(bg, "charge", c.state, nil), receipts.ErrNotFound, "settled once")
+		require.NoError(t, l.Abandon(bg))
+		a.fail = 0
+		res, err := e.db.Do(bg, k, []byte("fp"), a.fn)
+		require.NoError(t, err)
+		require.Equal(t, "reserve-done,charge-done,notify-done", string(res.Result))
+		a.wantRuns(t, 1, c.runs, 1)
+		if c.state == receipts.Pending {
+			require.False(t, a.recovered[1].Load(), "settled as not done: it runs as never started")
+		}
+	}
+}
+
+// A lease whose step's outcome is unknown records no receipt, and is never released: its
+// step may have happened.
+func testStepsUnknownRefusesCommit(t *testing.T, s Store) {
+	e := stepsEnv(t, s, nil)
+	k := key("a", "k")
+	l := e.claim(k, "fp")
+	_, err := l.Step(bg, "one", nil, func(context.Context, *receipts.Step) ([]byte, error) { return nil, errors.New("reset") })
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	_, err = l.Commit(bg, []byte("ok"))
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	require.ErrorIs(t, l.Release(bg), receipts.ErrOutcomeUnknown)
+	require.ErrorIs(t, l.Forget(bg), receipts.ErrOutcomeUnknown)
+	r := e.lookup(k)
+	require.Equal(t, receipts.Pending, r.State)
+	require.True(t, r.Abandoned(e.clock.Now()))
 }
