@@ -407,8 +407,8 @@ type Effects interface {
 // receipts.ErrUnsupported.
 //
 // The journal is bytes the root encodes (and seals per scope); the engine stores them with
-// the record and hands them back in Record.Journal from Claim (a takeover), TakeOver, Lookup
-// and Scan. Every later write of the record keeps them: Renew, Finish, Abandon, a takeover.
+// the record and hands them back in Record.Journal from Claim (a takeover), TakeOver and
+// Lookup (Scan need not). Every later write of the record keeps them: Renew, Finish, Abandon, a takeover.
 // Release keeps a record that has a journal, as it keeps one that was taken over (abandoned,
 // so the next claim takes it over and resumes): the steps it records happened. Forget
 // deletes the record with its journal, and so do retention, GC and erasure.

@@ -35,7 +35,14 @@ import (
 // keeps beside live records are moved and deleted with them, as format 3
 // does, and GC writes them again), and one of format 1 or 2 needs nothing
 // written: GC writes its markers when it drops its epochs.
-const StoreFormat = 4
+//
+// Format 5 adds step journals (receipts' Lease.Step): a record may carry a
+// ninth element, its journal. A version that reads formats up to 4 would
+// take such a record for corrupt, and its Release would delete a claim whose
+// steps happened, so it must refuse a format-5 store. A store of format 1
+// to 4 needs nothing written but its meta, rewritten as format 5 by the
+// first writable open.
+const StoreFormat = 5
 
 // MinStoreFormat is the oldest store format this version reads.
 const MinStoreFormat = 1

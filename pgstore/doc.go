@@ -16,7 +16,7 @@
 // application runs itself; DoTx's fn runs under receipts.Lease.Run, so its outcome follows
 // the contract's rules exactly as Do's, carried out in its transaction.
 //
-// Schema (format 3, in Options.Schema, default "receipts"):
+// Schema (format 4, in Options.Schema, default "receipts"):
 //
 //   - meta: one row: format, epoch width, Retention and LeaseTTL in force, the store's secret, the
 //     maintenance lease (owner, until), and clock: the latest time the store has used (written
@@ -26,7 +26,7 @@
 //     the store, increase across sessions and are never reused, also after records are purged).
 //
 //   - records: one row per key (scope, id, state, fingerprint, token, attempts, per-attempt
-//     nonce, times, result inline), partitioned by epoch = last write / epoch width. Every
+//     nonce, times, result inline, trace context, step journal), partitioned by epoch = last write / epoch width. Every
 //     write moves the row to the current epoch, so a partition is dead once its end plus
 //     Retention has passed, and GC drops whole partitions. Partitions are records_e<epoch>.
 //

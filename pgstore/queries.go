@@ -14,8 +14,11 @@ import (
 // records.meta column; Open migrates format 1 (migrate1). Format 3 changes no table: record
 // writes no longer write markers, GC writes them before it drops a records partition
 // (copyMarkers), so a format-2 binary, whose GC drops partitions without them, must not
-// open it; Open migrates format 2 by setting the number (its markers stay in force).
-const formatVersion = 3
+// open it; Open migrates format 2 by setting the number (its markers stay in force). Format 4
+// adds the records' journal column (steps.go): a format-3 binary would neither read it nor
+// keep a claim with steps on Release, so it must not open it; Open migrates formats 1 to 3 by
+// adding the column and setting the number.
+const formatVersion = 4
 
 // queries holds the engine's SQL with the schema name filled in.
 type queries struct {

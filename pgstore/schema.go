@@ -143,15 +143,16 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 				return fmt.Errorf("migrate format 1 to %d: %w", formatVersion, err)
 			}
 		}
-		if format == 2 {
+		if format == 2 || format == 3 {
 			// format 3 changes no table: its GC writes the markers of the records it drops,
 			// and a format-2 binary, which would drop them without, must refuse the store;
-			// the markers format 2 wrote beside every record stay in force
+			// the markers format 2 wrote beside every record stay in force. Format 4 adds
+			// the journal column (below), which a format-3 binary must not ignore.
 			if _, err := tx.Exec(ctx, `UPDATE `+e.q.schema+`.meta SET format = $1`, formatVersion); err != nil {
-				return fmt.Errorf("migrate format 2 to %d: %w", formatVersion, err)
+				return fmt.Errorf("migrate format %d to %d: %w", format, formatVersion, err)
 			}
 		}
-		if err := e.addJournal(ctx, tx); err != nil {
+		if err := e.addJournal(ctx, tx); err != nil { // formats 1 to 3
 			return fmt.Errorf("add the step journal column: %w", err)
 		}
 		if err := e.loadClock(ctx, tx); err != nil {
@@ -168,7 +169,7 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 	})
 }
 
-// migrate1 brings a format-1 schema to format 3 (in the open's transaction, under the schema
+// migrate1 brings a format-1 schema to format 3 (and Open then to 4) (in the open's transaction, under the schema
 // lock): meta records the tombstone window, records get the reserved meta column, and the
 // markers family is created with a partition beside every records partition; with
 // tombstones on, every record gets its marker (as on Pebble: receipts written before the

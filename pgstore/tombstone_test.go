@@ -425,8 +425,8 @@ func TestTombstoneFormat2Markers(t *testing.T) {
 	}
 	e := d.open(o)
 	var format int
-	if err := e.pool.QueryRow(bg, `SELECT format FROM `+s+`.meta`).Scan(&format); err != nil || format != 3 {
-		t.Fatalf("format %d after the open (%v), want 3", format, err)
+	if err := e.pool.QueryRow(bg, `SELECT format FROM `+s+`.meta`).Scan(&format); err != nil || format != formatVersion {
+		t.Fatalf("format %d after the open (%v), want %d", format, err, formatVersion)
 	}
 	if n := e.markerCount(t); n != 2 {
 		t.Fatalf("%d markers after the open, want 2", n)
