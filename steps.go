@@ -118,7 +118,9 @@ type leaseSteps struct {
 // releasing it keeps the claim (driver.Journals).
 func (l *Lease) hasJournal() bool {
 	st := &l.steps
-	st.mu.Lock()
+	if !st.mu.TryLock() {
+		return true // a step runs (Release called from its fn): what it does may happen
+	}
 	defer st.mu.Unlock()
 	if !st.loaded {
 		return len(st.raw) > 0

@@ -32,6 +32,7 @@ var stepTests = []test{
 	{"StagedEffectCommitsWithTheStep", testStepsStaged},
 	{"SettleStep", testStepsSettle},
 	{"UnknownStepRefusesCommit", testStepsUnknownRefusesCommit},
+	{"ReleaseInsideAStepKeepsTheClaim", testStepsReleaseInside},
 }
 
 // stepsEnv opens a store, skipping the test on an engine without steps.
@@ -533,4 +534,19 @@ func testStepsUnknownRefusesCommit(t *testing.T, s Store) {
 	r := e.lookup(k)
 	require.Equal(t, receipts.Pending, r.State)
 	require.True(t, r.Abandoned(e.clock.Now()))
+}
+
+// Release called from a step's fn (the step is under way: what it does may happen) keeps the
+// claim, abandoned, rather than freeing the key.
+func testStepsReleaseInside(t *testing.T, s Store) {
+	e := stepsEnv(t, s, nil)
+	k := key("a", "k")
+	l := e.claim(k, "fp")
+	_, err := l.Step(bg, "one", nil, func(context.Context, *receipts.Step) ([]byte, error) {
+		require.NoError(t, l.Release(bg))
+		return nil, receipts.NotPerformed(errors.New("gave up"))
+	})
+	require.Error(t, err)
+	r := e.lookup(k)
+	require.Equal(t, receipts.Pending, r.State, "the claim is kept")
 }
