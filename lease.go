@@ -43,6 +43,9 @@ type Lease struct {
 	// stepUnknown: a step's outcome is unknown (steps.go): the claim is abandoned and never
 	// released, as for effectEnded.
 	stepUnknown atomic.Bool
+	// abandoned: abandonUnknown abandoned the claim, so a second outcome that cannot be
+	// recorded (a step's, then the action's) does not abandon, count and report it again.
+	abandoned atomic.Bool
 }
 
 // Key returns the operation's key.

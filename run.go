@@ -196,9 +196,13 @@ func (l *Lease) outcomeUnknown(why string, causes ...error) error {
 // wrapping ErrLeaseLost if another caller took the key over (its holder
 // reconciles), or the failure to abandon (logged).
 func (l *Lease) abandonUnknown(ctx context.Context) error {
+	if l.abandoned.Load() { // already, by a step whose outcome is unknown
+		return nil
+	}
 	err := l.abandon(ctx)
 	switch {
 	case err == nil:
+		l.abandoned.Store(true)
 		return nil
 	case errors.Is(err, ErrLeaseLost):
 		return err

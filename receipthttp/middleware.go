@@ -257,7 +257,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 // renews the lease, keeps Close waiting and records the outcome) and settles
 // the claim according to Config.Policy before the client sees the response.
 func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipts.Lease) {
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease, steps: &stepWatch{}}
 	// From here on the effect may start: the client leaving must not cut the
 	// handler short or keep the outcome from being recorded.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), attemptKey{}, a)
@@ -270,6 +270,11 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	_, err := lease.Run(ctx, func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
 		h.next.ServeHTTP(rw, r.WithContext(ctx))
 		ran = true
+		if err := a.steps.err(); err != nil {
+			// A step's outcome is unknown, or a step did not match the
+			// journal: whatever the handler wrote is not the outcome.
+			return nil, err
+		}
 		if rw.mode != buffering {
 			// Streamed, too large or hijacked: the client already has the
 			// response (or the connection); nothing can be stored.
@@ -300,6 +305,8 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	switch {
 	case !ran: // Close began before the handler could start
 		h.problem(w, r, claimProblem(h.cfg.Header, a.Key, err))
+	case a.steps.err() != nil && rw.mode == buffering:
+		h.stepProblem(w, r, a, err)
 	case (outcome == Succeed || outcome == Fail) && errors.Is(err, receipts.ErrOutcomeUnknown):
 		if tooLarge > 0 {
 			h.cfg.Logger.WarnContext(ctx, "receipthttp: response too large to store; claim abandoned",
@@ -319,6 +326,28 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 		// settle is logged by the store).
 		rw.emit(r)
 	}
+}
+
+// stepProblem answers a request whose step's outcome is unknown (503
+// ProblemNotRecorded) or did not match the key's journal (500
+// ProblemStepMismatch), in place of what the handler wrote; err is Run's.
+func (h *handler) stepProblem(w http.ResponseWriter, r *http.Request, a *Attempt, err error) {
+	name, mismatch := a.steps.failed()
+	clear(w.Header())
+	if mismatch {
+		h.cfg.Logger.ErrorContext(r.Context(), "receipthttp: a step does not match the key's journal; claim abandoned for an operator",
+			h.db.LogKey(a.Key), "step", name, "err", err)
+		h.problem(w, r, &Problem{Type: ProblemStepMismatch, Title: "Step mismatch", Status: http.StatusInternalServerError,
+			Detail: fmt.Sprintf("step %q does not match the steps recorded for this %s (the service changed while the request was in flight); nothing was run, and an operator must settle it", name, h.cfg.Header),
+			Step:   name, Err: err})
+		return
+	}
+	h.cfg.Logger.WarnContext(r.Context(), "receipthttp: a step's outcome is unknown; claim abandoned",
+		h.db.LogKey(a.Key), "step", name, "err", err)
+	h.problem(w, r, &Problem{Type: ProblemNotRecorded, Title: "Outcome not recorded",
+		Status: http.StatusServiceUnavailable, RetryAfter: 1,
+		Detail: fmt.Sprintf("the outcome of step %q of this request is unknown; retry with the same %s: the retry resumes at that step", name, h.cfg.Header),
+		Step:   name, Err: err})
 }
 
 // errNotBuffered abandons the claim of a response the client already has.

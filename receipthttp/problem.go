@@ -26,7 +26,17 @@ const (
 	ProblemBodyTooLarge = "tag:receiptstore.github.io,2026:receipthttp/body-too-large"
 	ProblemBadRequest   = "tag:receiptstore.github.io,2026:receipthttp/bad-request"
 	ProblemUnauthorized = "tag:receiptstore.github.io,2026:receipthttp/unauthorized"
-	ProblemNotRecorded  = "tag:receiptstore.github.io,2026:receipthttp/not-recorded"
+	// ProblemNotRecorded (503, with Retry-After): the outcome could not be
+	// recorded, or a step of the action has an unknown outcome (then
+	// Problem.Step names it); the claim is abandoned. Retry with the same
+	// key: the retry runs as a recovered attempt, and resumes at the step.
+	ProblemNotRecorded = "tag:receiptstore.github.io,2026:receipthttp/not-recorded"
+	// ProblemStepMismatch (500): the handler called a step that does not
+	// match the key's journal (receipts.ErrStepMismatch; Problem.Step names
+	// it): the service's code changed while the action was in flight.
+	// Nothing ran, and the claim stays abandoned until an operator settles
+	// it; a retry with the same key gets the same answer.
+	ProblemStepMismatch = "tag:receiptstore.github.io,2026:receipthttp/step-mismatch"
 	ProblemUnavailable  = "tag:receiptstore.github.io,2026:receipthttp/unavailable"
 	ProblemInternal     = "tag:receiptstore.github.io,2026:receipthttp/internal"
 )
@@ -43,6 +53,10 @@ type Problem struct {
 	Status int `json:"status"`
 	// Detail explains this occurrence of the problem.
 	Detail string `json:"detail,omitempty"`
+	// Step, for ProblemNotRecorded and ProblemStepMismatch, names the step
+	// of the action (Attempt.Step) whose outcome is unknown, or that did not
+	// match the key's journal.
+	Step string `json:"step,omitempty"`
 	// RetryAfter, when positive, is sent as the Retry-After header (whole
 	// seconds, rounded up).
 	RetryAfter int `json:"-"`

@@ -2,6 +2,9 @@ package receiptmcp
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/receiptstore/receipts"
@@ -35,6 +38,7 @@ type Attempt struct {
 
 	lease  *receipts.Lease // the claim's lease
 	staged atomic.Bool     // Stage was called
+	steps  stepWatch       // what the steps told
 }
 
 type attemptKey struct{}
@@ -62,4 +66,84 @@ func (a *Attempt) Stage(effect receipts.Effect) {
 	}
 	a.staged.Store(true)
 	a.lease.Stage(effect)
+}
+
+// Step runs fn as the next step of the tool's action, unless the key's
+// journal holds it finished: then it returns the recorded result without
+// calling fn (receipts.Lease.Step). A retry resumes the work: the steps an
+// earlier attempt finished are not run again, on any node, and the step
+// whose outcome is unknown runs again with Step.Recovered() == true and the
+// same Step.ProviderKey, the key to forward to its provider. Steps are
+// matched by position, name and fingerprint; fn's error is read as Do
+// reads it (nil, receipts.NotPerformed, receipts.Permanent, anything else:
+// unknown).
+//
+// The middleware answers for the steps whatever the handler returns:
+//   - a step whose outcome is unknown (fn failed in an unknown way or
+//     panicked, or its outcome could not be recorded) abandons the claim at
+//     once: nothing is stored, and the client gets CodeNotRecorded
+//     (TypeNotRecorded) with the step's name in data.step; its retry runs as
+//     a recovered attempt and resumes at that step;
+//   - a step that does not match the key's journal (receipts.ErrStepMismatch:
+//     the code changed while the action was in flight) runs nothing, the
+//     claim is abandoned, and the client gets CodeInternal with
+//     TypeStepMismatch and the name in data.step; an operator settles the
+//     key (receiptctl).
+func (a *Attempt) Step(ctx context.Context, name string, fingerprint []byte, fn func(ctx context.Context, s *receipts.Step) ([]byte, error)) ([]byte, error) {
+	if a.lease == nil {
+		panic("receiptmcp: Step on an Attempt not made by the middleware")
+	}
+	res, err := a.lease.Step(ctx, name, fingerprint, fn)
+	if err != nil {
+		a.steps.note(name, err)
+	}
+	return res, err
+}
+
+// stepWatch is what the steps of an attempt told the middleware: the first
+// step whose outcome became unknown, or that did not match the journal.
+type stepWatch struct {
+	mu       sync.Mutex
+	unknown  string // the step whose outcome is unknown
+	mismatch string // the step that did not match the key's journal
+}
+
+// note records what Step's error says about step name.
+func (w *stepWatch) note(name string, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.unknown != "" || w.mismatch != "" {
+		return // the first one ended the attempt's steps; later steps report it again
+	}
+	switch {
+	case errors.Is(err, receipts.ErrStepMismatch):
+		w.mismatch = name
+	case errors.Is(err, receipts.ErrOutcomeUnknown):
+		w.unknown = name
+	}
+}
+
+// failed returns the step that ended the attempt's steps ("" for none), and
+// whether it did not match the journal (else its outcome is unknown).
+func (w *stepWatch) failed() (name string, mismatch bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.mismatch != "" {
+		return w.mismatch, true
+	}
+	return w.unknown, false
+}
+
+// err is the error that abandons the claim of an attempt whose steps ended
+// with a step that failed (nil if none did): its result is not the
+// action's outcome.
+func (w *stepWatch) err() error {
+	name, mismatch := w.failed()
+	switch {
+	case name == "":
+		return nil
+	case mismatch:
+		return fmt.Errorf("receiptmcp: step %q: %w", name, receipts.ErrStepMismatch)
+	}
+	return fmt.Errorf("receiptmcp: step %q: %w", name, receipts.ErrOutcomeUnknown)
 }

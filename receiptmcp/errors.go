@@ -29,8 +29,9 @@ const (
 	// its key by.
 	CodeUnauthenticated int64 = -31401
 	// CodeNotRecorded: the tool ran but its outcome could not be recorded,
-	// and its effects staged with Attempt.Stage were not applied. Retry
-	// with the same key.
+	// and its effects staged with Attempt.Stage were not applied; or a step
+	// of its action has an unknown outcome (data.step names it). Retry
+	// with the same key: the retry resumes at the step.
 	CodeNotRecorded int64 = -31503
 	// CodeInternal (-32603) is used when a stored result cannot be read or
 	// the store fails.
@@ -57,6 +58,12 @@ const (
 	TypeScopeMissing = "idempotency_scope_missing"
 	// TypeNotRecorded: the outcome could not be recorded (CodeNotRecorded).
 	TypeNotRecorded = "idempotency_outcome_not_recorded"
+	// TypeStepMismatch: the tool called a step that does not match the
+	// key's journal (receipts.ErrStepMismatch; data.step names it), with
+	// CodeInternal: the server's code changed while the action was in
+	// flight. Nothing ran; the claim stays abandoned until an operator
+	// settles it, and a retry with the same key gets the same answer.
+	TypeStepMismatch = "idempotency_step_mismatch"
 	// TypeStoreFailure: the receipt store failed (CodeInternal).
 	TypeStoreFailure = "idempotency_store_failure"
 	// TypeInvalidArguments: the arguments are not valid JSON.
@@ -75,6 +82,10 @@ type ErrorData struct {
 	// RetryAfterMs, for TypeInProgress and TypeNotRecorded, is how long to
 	// wait before retrying with the same key, in milliseconds (at least 1).
 	RetryAfterMs int64 `json:"retryAfterMs,omitempty"`
+	// Step, for TypeNotRecorded and TypeStepMismatch, names the step of the
+	// tool's action (Attempt.Step) whose outcome is unknown, or that did not
+	// match the key's journal.
+	Step string `json:"step,omitempty"`
 }
 
 // RetryAfter returns RetryAfterMs as a duration.

@@ -265,6 +265,11 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	_, err := lease.Run(hctx, func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
 		res, herr = next(ctx, methodCallTool, req)
 		ran = true
+		if err := a.steps.err(); err != nil {
+			// A step's outcome is unknown, or a step did not match the
+			// journal: whatever the tool returned is not the outcome.
+			return nil, err
+		}
 		if herr != nil {
 			var je *jsonrpc.Error
 			if errors.As(herr, &je) {
@@ -297,6 +302,8 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	switch {
 	case !ran: // Close began before the handler could start
 		return nil, m.claimError(tool, a.Key, err)
+	case a.steps.err() != nil:
+		return nil, m.stepError(ctx, tool, a, err)
 	case herr != nil:
 		return nil, herr
 	case tr != nil && errors.Is(err, receipts.ErrOutcomeUnknown):
@@ -313,6 +320,25 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 		// is uncertain (Recovered).
 	}
 	return res, nil
+}
+
+// stepError answers a call whose step's outcome is unknown
+// (CodeNotRecorded) or did not match the key's journal (TypeStepMismatch),
+// in place of what the tool returned; err is Run's.
+func (m *middleware) stepError(ctx context.Context, tool string, a *Attempt, err error) error {
+	name, mismatch := a.steps.failed()
+	if mismatch {
+		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: a step does not match the key's journal; claim abandoned for an operator",
+			m.db.LogKey(a.Key), "tool", tool, "step", name, "err", err)
+		return newError(CodeInternal,
+			fmt.Sprintf("step %q does not match the steps recorded for this operation key (the server changed while the call was in flight); nothing was run, and an operator must settle it", name),
+			ErrorData{Type: TypeStepMismatch, Tool: tool, MetaKey: m.cfg.MetaKey, Step: name})
+	}
+	m.cfg.Logger.WarnContext(ctx, "receiptmcp: a step's outcome is unknown; claim abandoned",
+		m.db.LogKey(a.Key), "tool", tool, "step", name, "err", err)
+	return newError(CodeNotRecorded,
+		fmt.Sprintf("the outcome of step %q is unknown; retry with the same operation key: the retry resumes at that step", name),
+		ErrorData{Type: TypeNotRecorded, Tool: tool, MetaKey: m.cfg.MetaKey, RetryAfterMs: 1000, Step: name})
 }
 
 var (
