@@ -43,6 +43,8 @@ var httpTests = []faceTest{
 	{"CloseDuringHandlerKeepsReceipt", testHTTPCloseDuringHandler},
 	{"StagedEffectCommitsWithTheReceipt", testHTTPEffect},
 	{"SettledByHandIsReplayed", testHTTPSettledByHand},
+	{"StepsResumeOnTheOtherNode", testHTTPStepsResume},
+	{"StepMismatchIsRefused", testHTTPStepMismatch},
 }
 
 // httpFace is two nodes serving the kit's HTTP application.
@@ -51,6 +53,7 @@ type httpFace struct {
 	runs   runs
 	gate   atomic.Pointer[gate]
 	client *http.Client
+	steps  faceSteps // the steps the application runs, for the keys a test plans
 
 	mu sync.Mutex
 	fx map[string]receipts.Effect // protected by mu: the effects X-Effect names
@@ -67,9 +70,10 @@ func (r httpResp) replayed() bool { return r.header.Get(receipthttp.ReplayedHead
 
 // item is the body the kit's application answers with.
 type item struct {
-	ID    int64  `json:"id"`
-	Title string `json:"title"`
-	Node  string `json:"node"`
+	ID    int64    `json:"id"`
+	Title string   `json:"title"`
+	Node  string   `json:"node"`
+	Steps []string `json:"steps,omitempty"` // the results of the steps the test planned
 }
 
 func newHTTPFace(t *testing.T, f *faceEnv) *httpFace {
@@ -90,8 +94,10 @@ func httpScope(r *http.Request) (string, error) {
 // app is the application behind node's middleware: it creates an item from
 // the body's title, numbered by its run, and answers 201 with it (or the
 // status in X-Status), with X-Attempt and X-Recovered from its Attempt. It
-// waits at the test's gate (if any), and stages
-// the effect named by X-Effect (made by the test with h.effect).
+// waits at the test's gate (if any), stages
+// the effect named by X-Effect (made by the test with h.effect), and runs
+// the steps the test planned for the key (h.steps.plan), answering 500 if
+// one fails.
 func (h *httpFace) app(node string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := h.runs.add()
@@ -118,6 +124,15 @@ func (h *httpFace) app(node string) http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		var steps []string
+		if p, ok := h.steps.planned(a.Key.ID); ok {
+			out, err := h.steps.run(r.Context(), a.Key.ID, p, a.Step)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			steps = out
+		}
 		status := http.StatusCreated
 		if s, err := strconv.Atoi(r.Header.Get("X-Status")); err == nil {
 			status = s
@@ -127,7 +142,7 @@ func (h *httpFace) app(node string) http.Handler {
 		w.Header().Set("X-Attempt", strconv.FormatUint(uint64(a.Number), 10))
 		w.Header().Set("X-Recovered", strconv.FormatBool(a.Recovered))
 		w.WriteHeader(status)
-		_ = json.NewEncoder(w).Encode(item{ID: n, Title: in.Title, Node: node})
+		_ = json.NewEncoder(w).Encode(item{ID: n, Title: in.Title, Node: node, Steps: steps})
 	})
 }
 
@@ -570,4 +585,77 @@ func testHTTPSettledByHand(t *testing.T, f *faceEnv) {
 	require.Equal(t, `{"id":7}`, string(got.body))
 	require.Equal(t, "/items/7", got.header.Get("Location"))
 	h.runs.want(t, 1, "after the retry")
+}
+
+// A handler of three steps (reserve, charge, notify) whose third step's
+// reply is lost on node A (the provider performed it): the client gets 503
+// ProblemNotRecorded naming the step in "step", not the handler's answer,
+// and the claim is abandoned with the journal holding reserve and charge
+// done and notify started. The retry on node B resumes: reserve and charge
+// are not run again (their results come from the journal), notify runs
+// Recovered with the same Step.ProviderKey (the provider, which
+// deduplicates by it, performs it once), and the response is stored once:
+// every later retry, on either node, is its replay.
+func testHTTPStepsResume(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	k, body := key("alice", "op-trip"), `{"title":"trip"}`
+	h.steps.plan(k.ID, tripSteps, "notify")
+	lost := h.post(a, k.Scope, k.ID, body)
+	p := wantProblem(t, lost, http.StatusServiceUnavailable, receipthttp.ProblemNotRecorded, "a request whose step's reply was lost")
+	require.Equal(t, "notify", p.Step, "the problem names the uncertain step: %s", lost.body)
+	require.NotEmpty(t, lost.header.Get("Retry-After"))
+	wantJournal(t, f.b, k, tripSteps, []receipts.State{receipts.Succeeded, receipts.Succeeded, receipts.Pending}, "after the lost reply")
+	rec, err := f.b.Lookup(bg, k)
+	require.NoError(t, err)
+	require.True(t, rec.Abandoned(f.clock.Now()), "the uncertain step abandons the claim")
+
+	h.steps.plan(k.ID, tripSteps, "") // the provider answers this time
+	retry := h.post(b, k.Scope, k.ID, body)
+	it := wantFirst(t, retry, "the retry on node B")
+	require.Equal(t, "b", it.Node)
+	require.Equal(t, "true", retry.header.Get("X-Recovered"), "the retry runs Recovered")
+	require.Equal(t, []string{"reserve done", "charge done", "notify done"}, it.Steps)
+	h.steps.wantResumed(t, k.ID)
+	for i, srv := range []*httptest.Server{a, b} {
+		wantReplay(t, retry, h.post(srv, k.Scope, k.ID, body), fmt.Sprintf("retry %d after the resumed one", i))
+	}
+	h.runs.want(t, 2, "a request, its resumed retry and two replays")
+	h.steps.wantResumed(t, k.ID)
+	wantJournal(t, f.db, k, tripSteps, []receipts.State{receipts.Succeeded, receipts.Succeeded, receipts.Succeeded}, "after the retry")
+}
+
+// A retry whose handler calls another step than the key's journal holds at
+// its position (the service was changed while the request was in flight)
+// gets 500 ProblemStepMismatch naming the step, on either node: no step's
+// fn runs, the journal is unchanged and the claim stays abandoned. A retry
+// that calls the recorded steps again resumes at the uncertain one.
+func testHTTPStepMismatch(t *testing.T, f *faceEnv) {
+	h := newHTTPFace(t, f)
+	a, b := h.nodes(receipthttp.Config{})
+	k, body := key("alice", "op-trip"), `{"title":"trip"}`
+	h.steps.plan(k.ID, tripSteps, "charge")
+	p := wantProblem(t, h.post(a, k.Scope, k.ID, body), http.StatusServiceUnavailable, receipthttp.ProblemNotRecorded, "a lost reply")
+	require.Equal(t, "charge", p.Step)
+
+	h.steps.plan(k.ID, []string{"reserve", "refund", "notify"}, "")
+	for _, srv := range []*httptest.Server{b, a} {
+		p := wantProblem(t, h.post(srv, k.Scope, k.ID, body), http.StatusInternalServerError, receipthttp.ProblemStepMismatch, "a retry that calls another step")
+		require.Equal(t, "refund", p.Step, "the problem names the step that does not match")
+	}
+	for name, want := range map[string]int{"reserve": 1, "charge": 1, "refund": 0, "notify": 0} {
+		require.Len(t, h.steps.stepRuns(k.ID, name), want, "runs of step %s after the mismatches", name)
+	}
+	wantJournal(t, f.b, k, tripSteps[:2], []receipts.State{receipts.Succeeded, receipts.Pending}, "after the mismatches")
+	rec, err := f.b.Lookup(bg, k)
+	require.NoError(t, err)
+	require.True(t, rec.Abandoned(f.clock.Now()), "a mismatch leaves the claim abandoned")
+
+	h.steps.plan(k.ID, tripSteps, "")
+	it := wantFirst(t, h.post(b, k.Scope, k.ID, body), "a retry with the recorded steps")
+	require.Equal(t, []string{"reserve done", "charge done", "notify done"}, it.Steps)
+	charge := h.steps.stepRuns(k.ID, "charge")
+	require.Len(t, charge, 2)
+	require.True(t, charge[1].recovered, "the uncertain step runs Recovered")
+	require.Len(t, h.steps.stepRuns(k.ID, "reserve"), 1, "a finished step never runs again")
 }

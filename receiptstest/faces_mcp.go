@@ -45,13 +45,16 @@ var mcpTests = []faceTest{
 	{"CloseDuringToolCallKeepsReceipt", testMCPCloseDuringCall},
 	{"StagedEffectCommitsWithTheReceipt", testMCPEffect},
 	{"SettledByHandIsReplayed", testMCPSettledByHand},
+	{"StepsResumeOnTheOtherNode", testMCPStepsResume},
+	{"StepMismatchIsRefused", testMCPStepMismatch},
 }
 
 // mcpFace is two nodes serving the kit's MCP tool.
 type mcpFace struct {
 	*faceEnv
-	runs runs
-	gate atomic.Pointer[gate]
+	runs  runs
+	gate  atomic.Pointer[gate]
+	steps faceSteps // the steps the tool runs, for the keys a test plans
 
 	mu sync.Mutex
 	fx map[string]receipts.Effect // protected by mu: the effects itemIn.Effect names
@@ -130,7 +133,15 @@ func (m *mcpFace) serve(node string, db *receipts.DB, cfg receiptmcp.Config) *ht
 		if in.Refuse {
 			return nil, itemOut{}, fmt.Errorf("refused %q (run %d)", in.Title, n) // isError
 		}
-		return nil, itemOut{item: item{ID: n, Title: in.Title, Node: node}, Attempt: a.Number, Recovered: a.Recovered}, nil
+		var steps []string
+		if p, ok := m.steps.planned(a.Key.ID); ok {
+			out, err := m.steps.run(ctx, a.Key.ID, p, a.Step)
+			if err != nil {
+				return nil, itemOut{}, err
+			}
+			steps = out
+		}
+		return nil, itemOut{item: item{ID: n, Title: in.Title, Node: node, Steps: steps}, Attempt: a.Number, Recovered: a.Recovered}, nil
 	})
 	s.AddTool(crashItem, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		m.runs.add()
@@ -601,4 +612,77 @@ func testMCPSettledByHand(t *testing.T, f *faceEnv) {
 	require.Equal(t, "created 7", got.res.Content[0].(*mcp.TextContent).Text)
 	require.Equal(t, map[string]any{"id": 7.0}, got.res.StructuredContent)
 	m.runs.want(t, 1, "after the retry")
+}
+
+// A tool of three steps (reserve, charge, notify) whose third step's reply
+// is lost on node A (the provider performed it): the client gets
+// CodeNotRecorded naming the step in data.step, not the tool's answer, and
+// the claim is abandoned with the journal holding reserve and charge done
+// and notify started. The retry on node B resumes: reserve and charge are
+// not run again, notify runs Recovered with the same Step.ProviderKey (the
+// provider, which deduplicates by it, performs it once), and the result is
+// stored once: every later retry, on either node, is its replay.
+func testMCPStepsResume(t *testing.T, f *faceEnv) {
+	m := newMCPFace(f)
+	a, b := m.nodes(receiptmcp.Config{Wait: -1})
+	csA, csB := m.connect(a, "alice"), m.connect(b, "alice")
+	k := receipts.Key{Scope: "alice", ID: receiptmcp.NewOperationKey()}
+	m.steps.plan(k.ID, tripSteps, "notify")
+	d := wantMCPError(t, callItem(csA, k.ID, "trip"), receiptmcp.CodeNotRecorded, receiptmcp.TypeNotRecorded, "a call whose step's reply was lost")
+	require.Equal(t, "notify", d.Step, "data.step names the uncertain step")
+	require.Positive(t, d.RetryAfterMs)
+	wantJournal(t, f.b, k, tripSteps, []receipts.State{receipts.Succeeded, receipts.Succeeded, receipts.Pending}, "after the lost reply")
+	rec, err := f.b.Lookup(bg, k)
+	require.NoError(t, err)
+	require.True(t, rec.Abandoned(f.clock.Now()), "the uncertain step abandons the claim")
+
+	m.steps.plan(k.ID, tripSteps, "") // the provider answers this time
+	retry := callItem(csB, k.ID, "trip")
+	out := wantMCPFirst(t, retry, "the retry on node B")
+	require.Equal(t, "b", out.Node)
+	require.True(t, out.Recovered, "the retry runs Recovered")
+	require.Equal(t, []string{"reserve done", "charge done", "notify done"}, out.Steps)
+	m.steps.wantResumed(t, k.ID)
+	for i, cs := range []*mcp.ClientSession{csA, csB} {
+		wantMCPReplay(t, retry.res, callItem(cs, k.ID, "trip"), fmt.Sprintf("retry %d after the resumed one", i))
+	}
+	m.runs.want(t, 2, "a call, its resumed retry and two replays")
+	m.steps.wantResumed(t, k.ID)
+	wantJournal(t, f.db, k, tripSteps, []receipts.State{receipts.Succeeded, receipts.Succeeded, receipts.Succeeded}, "after the retry")
+}
+
+// A retry whose tool calls another step than the key's journal holds at
+// its position (the server was changed while the call was in flight) gets
+// TypeStepMismatch naming the step in data.step, on either node: no step's
+// fn runs, the journal is unchanged and the claim stays abandoned. A retry
+// that calls the recorded steps again resumes at the uncertain one.
+func testMCPStepMismatch(t *testing.T, f *faceEnv) {
+	m := newMCPFace(f)
+	a, b := m.nodes(receiptmcp.Config{Wait: -1})
+	csA, csB := m.connect(a, "alice"), m.connect(b, "alice")
+	k := receipts.Key{Scope: "alice", ID: receiptmcp.NewOperationKey()}
+	m.steps.plan(k.ID, tripSteps, "charge")
+	d := wantMCPError(t, callItem(csA, k.ID, "trip"), receiptmcp.CodeNotRecorded, receiptmcp.TypeNotRecorded, "a lost reply")
+	require.Equal(t, "charge", d.Step)
+
+	m.steps.plan(k.ID, []string{"reserve", "refund", "notify"}, "")
+	for _, cs := range []*mcp.ClientSession{csB, csA} {
+		d := wantMCPError(t, callItem(cs, k.ID, "trip"), receiptmcp.CodeInternal, receiptmcp.TypeStepMismatch, "a retry that calls another step")
+		require.Equal(t, "refund", d.Step, "data.step names the step that does not match")
+	}
+	for name, want := range map[string]int{"reserve": 1, "charge": 1, "refund": 0, "notify": 0} {
+		require.Len(t, m.steps.stepRuns(k.ID, name), want, "runs of step %s after the mismatches", name)
+	}
+	wantJournal(t, f.b, k, tripSteps[:2], []receipts.State{receipts.Succeeded, receipts.Pending}, "after the mismatches")
+	rec, err := f.b.Lookup(bg, k)
+	require.NoError(t, err)
+	require.True(t, rec.Abandoned(f.clock.Now()), "a mismatch leaves the claim abandoned")
+
+	m.steps.plan(k.ID, tripSteps, "")
+	out := wantMCPFirst(t, callItem(csB, k.ID, "trip"), "a retry with the recorded steps")
+	require.Equal(t, []string{"reserve done", "charge done", "notify done"}, out.Steps)
+	charge := m.steps.stepRuns(k.ID, "charge")
+	require.Len(t, charge, 2)
+	require.True(t, charge[1].recovered, "the uncertain step runs Recovered")
+	require.Len(t, m.steps.stepRuns(k.ID, "reserve"), 1, "a finished step never runs again")
 }
