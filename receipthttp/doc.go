@@ -91,6 +91,14 @@
 // the effect and its receipt are durable together or not at all, on every
 // engine.
 //
+// A handler of several steps (reserve, charge, notify) runs each with
+// Attempt.Step (receipts.Lease.Step): a retry resumes the work, finished
+// steps are not run again, and the step whose outcome is unknown runs
+// again as recovered with the same Step.ProviderKey. Such a step abandons
+// the claim and answers 503 ProblemNotRecorded with the step's name in the
+// problem's "step" member, whatever the handler writes after it; a step
+// that does not match the key's journal answers 500 ProblemStepMismatch.
+//
 // # Settling by hand
 //
 // An abandoned claim (its handler answered 5xx, panicked, or its process

@@ -32,6 +32,13 @@
 // (receipts.EffectOn: a *pebble.Batch on the embedded engine, a pgx.Tx on PostgreSQL) that
 // commits atomically with the receipt, on every engine.
 //
+// A tool of several steps (reserve, charge, notify) runs each with
+// Attempt.Step (receipts.Lease.Step): a retry resumes the work, finished
+// steps are not run again, and the step whose outcome is unknown runs
+// again Recovered with the same Step.ProviderKey. Such a step abandons the
+// claim and answers CodeNotRecorded with the step's name in data.step; a
+// step that does not match the key's journal answers TypeStepMismatch.
+//
 // # Host (client)
 //
 //	client := mcp.NewClient(&mcp.Implementation{Name: "host"}, nil)
