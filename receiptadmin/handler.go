@@ -26,7 +26,8 @@ import (
 // and dispatches on the last element of the request path, so it works
 // mounted under any prefix, with or without http.StripPrefix:
 //
-//	.../get?scope=S&id=I    one record in any state: Receipt (404 if none)
+//	.../get?scope=S&id=I    one record in any state: Receipt (404 if none), with
+//	                        the key's step journal (Receipt.Steps)
 //	.../list?scope=S&state=pending|succeeded|failed&abandoned=true&limit=N
 //	                        the records a Filter with those fields selects,
 //	                        streamed: List
@@ -99,7 +100,14 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) {
 		adminError(w, adminStatus(err), err)
 		return
 	}
-	writeJSON(w, NewReceipt(rec, now))
+	a := NewReceipt(rec, now)
+	steps, err := h.db.Steps(r.Context(), k)
+	if err != nil && !errors.Is(err, receipts.ErrNotFound) { // gone since: shown without steps
+		adminError(w, adminStatus(err), err)
+		return
+	}
+	a.Steps = NewSteps(steps, a.Abandoned)
+	writeJSON(w, a)
 }
 
 // parseFilter reads a Filter from the query parameters of the list

@@ -34,6 +34,66 @@ type Receipt struct {
 	UpdatedAt      time.Time `json:"updated_at"`
 	ExpiresAt      time.Time `json:"expires_at"`
 	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
+	// Steps is the key's step journal (receipts.DB.Steps), in order, for a key whose
+	// action took steps (Lease.Step); absent otherwise, and in lists (the get endpoint
+	// and `receiptctl get` fill it).
+	Steps []Step `json:"steps,omitempty"`
+}
+
+// Step is the JSON form of one receipts.StepRecord of a key's step journal.
+type Step struct {
+	Index int    `json:"index"`
+	Name  string `json:"name"`
+	// State is "succeeded" or "failed" once the step is recorded, "pending" while it has
+	// started without an outcome.
+	State string `json:"state"`
+	// Uncertain marks the pending step of an abandoned claim: it started, its holder is
+	// gone, and whether its effect happened is unknown. The next attempt runs it again,
+	// Recovered, with the same ProviderKey, unless an operator settles it first
+	// (`receiptctl reconcile SCOPE ID --step NAME`). At most one step is uncertain.
+	Uncertain bool `json:"uncertain,omitempty"`
+	// Fingerprint is the step's fingerprint, in hex ("" for none).
+	Fingerprint string `json:"fingerprint"`
+	// Result is the step's recorded result, base64 in JSON; null while pending.
+	Result []byte `json:"result"`
+	// At is when the step was recorded (for a pending step: when it started).
+	At time.Time `json:"at"`
+	// ProviderKey is the idempotency key the step forwarded to its provider
+	// (receipts.Step.ProviderKey): ask the provider about it to settle the step.
+	ProviderKey string `json:"provider_key"`
+}
+
+// NewSteps returns the JSON form of a key's step journal; abandoned says whether the key's
+// claim is abandoned (Receipt.Abandoned), which makes its pending step Uncertain. It
+// returns nil for no steps.
+func NewSteps(steps []receipts.StepRecord, abandoned bool) []Step {
+	if len(steps) == 0 {
+		return nil
+	}
+	out := make([]Step, len(steps))
+	for i, s := range steps {
+		out[i] = Step{
+			Index:       s.Index,
+			Name:        s.Name,
+			State:       s.State.String(),
+			Uncertain:   abandoned && s.State == receipts.Pending,
+			Fingerprint: hex.EncodeToString(s.Fingerprint),
+			Result:      s.Result,
+			At:          utc(s.At),
+			ProviderKey: s.ProviderKey,
+		}
+	}
+	return out
+}
+
+// UncertainStep returns the step of a's journal whose outcome is unknown, nil if none.
+func (a *Receipt) UncertainStep() *Step {
+	for i := range a.Steps {
+		if a.Steps[i].Uncertain {
+			return &a.Steps[i]
+		}
+	}
+	return nil
 }
 
 // NewReceipt returns the JSON form of r, read at now (which decides

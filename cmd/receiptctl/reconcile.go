@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -22,6 +23,28 @@ type reconcileRow struct {
 	LeaseEnded  time.Time `json:"lease_expired_at"`
 	ProviderKey string    `json:"provider_key"`
 	Face        string    `json:"face,omitempty"` // receipthttp or receiptmcp: the front end that claimed the key
+	// Step is the claim's uncertain step, if its action took steps: the one that started
+	// and whose outcome is unknown (settle it with --step).
+	Step *reconcileStep `json:"step,omitempty"`
+}
+
+// reconcileStep is an abandoned claim's uncertain step (--json).
+type reconcileStep struct {
+	Index       int    `json:"index"`
+	Name        string `json:"name"`
+	ProviderKey string `json:"provider_key"`
+}
+
+// stepResult is what settling one step did (--json).
+type stepResult struct {
+	Scope       string `json:"scope"`
+	ID          string `json:"id"`
+	Step        string `json:"step"`
+	Index       int    `json:"index"`
+	ProviderKey string `json:"provider_key"`
+	Settled     string `json:"settled"` // done, failed or not_done
+	Attempts    uint32 `json:"attempts"`
+	Token       uint64 `json:"token"`
 }
 
 // reconcileResult is what settling one claim did (--json).
@@ -52,6 +75,10 @@ func (a *app) reconcileCmd() *cobra.Command {
 		httpBody           string
 		httpHeaders        []string
 		mcpResult          string
+		step               string
+		stepDone, stepFail bool
+		stepNotDone        bool
+		stepResult         string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconcile [SCOPE ID]",
@@ -78,6 +105,18 @@ front ends mark the fingerprints they store):
                         (a CallToolResult: {"content":[...],"structuredContent":
                         ...,"isError":false}); isError results as Failed
 
+A claim whose action took steps (receipts.Lease.Step) resumes: its recorded
+steps are never run again. The list's STEP column names its uncertain step,
+the one that started when the holder was lost (get shows the journal). Ask
+the provider about that step's provider key (get shows it), then settle the
+step alone; the claim is abandoned again at once, and the next retry resumes
+the action after it:
+
+  --step NAME --done [--result RESULT]    the step happened, with RESULT
+  --step NAME --failed [--result RESULT]  it failed for good (the retry gets ErrFailed)
+  --step NAME --not-done                  it did not happen: the retry runs it again,
+                                          as never started
+
 --commit and --fail are refused on a front end's key (its retries would be
 answered with an error for the whole retention), and nothing is written. On a
 key no front end marked (claimed by Do, or by a front end older than the
@@ -97,7 +136,9 @@ reconcile.Reconciler.`,
   receiptctl --pg postgres://app@db/app reconcile acct_7 op-43 --token 1101 --not-performed
   receiptctl --pg postgres://app@db/app reconcile alice op-4 --http-status 201 \
       --http-header 'Content-Type: application/json' --http-body '{"id":7}'
-  receiptctl --dir ./data reconcile agent-1 op-9 --mcp-result '{"content":[{"type":"text","text":"created 7"}]}'`,
+  receiptctl --dir ./data reconcile agent-1 op-9 --mcp-result '{"content":[{"type":"text","text":"created 7"}]}'
+  receiptctl --dir ./data reconcile agent-1 trip-3 --token 77 --step charge --done --result '{"charge":"ch_9"}'
+  receiptctl --pg postgres://app@db/app reconcile agent-1 trip-4 --step charge --not-done`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 0 && len(args) != 2 {
 				return usagef("reconcile takes no arguments (list) or SCOPE ID (settle one)")
@@ -115,6 +156,9 @@ reconcile.Reconciler.`,
 				if b {
 					n++
 				}
+			}
+			if cmd.Flags().Changed("step") || stepDone || stepFail || stepNotDone || cmd.Flags().Changed("result") {
+				return a.reconcileStepCmd(cmd, args, n, step, stepDone, stepFail, stepNotDone, stepResult, token, leaseFor)
 			}
 			if !httpSet && (cmd.Flags().Changed("http-body") || len(httpHeaders) > 0) {
 				return usagef("--http-body and --http-header go with --http-status")
@@ -177,6 +221,11 @@ reconcile.Reconciler.`,
 	fl.StringVar(&httpBody, "http-body", "", "with --http-status: the response's body")
 	fl.StringArrayVar(&httpHeaders, "http-header", nil, "with --http-status: a response header, 'Name: value' (repeatable)")
 	fl.StringVar(&mcpResult, "mcp-result", "", "a receiptmcp key: record this tool result (CallToolResult JSON; isError: failed)")
+	fl.StringVar(&step, "step", "", "settle this step of the claim (its uncertain one), with --done, --failed or --not-done")
+	fl.BoolVar(&stepDone, "done", false, "with --step: the step happened (its result: --result)")
+	fl.BoolVar(&stepFail, "failed", false, "with --step: the step failed for good (its result: --result)")
+	fl.BoolVar(&stepNotDone, "not-done", false, "with --step: the step did not happen (the next retry runs it again)")
+	fl.StringVar(&stepResult, "result", "", "with --step and --done or --failed: the step's result")
 	return cmd
 }
 
@@ -261,6 +310,17 @@ func (a *app) reconcileList(ctx context.Context, db *receipts.DB, scope string) 
 		rows = append(rows, reconcileRow{Scope: r.Key.Scope, ID: r.Key.ID, Attempts: r.Attempts, Token: r.Token,
 			UpdatedAt: r.UpdatedAt.UTC(), LeaseEnded: r.LeaseExpiresAt.UTC(), ProviderKey: db.ProviderKey(r.Key), Face: faceOf(r)})
 	}
+	for i := range rows { // after the scan: its uncertain step, if its action took steps
+		var err error
+		if rows[i].Step, err = uncertainStep(ctx, db, receipts.Key{Scope: rows[i].Scope, ID: rows[i].ID}); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			if !errors.Is(err, receipts.ErrNotFound) { // settled and gone since
+				problems = append(problems, err.Error())
+			}
+		}
+	}
 	if a.json {
 		if rows == nil {
 			rows = []reconcileRow{}
@@ -272,13 +332,17 @@ func (a *app) reconcileList(ctx context.Context, db *receipts.DB, scope string) 
 		fmt.Fprintln(a.stdout, "no abandoned claims: nothing to reconcile")
 	} else {
 		tw := newTable(a.stdout)
-		fmt.Fprintln(tw, "SCOPE\tID\tATTEMPTS\tTOKEN\tLEASE ENDED\tPROVIDER KEY\tFACE")
+		fmt.Fprintln(tw, "SCOPE\tID\tATTEMPTS\tTOKEN\tLEASE ENDED\tPROVIDER KEY\tFACE\tSTEP")
 		for _, r := range rows {
 			face := r.Face
 			if face == "" {
 				face = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", showKeyPart(r.Scope), showKeyPart(r.ID), r.Attempts, r.Token, showTime(r.LeaseEnded), r.ProviderKey, face)
+			st := "-"
+			if r.Step != nil {
+				st = fmt.Sprintf("%d %s (uncertain)", r.Step.Index, showKeyPart(r.Step.Name))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", showKeyPart(r.Scope), showKeyPart(r.ID), r.Attempts, r.Token, showTime(r.LeaseEnded), r.ProviderKey, face, st)
 		}
 		_ = tw.Flush()
 	}
@@ -308,4 +372,82 @@ func (a *app) reconcileOne(ctx context.Context, db *receipts.DB, k receipts.Key,
 		fmt.Fprintf(a.stdout, "%s: recorded %s (attempt %d, token %d), kept until %s\n", k, res.Settled, res.Attempts, res.Token, showTime(res.Receipt.ExpiresAt))
 	}
 	return nil
+}
+
+// reconcileStepCmd checks reconcile's step flags and settles one step (--step). n is how
+// many of the whole claim's outcomes were given.
+func (a *app) reconcileStepCmd(cmd *cobra.Command, args []string, n int, step string, done, failed, notDone bool, result string, token uint64, leaseFor time.Duration) error {
+	switch {
+	case len(args) != 2:
+		return usagef("--step settles a step of one claim: give SCOPE ID")
+	case n > 0:
+		return usagef("--step settles one step; --commit, --fail, --not-performed, --http-status and --mcp-result settle the whole claim: give one or the other")
+	case step == "":
+		return usagef("--done, --failed, --not-done and --result go with --step NAME (the claim's uncertain step: receiptctl get shows it)")
+	}
+	m := 0
+	for _, b := range []bool{done, failed, notDone} {
+		if b {
+			m++
+		}
+	}
+	if m != 1 {
+		return usagef("--step needs exactly one of --done, --failed and --not-done")
+	}
+	if notDone && cmd.Flags().Changed("result") {
+		return usagef("--result goes with --done or --failed: a step not done has no result")
+	}
+	how := receiptconsole.StepSettlement{State: receipts.Pending}
+	switch {
+	case done:
+		how = receiptconsole.StepSettlement{State: receipts.Succeeded, Result: []byte(result)}
+	case failed:
+		how = receiptconsole.StepSettlement{State: receipts.Failed, Result: []byte(result)}
+	}
+	if len(how.Result) > receipts.MaxStepResultSize {
+		return usagef("--result of %d bytes: a step's result is at most %d bytes", len(how.Result), receipts.MaxStepResultSize)
+	}
+	k, err := keyArgs(args[0], args[1])
+	if err != nil {
+		return err
+	}
+	db, closeDB, err := a.openWritable(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	var opts []receipts.ClaimOption
+	if leaseFor > 0 {
+		opts = append(opts, receipts.LeaseFor(leaseFor))
+	}
+	out, err := receiptconsole.SettleStep(cmd.Context(), db, k, token, step, how, opts...)
+	if err != nil {
+		return err
+	}
+	res := stepResult{Scope: k.Scope, ID: k.ID, Step: out.Step, Index: out.Index, ProviderKey: out.ProviderKey,
+		Settled: out.Settled, Attempts: out.Attempts, Token: out.Token}
+	if a.json {
+		return writeJSON(a.stdout, res)
+	}
+	what := map[string]string{
+		"done":     "done (the next retry gets its result without running it)",
+		"failed":   "failed for good (the next retry gets ErrFailed for it without running it)",
+		"not_done": "not done (the next retry runs it again, as never started)",
+	}[res.Settled]
+	fmt.Fprintf(a.stdout, "%s: step %d %s settled as %s; the claim is abandoned again, so the next retry resumes the action (took over attempt %d as token %d)\n",
+		k, res.Index, strconv.Quote(res.Step), what, res.Attempts, res.Token)
+	return nil
+}
+
+// uncertainStep is the uncertain step of k's abandoned claim, nil if it has none.
+func uncertainStep(ctx context.Context, db *receipts.DB, k receipts.Key) (*reconcileStep, error) {
+	steps, err := db.Steps(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	u := receiptconsole.UncertainStep(steps, true)
+	if u == nil {
+		return nil, nil
+	}
+	return &reconcileStep{Index: u.Index, Name: u.Name, ProviderKey: u.ProviderKey}, nil
 }

@@ -118,7 +118,7 @@ func testReconcileFaces(t *testing.T, store []string, resume func() *faceService
 	}
 	require.Equal(t, map[string]string{"alice/op-4": "receipthttp", "agent/op-9": "receiptmcp"}, faces)
 	table := cli(t, pgArgs(store, "reconcile")...).requireCode(t, exitOK)
-	require.Regexp(t, `op-4\s.*\sreceipthttp\n`, table.out)
+	require.Regexp(t, `op-4\s.*\sreceipthttp\s+-\n`, table.out) // no steps: STEP is -
 
 	for _, c := range []struct {
 		args []string

@@ -277,7 +277,13 @@ func (o *offline) get(ctx context.Context, k receipts.Key) (receiptadmin.Receipt
 	if err != nil {
 		return receiptadmin.Receipt{}, err
 	}
-	return receiptadmin.NewReceipt(r, time.Now()), nil
+	a := receiptadmin.NewReceipt(r, time.Now())
+	steps, err := o.db.Steps(ctx, k) // the key's step journal (Lease.Step)
+	if err != nil {
+		return receiptadmin.Receipt{}, err
+	}
+	a.Steps = receiptadmin.NewSteps(steps, a.Abandoned)
+	return a, nil
 }
 
 func (o *offline) list(ctx context.Context, f receipts.Filter, each func(receiptadmin.Receipt) error) (time.Time, []string, error) {
