@@ -255,3 +255,57 @@ func namedControls(t *testing.T, ctx context.Context) {
 	}
 	require.NotZero(t, controls, "no controls in the accessibility tree")
 }
+
+// TestBrowserSettleStep drives a real browser through settling the uncertain step of an
+// action of several steps: the key page marks the step, its Settle step form is filled by
+// keyboard (the step's name typed to confirm), and a real retry then resumes the action
+// after the settled step.
+func TestBrowserSettleStep(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("-short")
+			}
+			db := e.open(t, nil)
+			k := receipts.Key{Scope: "dave", ID: "trip-1"}
+			abandonTrip(t, db, k)
+			cs := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
+			ctx := browser(t)
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Navigate(cs.url("key?scope=dave&id=trip-1")),
+				chromedp.WaitVisible(chromedp.CSS(`table.steps`)),
+			))
+			namedControls(t, ctx)
+			page := mainText(t, ctx)
+			require.Contains(t, page, "Uncertain: started, outcome unknown")
+			require.Contains(t, page, "Step 1 charge is uncertain")
+
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Focus(chromedp.Search(`//a[text()="Settle step charge"]`)),
+				chromedp.KeyEvent(kb.Enter),
+				chromedp.WaitVisible(chromedp.ID(`confirm`)),
+			))
+			namedControls(t, ctx)
+			require.Equal(t, []string{"select#outcome", "textarea#result", "input#confirm", "button:Settle step"},
+				tabOrder(t, ctx, "select#outcome", "button:Settle step"))
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.SendKeys(chromedp.ID(`result`), "ch_77"),
+				chromedp.SendKeys(chromedp.ID(`confirm`), "charge"),
+				chromedp.SendKeys(chromedp.ID(`confirm`), kb.Enter),
+				chromedp.WaitVisible(chromedp.CSS(`.flash`)),
+			))
+			after := mainText(t, ctx)
+			require.Contains(t, after, "Step settled")
+			require.NotContains(t, after, "Uncertain")
+
+			a := newTrip("")
+			r, err := db.Do(bg, k, tripFP, a.fn)
+			require.NoError(t, err)
+			require.Equal(t, "reserve-done,ch_77,notify-done", string(r.Result))
+			require.Equal(t, map[string]int{"notify": 1}, a.runs)
+		})
+	}
+}

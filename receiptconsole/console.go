@@ -3,8 +3,9 @@
 // the moments that need a person. It shows the store's state as its metrics read it, the
 // abandoned claims whose outcome is unknown (oldest first), one key's record, and the
 // erasure ledger; and it settles an abandoned claim in its front end's form (an HTTP
-// response, a tool result, or the library's result), forgets one that did not happen, and
-// erases a scope. `receiptctl console --dir DIR` (or --pg DSN) serves it offline.
+// response, a tool result, or the library's result), forgets one that did not happen,
+// settles the uncertain step of an action of several steps (done, failed or not done: the
+// next retry resumes the action), and erases a scope. `receiptctl console --dir DIR` (or --pg DSN) serves it offline.
 //
 // The pages are server-rendered HTML (html/template) with one stylesheet and no script.
 // The handler works on every engine (Pebble, pgstore), through the DB's operator methods
@@ -19,7 +20,7 @@
 //   - reading is GET; every change is a POST answered by a redirect (303), refused across
 //     sites by net/http.CrossOriginProtection and without the form's CSRF token (a keyed
 //     hash of a SameSite=Strict cookie), and each needs a typed confirmation: the key's ID
-//     to settle it, the scope to erase it. Every change is logged (Options.Logger) with who
+//     to settle it, the step's name to settle a step, the scope to erase it. Every change is logged (Options.Logger) with who
 //     made it (Options.Operator);
 //   - no URL holds a key or a result, except the key an operator typed into the lookup
 //     form: links to a key carry an opaque reference sealed under Options.Secret;
@@ -105,6 +106,7 @@ type Options struct {
 //	.../bulk      Forget every claim a filter selects, as not performed (POST)
 //	.../key       One key (?scope=S&id=I, as typed, or a link's reference)
 //	.../settle    Settle an abandoned claim (GET the form, POST the change)
+//	.../step      Settle the uncertain step of an abandoned claim (GET, POST)
 //	.../erase     The erasure ledger, and erasing a scope (GET, POST)
 //	.../actions   Host half: the journal's actions that need a person (Options.Journal)
 //	.../action    One action: redeliver, settle or forget it (GET, POST)
@@ -198,7 +200,7 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if post {
-		if page != "settle" && page != "erase" && page != "action" && page != "bulk" {
+		if page != "settle" && page != "step" && page != "erase" && page != "action" && page != "bulk" {
 			w.Header().Set("Allow", "GET, HEAD")
 			c.fail(w, r, http.StatusMethodNotAllowed, "Method not allowed: this page changes nothing.")
 			return
@@ -229,6 +231,12 @@ func (c *console) route(w http.ResponseWriter, r *http.Request) {
 			c.settlePost(w, r)
 		} else {
 			c.settleForm(w, r)
+		}
+	case "step":
+		if post {
+			c.stepPost(w, r)
+		} else {
+			c.stepPage(w, r)
 		}
 	case "erase":
 		if post {

@@ -32,6 +32,8 @@ type keyData struct {
 	NotFound    string
 	TombUntil   time.Time // when the key's tombstone ends (ExpiresAt + TombstoneWindow)
 	CanSettle   bool
+	Steps       []stepRow // the key's step journal (Lease.Step)
+	Uncertain   *stepRow  // its step whose outcome is unknown, if any
 }
 
 type resultView struct {
@@ -60,8 +62,11 @@ func (c *console) key(w http.ResponseWriter, r *http.Request) {
 		d.Looked = true
 	}
 	v := view{Title: "One key", Nav: "key", Now: now, Data: &d}
-	if q.Get("done") == "settled" {
+	switch q.Get("done") {
+	case "settled":
 		v.Flash = "Settled. What a retry gets now is below."
+	case "step":
+		v.Flash = "Step settled; the claim stays abandoned, so the next retry resumes the action. What it gets now is below."
 	}
 	if !d.Looked {
 		c.render(w, r, http.StatusOK, "key", v)
@@ -96,6 +101,13 @@ func (c *console) key(w http.ResponseWriter, r *http.Request) {
 		d.CanSettle = d.Row.Abandoned && !c.opts.ReadOnly
 		if rec.State != receipts.Pending {
 			d.Result, d.Hidden = c.result(r, rec)
+		}
+		if d.Steps, d.Uncertain, err = c.stepRows(ctx, rec, now, c.mayShow(r, rec)); err != nil && !errors.Is(err, receipts.ErrNotFound) {
+			c.storeError(w, r, err)
+			return
+		}
+		if d.Uncertain != nil {
+			d.RetryGets = resumeGets(d.Uncertain)
 		}
 	}
 	c.render(w, r, http.StatusOK, "key", v)

@@ -25,9 +25,9 @@ var styleCSS []byte
 
 var pages = func() map[string]*template.Template {
 	funcs := template.FuncMap{"when": when, "ago": ago, "plural": plural}
-	base := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
+	base := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/steps.html"))
 	m := map[string]*template.Template{}
-	for _, name := range []string{"overview", "needs", "key", "settle", "erase", "fail", "actions", "action"} {
+	for _, name := range []string{"overview", "needs", "key", "settle", "erase", "fail", "actions", "action", "step"} {
 		m[name] = template.Must(template.Must(base.Clone()).ParseFS(templateFS, "templates/"+name+".html"))
 	}
 	return m
