@@ -181,6 +181,16 @@ type Action struct {
 	// LastError is why the last attempt got no answer, or why the action
 	// turned Uncertain.
 	LastError string `json:"last_error,omitempty"`
+	// UncertainStep names the step of the service's action whose outcome
+	// the service last reported unknown, when it said which: an action of
+	// several steps (receipts' Lease.Step) whose attempt died in that step.
+	// The service's "outcome unknown" answer carries it (the "step" member
+	// of an HTTP problem details body, the "step" of an MCP error's data;
+	// a Transport reports it with a *StepError). The service resumes the
+	// action at that step on the next delivery; a person settling an
+	// Uncertain action asks the provider about that step. "" when the
+	// service named none; cleared when the action is answered.
+	UncertainStep string `json:"uncertain_step,omitempty"`
 	// Answer is the service's answer, for an answered action (and for one
 	// settled by Settle).
 	Answer *Answer `json:"answer,omitempty"`

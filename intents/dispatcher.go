@@ -343,7 +343,7 @@ func (d *Dispatcher) deliver(key string) {
 			// than this one would (a Retry-After binds them all).
 			until = d.j.Now().Add(max(wait, 0) + d.o.LeaseMargin)
 		}
-		if err := d.j.attempted(d.ctx, a.Key, d.host, err.Error(), until); err != nil {
+		if err := d.j.attempted(d.ctx, a.Key, d.host, err.Error(), uncertainStep(err), until); err != nil {
 			if errors.Is(err, errHeld) || errors.Is(err, ErrWrongState) || errors.Is(err, ErrNotFound) {
 				held = false
 				return // taken over, or settled elsewhere (another host, a person)
@@ -418,14 +418,14 @@ func (d *Dispatcher) giveUp(a *Action, last error) {
 	if last != nil {
 		why += ": " + last.Error()
 	}
-	u, err := d.j.uncertain(d.ctx, a.Key, d.host, why)
+	u, err := d.j.uncertain(d.ctx, a.Key, d.host, why, uncertainStep(last))
 	if err != nil {
 		if d.ctx.Err() == nil && !errors.Is(err, ErrWrongState) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrClosed) && !errors.Is(err, errHeld) {
 			d.log.Error("intents: recording an uncertain action failed", "key", a.Key, "err", err)
 		}
 		return
 	}
-	d.log.Warn("intents: action is uncertain", "key", a.Key, "target", a.Target, "operation", a.Operation, "why", why)
+	d.log.Warn("intents: action is uncertain", "key", a.Key, "target", a.Target, "operation", a.Operation, "step", u.UncertainStep, "why", why)
 	if d.o.OnUncertain != nil {
 		d.o.OnUncertain(d.ctx, u)
 	}

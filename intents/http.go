@@ -27,7 +27,9 @@ const DefaultKeyHeader = "Idempotency-Key"
 //   - 422: Conflict; 410: Expired;
 //   - 408, 409 (the key in progress), 425, 429, 5xx, and no response at
 //     all: no answer yet; the Dispatcher retries after Retry-After, if
-//     the response has one;
+//     the response has one. A JSON body (problem details) with a "step"
+//     string names the step of the service's action whose outcome is
+//     unknown: it is recorded in Action.UncertainStep (a *StepError);
 //   - any other 4xx: Failed, a definitive failure the service stores.
 //
 // Redirects are not followed (a 3xx is the answer).
@@ -103,6 +105,9 @@ func (t *HTTPTransport) Deliver(ctx context.Context, a *Action) (*Answer, error)
 	case s == http.StatusRequestTimeout, s == http.StatusConflict, s == http.StatusTooEarly,
 		s == http.StatusTooManyRequests, s >= 500, s < 200:
 		err := fmt.Errorf("intents: %s: %s", a.Operation, resp.Status)
+		if step := answerStep(resp.Header, b); step != "" {
+			err = &StepError{Step: step, Err: err}
+		}
 		if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 			return nil, &RetryError{After: ra, Err: err}
 		}
@@ -137,6 +142,16 @@ func problemType(h http.Header, body []byte) string {
 		return p.Error.Code
 	}
 	return p.Error.Type
+}
+
+// answerStep returns the step a no-answer response names as uncertain: the
+// "step" member of its JSON body (an RFC 9457 problem details body), "" if
+// it has none.
+func answerStep(h http.Header, body []byte) string {
+	if !strings.Contains(h.Get("Content-Type"), "json") {
+		return ""
+	}
+	return StepOf(body)
 }
 
 // maxRetryAfter caps the wait a service's Retry-After asks for.

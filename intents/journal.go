@@ -369,7 +369,7 @@ func (j *Journal) answer(ctx context.Context, key string, ans *Answer) (*Action,
 		c.At = now
 		a.State = c.State
 		a.Answer = &c
-		a.LastError = ""
+		a.LastError, a.UncertainStep = "", ""
 		a.Holder, a.LeaseUntil = "", time.Time{}
 		a.UpdatedAt = now
 		return nil
@@ -412,8 +412,8 @@ func heldBy(a *Action) error {
 }
 
 // uncertain turns an Approved action Uncertain, unless another host holds
-// it.
-func (j *Journal) uncertain(ctx context.Context, key, host, why string) (*Action, error) {
+// it. A non-empty step is the step the service last reported uncertain.
+func (j *Journal) uncertain(ctx context.Context, key, host, why, step string) (*Action, error) {
 	now := j.opts.Now()
 	return j.update(ctx, key, []State{Approved}, true, func(a *Action) error {
 		if !j.free(a, host, now) {
@@ -421,6 +421,9 @@ func (j *Journal) uncertain(ctx context.Context, key, host, why string) (*Action
 		}
 		a.State = Uncertain
 		a.LastError = why
+		if step != "" {
+			a.UncertainStep = step
+		}
 		a.Holder, a.LeaseUntil = "", time.Time{}
 		a.UpdatedAt = now
 		return nil
@@ -450,8 +453,9 @@ func (j *Journal) claim(ctx context.Context, key, host string, until time.Time) 
 
 // attempted records, without waiting for the disk, why an attempt got no
 // answer, unless another host holds the action. With a non-zero until,
-// host holds the action until then (its wait before the next attempt).
-func (j *Journal) attempted(ctx context.Context, key, host, why string, until time.Time) error {
+// host holds the action until then (its wait before the next attempt). A
+// non-empty step is the step the service reported uncertain.
+func (j *Journal) attempted(ctx context.Context, key, host, why, step string, until time.Time) error {
 	if err := j.enter(); err != nil {
 		return err
 	}
@@ -465,6 +469,9 @@ func (j *Journal) attempted(ctx context.Context, key, host, why string, until ti
 			a.Holder, a.LeaseUntil = host, until
 		}
 		a.LastError = why
+		if step != "" {
+			a.UncertainStep = step
+		}
 		a.UpdatedAt = now
 		return nil
 	})

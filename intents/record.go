@@ -36,6 +36,9 @@ type record struct {
 	// before them skips them.
 	Holder     string `msgpack:"hd,omitempty"`
 	LeaseUntil int64  `msgpack:"lu,omitempty"`
+	// UncertainStep came after them, the same way: a record without it
+	// names no step.
+	UncertainStep string `msgpack:"us,omitempty"`
 }
 
 func nanos(t time.Time) int64 {
@@ -71,7 +74,7 @@ func encodeAction(a *Action) ([]byte, error) {
 		Key: a.Key, Target: a.Target, Operation: a.Operation, Arguments: a.Arguments,
 		ApprovedBy: a.ApprovedBy, Ref: a.Ref, ApprovedAt: nanos(a.ApprovedAt), Deadline: nanos(a.Deadline),
 		State: uint8(a.State), Attempts: a.Attempts, LastError: a.LastError, UpdatedAt: nanos(a.UpdatedAt),
-		Holder: a.Holder, LeaseUntil: nanos(a.LeaseUntil),
+		Holder: a.Holder, LeaseUntil: nanos(a.LeaseUntil), UncertainStep: a.UncertainStep,
 	}
 	if ans := a.Answer; ans != nil {
 		r.Answer = &answerRecord{uint8(ans.State), ans.Status, ans.Header, ans.Body, ans.Truncated, ans.Code, ans.Replayed, ans.SettledBy, nanos(ans.At)}
@@ -108,7 +111,7 @@ func decodeAction(b []byte) (*Action, error) {
 		Key: r.Key, Target: r.Target, Operation: r.Operation, Arguments: r.Arguments,
 		ApprovedBy: r.ApprovedBy, Ref: r.Ref, ApprovedAt: fromNanos(r.ApprovedAt), Deadline: fromNanos(r.Deadline),
 		State: State(r.State), Attempts: r.Attempts, LastError: r.LastError, UpdatedAt: fromNanos(r.UpdatedAt),
-		Holder: r.Holder, LeaseUntil: fromNanos(r.LeaseUntil),
+		Holder: r.Holder, LeaseUntil: fromNanos(r.LeaseUntil), UncertainStep: r.UncertainStep,
 	}
 	if a.State < Approved || a.State > Uncertain || a.Key == "" {
 		return nil, fmt.Errorf("%w: action %q in state %d", ErrCorrupt, a.Key, r.State)

@@ -25,13 +25,14 @@ type actionRow struct {
 	UpdatedAt                   time.Time
 	Attempts                    uint32
 	LastError                   string
+	UncertainStep               string
 	Answer                      string
 }
 
 func (c *console) actionRow(a *Action) actionRow {
 	return actionRow{Ref: c.seal([]byte(a.Key), "action"), Key: a.Key, Target: a.Target, Operation: a.Operation,
 		Approver: a.ApprovedBy, State: a.State, ApprovedAt: a.ApprovedAt, Deadline: a.Deadline,
-		UpdatedAt: a.UpdatedAt, Attempts: a.Attempts, LastError: a.LastError, Answer: a.Answer}
+		UpdatedAt: a.UpdatedAt, Attempts: a.Attempts, LastError: a.LastError, UncertainStep: a.UncertainStep, Answer: a.Answer}
 }
 
 type actionsData struct {

@@ -142,3 +142,30 @@ func TestHostHalf(t *testing.T) {
 	none := serveConsole(t, db, &receiptconsole.Options{Logger: quiet})
 	require.Contains(t, text(none.get(t, "actions").doc), "no host journal")
 }
+
+// An uncertain action whose service named the step of its action that was uncertain shows
+// that step on its page.
+func TestHostHalfUncertainStep(t *testing.T) {
+	db := openPebble(t, nil)
+	j, err := intents.Open(t.TempDir(), &intents.Options{Logger: quiet, PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, j.Close()) })
+	d, err := intents.NewDispatcher(j, intents.DispatcherOptions{Logger: quiet, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		Transports: map[string]intents.Transport{"billing": transportFunc(func(context.Context, *intents.Action) (*intents.Answer, error) {
+			return nil, &intents.StepError{Step: "reverse-charge", Err: errors.New("billing: outcome unknown")}
+		})}})
+	require.NoError(t, err)
+	a, err := j.Approve(bg, intents.Approval{Target: "billing", Operation: "POST /v1/refunds", ApprovedBy: "ana", Deadline: time.Now().Add(200 * time.Millisecond)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(bg, time.Minute)
+	defer cancel()
+	got, err := j.Wait(ctx, a.Key)
+	require.NoError(t, err)
+	require.NoError(t, d.Close())
+	require.Equal(t, intents.Uncertain, got.State)
+	require.Equal(t, "reverse-charge", got.UncertainStep)
+	cs := serveConsole(t, db, &receiptconsole.Options{Journal: consoleintents.Journal(j), Logger: quiet})
+	p := cs.get(t, cs.get(t, "actions").rowLink(t, a.Key, "Open"))
+	checkPage(t, p, false)
+	require.Contains(t, text(p.doc), "Uncertain stepreverse-charge: the service reported this step of its action uncertain")
+}

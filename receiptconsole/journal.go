@@ -38,6 +38,7 @@ type Action struct {
 	ApprovedAt, Deadline, UpdatedAt time.Time
 	Attempts                        uint32
 	LastError                       string // why the last attempt got no answer
+	UncertainStep                   string // the step of the service's action it reported uncertain, if it named one
 	Answer                          string // the answer in a few words (status, code, who settled it)
 }
 

@@ -153,9 +153,15 @@ func (a *app) listActions(ctx context.Context, j *intents.Journal, only intents.
 		}
 		fmt.Fprintf(a.stdout, "\n%s\n", strings.ToUpper(st.String()))
 		tw := newTable(a.stdout)
-		if st == intents.Approved { // being delivered: by which host, until when
-			fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tHELD BY\tLAST ERROR")
-		} else {
+		// Not answered yet: the step of the service's action it reported
+		// uncertain (Action.UncertainStep), if it named one.
+		unanswered := st == intents.Approved || st == intents.Uncertain
+		switch st {
+		case intents.Approved: // being delivered: by which host, until when
+			fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tHELD BY\tUNCERTAIN STEP\tLAST ERROR")
+		case intents.Uncertain:
+			fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tUNCERTAIN STEP\tANSWER")
+		default:
 			fmt.Fprintln(tw, "KEY\tTARGET\tOPERATION\tAPPROVED BY\tAPPROVED\tDEADLINE\tATTEMPTS\tANSWER")
 		}
 		for _, x := range acts {
@@ -163,6 +169,13 @@ func (a *app) listActions(ctx context.Context, j *intents.Journal, only intents.
 				showKeyPart(x.ApprovedBy), showTime(x.ApprovedAt), showDeadline(x, now), x.Attempts)
 			if st == intents.Approved {
 				fmt.Fprintf(tw, "%s\t", showHolder(x, now))
+			}
+			if unanswered {
+				step := "-"
+				if x.UncertainStep != "" {
+					step = showKeyPart(x.UncertainStep)
+				}
+				fmt.Fprintf(tw, "%s\t", step)
 			}
 			fmt.Fprintf(tw, "%s\n", showAnswer(x))
 		}

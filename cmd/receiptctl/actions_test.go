@@ -18,7 +18,8 @@ import (
 
 // fillJournal approves three actions in j and delivers them to a real
 // HTTP service: one succeeds, one is refused (400), one goes to a route
-// that is down until its deadline (uncertain).
+// that is down until its deadline (uncertain), naming the step of its
+// action that was uncertain.
 func fillJournal(t *testing.T, j *intents.Journal) {
 	t.Helper()
 	ctx := context.Background()
@@ -29,8 +30,10 @@ func fillJournal(t *testing.T, j *intents.Journal) {
 			_, _ = w.Write([]byte(`{"id":"wi_1"}`))
 		case "/bad":
 			http.Error(w, "no title", http.StatusBadRequest)
-		default:
-			http.Error(w, "down", http.StatusServiceUnavailable)
+		default: // the service's action died in its step "charge": outcome unknown
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"type":"https://receipts.dev/problems/outcome-unknown","status":503,"step":"charge"}`))
 		}
 	}))
 	defer srv.Close()
@@ -68,7 +71,8 @@ func TestActions(t *testing.T) {
 
 	r = cli(t, "actions", dir).requireCode(t, exitOK)
 	require.Contains(t, r.out, "3 actions: 1 uncertain, 1 failed, 1 succeeded")
-	require.Regexp(t, `(?s)UNCERTAIN.*POST /down.*503 Service Unavailable\n.*FAILED.*POST /bad.*400 no title\n.*SUCCEEDED.*POST /ok.*201 \{"id":"wi_1"\}`, r.out)
+	require.Regexp(t, `(?m)^KEY\s+TARGET\s+OPERATION\s+APPROVED BY\s+APPROVED\s+DEADLINE\s+ATTEMPTS\s+UNCERTAIN STEP\s+ANSWER$`, r.out)
+	require.Regexp(t, `(?s)UNCERTAIN.*POST /down.*\scharge\s+.*503 Service Unavailable \(step "charge" uncertain\)\n.*FAILED.*POST /bad.*400 no title\n.*SUCCEEDED.*POST /ok.*201 \{"id":"wi_1"\}`, r.out)
 
 	r = cli(t, "actions", dir, "--state", "uncertain").requireCode(t, exitOK)
 	require.Contains(t, r.out, "1 action: 1 uncertain")
@@ -79,6 +83,8 @@ func TestActions(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.out), &acts))
 	require.Len(t, acts, 3)
 	require.Equal(t, intents.Uncertain, acts[0].State)
+	require.Equal(t, "charge", acts[0].UncertainStep)
+	require.Contains(t, r.out, `"uncertain_step": "charge"`)
 	require.Equal(t, intents.Succeeded, acts[2].State)
 	require.JSONEq(t, `{"title":"x"}`, string(acts[2].Arguments))
 
@@ -106,6 +112,7 @@ func TestActionsPG(t *testing.T) {
 	// Next to the running host: PostgreSQL has no directory lock.
 	r = cli(t, "--pg", dsn, "--schema", schema, "actions").requireCode(t, exitOK)
 	require.Contains(t, r.out, "3 actions: 1 uncertain, 1 failed, 1 succeeded")
+	require.Regexp(t, `POST /down.*\scharge\s`, r.out, "the uncertain step, kept by intentspg")
 	require.NoError(t, j.Close())
 }
 

@@ -20,7 +20,8 @@
 //     idempotency_store_failure, any other internal error, and a broken
 //     session: no answer yet; the Dispatcher retries, after
 //     data.retryAfterMs when the error has it, on a new session if the
-//     old one broke;
+//     old one broke; a data.step string names the step of the service's
+//     action whose outcome is unknown (intents.Action.UncertainStep);
 //   - any other JSON-RPC error (unknown tool, invalid params, a missing
 //     scope): Failed, since sending it again would get the same.
 //
@@ -160,7 +161,14 @@ func classify(a *intents.Action, err error, broken func()) (*intents.Answer, err
 		}
 		return nil, fmt.Errorf("intentsmcp: %s: %w", a.Operation, err)
 	}
-	wrapped := fmt.Errorf("intentsmcp: %s: %w", a.Operation, err)
+	var wrapped error = fmt.Errorf("intentsmcp: %s: %w", a.Operation, err)
+	// stepped names the step the error's data reports uncertain, if any.
+	stepped := func(err error) error {
+		if step := intents.StepOf(je.Data); step != "" {
+			return &intents.StepError{Step: step, Err: err}
+		}
+		return err
+	}
 	failed := func(state intents.State, code string) (*intents.Answer, error) {
 		return &intents.Answer{State: state, Code: code, Body: errorBody(je)}, nil
 	}
@@ -168,6 +176,7 @@ func classify(a *intents.Action, err error, broken func()) (*intents.Answer, err
 		wrapped = fmt.Errorf("intentsmcp: %s: %s: %w", a.Operation, d.Type, err)
 		switch d.Type {
 		case receiptmcp.TypeInProgress, receiptmcp.TypeNotRecorded, receiptmcp.TypeStoreFailure:
+			wrapped = stepped(wrapped)
 			if d.RetryAfterMs > 0 {
 				return nil, &intents.RetryError{After: d.RetryAfter(), Err: wrapped}
 			}
@@ -183,7 +192,7 @@ func classify(a *intents.Action, err error, broken func()) (*intents.Answer, err
 	case jsonrpc.CodeInvalidParams, jsonrpc.CodeMethodNotFound, jsonrpc.CodeInvalidRequest, jsonrpc.CodeParseError:
 		return failed(intents.Failed, fmt.Sprintf("jsonrpc/%d", je.Code))
 	}
-	return nil, wrapped // internal errors and the like: try again
+	return nil, stepped(wrapped) // internal errors and the like: try again
 }
 
 // errorBody is the JSON-RPC error as the answer's body.

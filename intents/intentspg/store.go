@@ -13,11 +13,12 @@
 //     arguments (json, as approved), approved_by, approved_at, deadline,
 //     attempts, last_error, answer (jsonb: intents.Answer as JSON),
 //     updated_at, holder and lease_until (the delivery lease: the host
-//     that delivers the action, empty when none, and until when); an index
-//     on (state, key) serves List.
+//     that delivers the action, empty when none, and until when),
+//     uncertain_step (intents.Action.UncertainStep, empty when none); an
+//     index on (state, key) serves List.
 //
-// holder and lease_until came after format 1's first release. Open adds
-// them to a journal that lacks them (ALTER TABLE ... ADD COLUMN, under the
+// holder and lease_until came after format 1's first release, and
+// uncertain_step after them. Open adds them to a journal that lacks them (ALTER TABLE ... ADD COLUMN, under the
 // same advisory lock as the creation, so that hosts starting at once
 // neither race nor fail), and the format stays 1: a version before them
 // reads and writes the table as before, and delivers without leases.
@@ -162,7 +163,8 @@ func (s *store) migrate(ctx context.Context, schema string) error {
 	answer      jsonb,
 	updated_at  timestamptz NOT NULL,
 	holder      text NOT NULL DEFAULT '',
-	lease_until timestamptz)`,
+	lease_until timestamptz,
+	uncertain_step text NOT NULL DEFAULT '')`,
 				`CREATE INDEX actions_state ON ` + s.schema + `.actions (state, key)`,
 			} {
 				if _, err := tx.Exec(ctx, q); err != nil {
@@ -193,6 +195,19 @@ func (s *store) migrate(ctx context.Context, schema string) error {
 				return fmt.Errorf("add the delivery lease columns: %w", err)
 			}
 		}
+		// A journal made before Action.UncertainStep: add its column (looked up
+		// first, as above).
+		var stepped bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+ JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'actions' AND a.attname = 'uncertain_step' AND NOT a.attisdropped)`, schema).Scan(&stepped); err != nil {
+			return err
+		}
+		if !stepped {
+			if _, err := tx.Exec(ctx, `ALTER TABLE `+s.schema+`.actions ADD COLUMN IF NOT EXISTS uncertain_step text NOT NULL DEFAULT ''`); err != nil {
+				return fmt.Errorf("add the uncertain_step column: %w", err)
+			}
+		}
 		return nil
 	})
 }
@@ -203,7 +218,7 @@ type store struct {
 	schema string // quoted
 }
 
-const columns = `key, ref, state, target, operation, arguments, approved_by, approved_at, deadline, attempts, last_error, answer, updated_at, holder, lease_until`
+const columns = `key, ref, state, target, operation, arguments, approved_by, approved_at, deadline, attempts, last_error, answer, updated_at, holder, lease_until, uncertain_step`
 
 func (s *store) Close() error { return nil }
 
@@ -219,7 +234,7 @@ func scan(row pgx.Row) (*intents.Action, error) {
 		until    *time.Time
 	)
 	err := row.Scan(&a.Key, &ref, &state, &a.Target, &a.Operation, &args, &a.ApprovedBy, &a.ApprovedAt, &a.Deadline,
-		&attempts, &a.LastError, &answer, &a.UpdatedAt, &a.Holder, &until)
+		&attempts, &a.LastError, &answer, &a.UpdatedAt, &a.Holder, &until, &a.UncertainStep)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +276,7 @@ func row(a *intents.Action) ([]any, error) {
 		until = &a.LeaseUntil
 	}
 	return []any{a.Key, ref, int16(a.State), a.Target, a.Operation, string(a.Arguments), a.ApprovedBy,
-		a.ApprovedAt, a.Deadline, int64(a.Attempts), a.LastError, answer, a.UpdatedAt, a.Holder, until}, nil
+		a.ApprovedAt, a.Deadline, int64(a.Attempts), a.LastError, answer, a.UpdatedAt, a.Holder, until, a.UncertainStep}, nil
 }
 
 // micro truncates a's times to what timestamptz keeps.
@@ -284,7 +299,7 @@ func (s *store) Create(ctx context.Context, a *intents.Action) (*intents.Action,
 	}
 	for range 3 {
 		tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.schema+`.actions (`+columns+`)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) ON CONFLICT (ref) DO NOTHING`, vals...)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) ON CONFLICT (ref) DO NOTHING`, vals...)
 		if err != nil {
 			return nil, false, fmt.Errorf("intentspg: insert %s: %w", a.Key, err)
 		}
@@ -347,7 +362,7 @@ func (s *store) Update(ctx context.Context, key string, from []intents.State, sy
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+s.schema+`.actions SET state = $3, target = $4, operation = $5, arguments = $6,
  approved_by = $7, approved_at = $8, deadline = $9, attempts = $10, last_error = $11, answer = $12, updated_at = $13,
- holder = $14, lease_until = $15
+ holder = $14, lease_until = $15, uncertain_step = $16
  WHERE key = $1 AND ref IS NOT DISTINCT FROM $2`, vals...); err != nil {
 			return err
 		}

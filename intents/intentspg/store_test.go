@@ -205,7 +205,8 @@ func TestReplicasStartAtOnceOnAnEmptyDatabase(t *testing.T) {
 
 // TestOpenAddsTheLeaseColumns: a journal made before delivery leases (no
 // holder, no lease_until) with an approved action in it is opened by six
-// hosts at once: each open succeeds, the columns are added once, the
+// hosts at once: each open succeeds, the columns are added once (and
+// uncertain_step, which came after them), the
 // format stays 1, and the action is then delivered under a lease.
 func TestOpenAddsTheLeaseColumns(t *testing.T) {
 	leakCheck(t)
@@ -245,7 +246,7 @@ func TestOpenAddsTheLeaseColumns(t *testing.T) {
 	}
 	var cols, f int
 	if err := p.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'actions'
- AND column_name IN ('holder', 'lease_until')`, schema).Scan(&cols); err != nil || cols != 2 {
+ AND column_name IN ('holder', 'lease_until', 'uncertain_step')`, schema).Scan(&cols); err != nil || cols != 3 {
 		t.Fatalf("lease columns: %d, %v", cols, err)
 	}
 	if err := p.QueryRow(ctx, `SELECT format FROM `+schema+`.meta`).Scan(&f); err != nil || f != 1 {
@@ -258,7 +259,7 @@ func TestOpenAddsTheLeaseColumns(t *testing.T) {
 	}
 	defer j.Close()
 	key := "01a24000-0000-7000-8000-000000000001"
-	if a, err := j.Get(ctx, key); err != nil || a.Holder != "" || !a.LeaseUntil.IsZero() || a.Attempts != 3 {
+	if a, err := j.Get(ctx, key); err != nil || a.Holder != "" || !a.LeaseUntil.IsZero() || a.Attempts != 3 || a.UncertainStep != "" {
 		t.Fatalf("the old action: %+v, %v", a, err)
 	}
 	d, err := intents.NewDispatcher(j, intents.DispatcherOptions{HostName: "new-host",

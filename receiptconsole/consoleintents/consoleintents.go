@@ -87,7 +87,7 @@ func wrap(err error) error {
 func action(a *intents.Action) *receiptconsole.Action {
 	out := &receiptconsole.Action{Key: a.Key, Target: a.Target, Operation: a.Operation, ApprovedBy: a.ApprovedBy,
 		State: a.State.String(), ApprovedAt: a.ApprovedAt, Deadline: a.Deadline, UpdatedAt: a.UpdatedAt,
-		Attempts: a.Attempts, LastError: a.LastError}
+		Attempts: a.Attempts, LastError: a.LastError, UncertainStep: a.UncertainStep}
 	if ans := a.Answer; ans != nil {
 		var parts []string
 		if ans.Status != 0 {
