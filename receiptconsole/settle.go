@@ -54,6 +54,11 @@ var (
 	// ErrNoOutcome: an HTTP status that is no outcome (5xx), which receipthttp does not
 	// store.
 	ErrNoOutcome = errors.New("receiptconsole: the status is no outcome")
+	// ErrStepsRecorded: a claim whose action recorded finished steps (Lease.Step) cannot be
+	// settled as not performed: they happened, and forgetting the claim would drop their
+	// records, so the next call would run them again. Settle its uncertain step instead
+	// (SettleStep), or record the action's outcome.
+	ErrStepsRecorded = errors.New("receiptconsole: the claim's action has recorded steps")
 )
 
 // Settlement is how a claim is settled: a raw result (State, Result), a front end's form (HTTP
@@ -182,7 +187,8 @@ func (o Outcome) Settled() string {
 
 // Settle settles the abandoned claim of k: it reads the record, checks that it is still the
 // attempt with token (when token is not 0) and that how fits its front end (a
-// *WrongFormError otherwise), takes it over (fenced: nothing is written if another
+// *WrongFormError otherwise), and, for not performed, that its action recorded no finished
+// step (ErrStepsRecorded otherwise), takes it over (fenced: nothing is written if another
 // attempt came in, or the claim was settled, since) and records how. opts may give
 // receipts.LeaseFor. Every refusal writes nothing; a failure to record leaves the claim
 // abandoned.
@@ -202,6 +208,11 @@ func Settle(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, 
 	face := FaceOf(r)
 	if err := how.fits(k, face); err != nil {
 		return Outcome{}, err
+	}
+	if how.NotPerformed {
+		if err := noRecordedSteps(ctx, db, k); err != nil {
+			return Outcome{}, err
+		}
 	}
 	l, err := db.TakeOver(ctx, r, opts...)
 	var ip *receipts.InProgressError
@@ -238,6 +249,26 @@ func Settle(ctx context.Context, db *receipts.DB, k receipts.Key, token uint64, 
 	}
 	out.Receipt = rec
 	return out, nil
+}
+
+// noRecordedSteps refuses (ErrStepsRecorded) to forget the claim of k when its action
+// recorded finished steps.
+func noRecordedSteps(ctx context.Context, db *receipts.DB, k receipts.Key) error {
+	steps, err := db.Steps(ctx, k)
+	if err != nil {
+		return err
+	}
+	var done []string
+	for _, s := range steps {
+		if s.State != receipts.Pending {
+			done = append(done, fmt.Sprintf("%d %q (%s)", s.Index, s.Name, s.State))
+		}
+	}
+	if len(done) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: its action recorded %s, which happened: settled as not performed, the key would be forgotten with them and the next call would run them again; settle its uncertain step instead, or record the action's outcome: nothing written",
+		ErrStepsRecorded, k, strings.Join(done, ", "))
 }
 
 // retryGets says what a retry of a key settled by how gets afterwards, for a person.

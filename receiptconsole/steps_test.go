@@ -160,10 +160,19 @@ func TestSettleStep(t *testing.T) {
 				require.Equal(t, receipts.Pending, got[1].State, "%v settled the step", c.set)
 			}
 
+			// The whole claim cannot be forgotten: its step "reserve" happened.
+			sf := cs.get(t, "settle?k="+kp.rowRef(t)).form(t, "settle")
+			sf.Set("outcome", "not_performed")
+			sf.Set("confirm", "trip-1")
+			p := cs.post(t, "settle", sf, nil)
+			require.Equal(t, http.StatusConflict, p.status, p.body)
+			require.Contains(t, text(p.doc), `its action recorded 0 "reserve" (succeeded), which happened`)
+			require.Equal(t, before, abandoned(t, db))
+
 			// Done, with a result.
 			form.Set("result", "ch_42")
 			form.Set("confirm", "charge")
-			p := cs.post(t, "step", form, nil)
+			p = cs.post(t, "step", form, nil)
 			require.Equal(t, http.StatusSeeOther, p.status, p.body)
 			require.NotContains(t, p.header.Get("Location"), "trip-1", "the redirect names no key")
 			kp = cs.get(t, p.header.Get("Location"))
@@ -219,4 +228,14 @@ func TestStepsReadOnly(t *testing.T) {
 	require.Equal(t, "12 B", rows[0][5], "results hidden without ShowResult")
 	require.Contains(t, rows[1][2], "Uncertain")
 	require.Empty(t, kp.links("Settle step charge"))
+}
+
+// rowRef returns the key reference of p's "Settle this claim" link.
+func (p *page) rowRef(t *testing.T) string {
+	t.Helper()
+	links := p.links("Settle this claim")
+	require.Len(t, links, 1, p.body)
+	u, err := url.Parse(links[0])
+	require.NoError(t, err)
+	return url.QueryEscape(u.Query().Get("k"))
 }

@@ -117,6 +117,9 @@ the action after it:
   --step NAME --not-done                  it did not happen: the retry runs it again,
                                           as never started
 
+--not-performed is refused on such a claim once a step is recorded: the
+steps happened, and forgetting the claim would run them again.
+
 --commit and --fail are refused on a front end's key (its retries would be
 answered with an error for the whole retention), and nothing is written. On a
 key no front end marked (claimed by Do, or by a front end older than the

@@ -153,6 +153,10 @@ func testSteps(t *testing.T, store []string, resume func(t *testing.T, id string
 	require.Contains(t, r.stderr, "has no steps")
 	r = cli(t, pgArgs(store, "reconcile", "acct_1", "op-ok", "--step", "charge", "--done")...).requireCode(t, exitProblem)
 	require.Contains(t, r.stderr, "already settled")
+	// The whole claim as not performed would forget its recorded step "reserve", and the
+	// next call would run it again.
+	r = cli(t, pgArgs(store, "reconcile", "acct_3", "trip-done", "--not-performed")...).requireCode(t, exitProblem)
+	require.Contains(t, r.stderr, `its action recorded 0 "reserve" (succeeded), which happened`)
 	require.Equal(t, rows, reconcileRows(t, store), "nothing written by the refused ones")
 
 	// Settled as done: the claim is abandoned again, the step recorded with its result.
