@@ -55,8 +55,10 @@ func retryAfter(err error) time.Duration {
 // (the "step" of an HTTP problem details body, or of an MCP error's data).
 // The Dispatcher records Step in Action.UncertainStep.
 type StepError struct {
+	// Step is the name of the uncertain step, as the service gave it.
 	Step string
-	Err  error
+	// Err is the attempt's error: why there was no answer.
+	Err error
 }
 
 // Error implements error.

@@ -42,8 +42,10 @@ type Receipt struct {
 
 // Step is the JSON form of one receipts.StepRecord of a key's step journal.
 type Step struct {
-	Index int    `json:"index"`
-	Name  string `json:"name"`
+	// Index is the step's position in the action, from 0.
+	Index int `json:"index"`
+	// Name is the step's name, as the action calls it (Lease.Step).
+	Name string `json:"name"`
 	// State is "succeeded" or "failed" once the step is recorded, "pending" while it has
 	// started without an outcome.
 	State string `json:"state"`
