@@ -306,7 +306,9 @@ func (l *Lease) unreleasable() error {
 // one's nor, on a Recovered lease, any earlier one's. The record is deleted
 // and the next Claim starts afresh (Attempt 1, not Recovered). On a lease
 // that is not Recovered it is Release. Fenced like Release: once another
-// caller took the key over it returns ErrLeaseLost and deletes nothing.
+// caller took the key over it returns ErrLeaseLost and deletes nothing. A
+// claim whose action recorded a finished step (Lease.Step) happened in part:
+// Forget refuses it with ErrInvalidArgument and changes nothing.
 func (l *Lease) Forget(ctx context.Context) error {
 	if err := l.db.enter(); err != nil {
 		return err
@@ -318,6 +320,10 @@ func (l *Lease) Forget(ctx context.Context) error {
 func (l *Lease) forget(ctx context.Context) error {
 	if err := l.unreleasable(); err != nil {
 		return err
+	}
+	if n := l.finishedSteps(); n > 0 { // they happened: forgetting them would run them again
+		return fmt.Errorf("%w: %s: %d steps of this action are recorded, so it happened in part and cannot be forgotten: settle its uncertain step (SettleStep), release the claim to resume it, or record the action's outcome",
+			ErrInvalidArgument, l.db.keyName(l.key), n)
 	}
 	if err := ctx.Err(); err != nil {
 		return err

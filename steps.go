@@ -128,6 +128,30 @@ func (l *Lease) hasJournal() bool {
 	return len(st.entries) > 0
 }
 
+// finishedSteps returns how many steps l's claim has recorded finished (a step that runs
+// counts as one: what it does may happen).
+func (l *Lease) finishedSteps() int {
+	st := &l.steps
+	if !st.mu.TryLock() {
+		return 1
+	}
+	defer st.mu.Unlock()
+	entries := st.entries
+	if !st.loaded {
+		var err error
+		if entries, err = journal.Decode(st.raw); err != nil {
+			return 1 // unreadable: assume it holds steps
+		}
+	}
+	n := 0
+	for i := range entries {
+		if entries[i].State != driver.Pending {
+			n++
+		}
+	}
+	return n
+}
+
 // Step runs fn as the action's next step, unless the key's journal holds it finished: then
 // it returns the recorded result without calling fn. Steps are matched by position, and
 // the name (non-empty, at most MaxKeyPartLen bytes, unique within the action) and the

@@ -33,6 +33,7 @@ var stepTests = []test{
 	{"SettleStep", testStepsSettle},
 	{"UnknownStepRefusesCommit", testStepsUnknownRefusesCommit},
 	{"ReleaseInsideAStepKeepsTheClaim", testStepsReleaseInside},
+	{"ForgetRefusedOnceAStepIsRecorded", testStepsForgetRefused},
 }
 
 // stepsEnv opens a store, skipping the test on an engine without steps.
@@ -549,4 +550,30 @@ func testStepsReleaseInside(t *testing.T, s Store) {
 	require.Error(t, err)
 	r := e.lookup(k)
 	require.Equal(t, receipts.Pending, r.State, "the claim is kept")
+}
+
+// Forget says no attempt's effect happened; a recorded step did, so Forget of a claim that
+// has one is refused and the journal stays (Release keeps the claim to resume).
+func testStepsForgetRefused(t *testing.T, s Store) {
+	e := stepsEnv(t, s, nil)
+	k := key("a", "k")
+	a := &action{fail: 2, failErr: errors.New("timeout")}
+	_, err := e.db.Do(bg, k, []byte("fp"), a.fn)
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	l := e.claim(k, "fp")
+	require.ErrorIs(t, l.Forget(bg), receipts.ErrInvalidArgument)
+	require.NoError(t, l.Release(bg))
+	a.fail = 0
+	_, err = e.db.Do(bg, k, []byte("fp"), a.fn)
+	require.NoError(t, err)
+	a.wantRuns(t, 1, 2, 1)
+
+	k2 := key("a", "k2") // a step that only started is no obstacle
+	l = e.claim(k2, "fp")
+	_, err = l.Step(bg, "one", nil, func(context.Context, *receipts.Step) ([]byte, error) { return nil, errors.New("timeout") })
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	l = e.claim(k2, "fp")
+	require.NoError(t, l.Forget(bg))
+	_, err = e.db.Lookup(bg, k2)
+	require.ErrorIs(t, err, receipts.ErrNotFound)
 }
