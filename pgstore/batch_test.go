@@ -342,8 +342,9 @@ func TestClaimBatchCallerGone(t *testing.T) {
 	}
 }
 
-// The batch's statements are what queries.lockMany and queries.freshMany say: both parse
-// on the server with and without tombstones (a typo in one would only show under load).
+// The first claims' functions (queries.freshFn, queries.freshManyFn) run on the server with
+// and without tombstones (PL/pgSQL checks a statement in a function only when it first runs
+// it: a typo in the branch of one setting would only show under that setting, or under load).
 func TestClaimBatchStatementsPrepare(t *testing.T) {
 	d := newTestDB(t)
 	for _, tombs := range []bool{true, false} {
@@ -352,16 +353,51 @@ func TestClaimBatchStatementsPrepare(t *testing.T) {
 			o.TombstoneWindow = time.Hour
 		}
 		e := d.open(o).engine
-		conn, err := e.pool.Acquire(bg)
+		tx, err := e.pool.Begin(bg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, s := range []string{e.q.lockMany, e.q.freshMany} {
-			if _, err := conn.Conn().Prepare(bg, "", s); err != nil {
-				t.Errorf("tombstones %v: %v\n%s", tombs, err, s)
+		ks := []driver.Key{key("prep-1"), key("prep-2")}
+		r1 := req(ks[0], "fp")
+		rows, err := tx.Query(bg, e.q.freshFn, e.freshArgs(r1, newNonce(), e.nowArg())...)
+		n := 0
+		if err == nil {
+			for rows.Next() {
+				n++
 			}
+			rows.Close()
+			err = rows.Err()
 		}
-		conn.Release()
+		if err != nil || n != 1 {
+			t.Errorf("tombstones %v: first claim: %d rows, %v", tombs, n, err)
+		}
+		var locks, slocks []int32
+		var sids, scopes, ids, fps, nonces [][]byte
+		var leases []int64
+		for _, k := range ks {
+			id := driver.ScopeID(e.secret, k.Scope)
+			locks, slocks, sids = append(locks, lockID(keyHash(k))), append(slocks, scopeLock(id)), append(sids, id)
+			scopes, ids = append(scopes, []byte(k.Scope)), append(ids, []byte(k.ID))
+			fps, nonces, leases = append(fps, []byte("fp")), append(nonces, newNonce()), append(leases, time.Minute.Microseconds())
+		}
+		var mb, rb any
+		if tombs {
+			mb, rb = e.markerBottom(), e.recordBottom()
+		}
+		rows, err = tx.Query(bg, e.q.freshManyFn, locks, slocks, sids, scopes, ids, fps, nonces, leases, e.width, e.oldest(),
+			e.nowArg(), e.q.injected, mb, rb, e.tombUS())
+		n = 0
+		if err == nil {
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			err = rows.Err()
+		}
+		if err != nil || n != 4 { // two keys locked, one with its record, one claimed
+			t.Errorf("tombstones %v: batch: %d rows, %v", tombs, n, err)
+		}
+		_ = tx.Rollback(bg)
 	}
 }
 
@@ -622,18 +658,11 @@ SELECT 's', ('k' || i)::bytea, $1, 2, 'fp', 1000000 + i, 1, 'n', $2, $2 FROM gen
 				t.Fatal(err)
 			}
 			scopes, ids := [][]byte{[]byte("s"), []byte("s"), []byte("s")}, [][]byte{[]byte("done"), []byte("x"), []byte("y")}
-			fresh := []any{scopes, ids, [][]byte{[]byte("fp"), []byte("fp"), []byte("fp")}, [][]byte{[]byte("n1"), []byte("n2"), []byte("n3")},
-				[]int64{1e6, 1e6, 1e6}, e.retentionUS(), e.width, e.oldest(), e.nowArg()}
-			if e.q.tombs {
-				fresh = append(fresh, e.markerBottom(), e.tombUS())
-			}
 			stmts := []struct {
 				name, sql string
 				args      []any
 			}{
 				{"lookup_many", e.q.lookupManyIn(partName(famRecords, ep)), []any{scopes, ids, e.nowArg()}},
-				{"lock_many", e.q.lockMany, []any{lockClass, []int32{1, 2, 3}}},
-				{"fresh_many", e.q.freshMany, fresh},
 				{"finish_many", e.q.finishManyInSQL(ep, e.markerEpoch(ep)), []any{scopes, ids, []int64{1, 2, 3}, e.oldest(), e.retentionUS(), e.width, e.nowArg(),
 					[]int16{2, 2, 2}, [][]byte{{}, {}, {}}, [][]byte{nil, nil, nil}}},
 			}

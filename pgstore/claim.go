@@ -35,7 +35,8 @@ const (
 )
 
 // claimDecide is Claim after its replay fast path (see claim_late.go and replayfast.go): a
-// first attempt sends [BEGIN; advisory lock; fresh insert; COMMIT] in one round trip and
+// first attempt sends the fresh statement (its own transaction: key lock, scope check and
+// insert if absent in one statement, freshFnSQL) in one round trip and
 // undoes a claim it committed if Close began meanwhile (claimGated's oneTrip); a key with a
 // record, and every retry after a lost reply, runs
 // [BEGIN; advisory lock; claim CTE] in one pgx batch (one
@@ -142,7 +143,8 @@ func (e *engine) claimDecide(ctx context.Context, req driver.ClaimRequest) (driv
 func granted(outcome string) bool { return outcome == "claimed" || outcome == "took_over" }
 
 // claimGated runs one claim in an explicit transaction on a connection of its own: the batch
-// [BEGIN; lock; insert if absent] (claimFresh), and only if the key has a record [lock; claim]
+// [BEGIN; fresh] (claimFresh: lock, scope check, insert if absent), and only if the key has a
+// record [claim]
 // in the same transaction, then, if the statement granted a claim, COMMIT unless the DB's Close
 // has begun (then ROLLBACK and driver.ErrClosed: nothing is written). Any other outcome wrote
 // nothing and is rolled back. A lost COMMIT reply is a lost reply like any other (the retry's
@@ -154,7 +156,7 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // from that read (replayable: what the claim statement would answer), without the claim
 // statement.
 //
-// With oneTrip, the first batch carries its COMMIT ([BEGIN; lock; insert if absent; COMMIT]:
+// With oneTrip, the fresh statement runs in a transaction of its own (autocommit:
 // a first call's claim, or a retry's answer, in one round trip; freshOneTrip, which sends it
 // alone or in one transaction with other first claims). A claim it granted is committed before the closing
 // gate is read, so if Close has begun by then the claim is undone (undoFresh: deleted by its
@@ -163,7 +165,7 @@ func granted(outcome string) bool { return outcome == "claimed" || outcome == "t
 // nothing and the claim statement decides in a second transaction, gated as above.
 func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce []byte, oneTrip bool) (claimRow, error) {
 	if oneTrip {
-		row, got, err := e.freshOneTrip(ctx, req, nonce) // [BEGIN; lock; insert if absent; COMMIT], maybe with other keys
+		row, got, err := e.freshOneTrip(ctx, req, nonce) // the fresh statement, its own transaction, maybe with other keys
 		if err != nil {
 			return claimRow{}, err
 		}
@@ -197,8 +199,8 @@ func (e *engine) claimGated(ctx context.Context, req driver.ClaimRequest, nonce 
 	return row, err
 }
 
-// claimInTx is claimGated's transaction on a connection of its own, on ctx: [BEGIN; lock;
-// insert if absent] (claimFresh), and only if the key has a record the claim statement
+// claimInTx is claimGated's transaction on a connection of its own, on ctx: [BEGIN; fresh
+// (lock, scope check, insert if absent)] (claimFresh), and only if the key has a record the claim statement
 // (claimOnce) in the same transaction; a claim granted is committed unless the DB's Close has
 // begun or the caller has gone (asked just before the COMMIT is sent). committed: the COMMIT
 // was answered. A COMMIT whose reply was lost comes back marked with its backend (sent).
@@ -208,7 +210,7 @@ func (e *engine) claimInTx(ctx context.Context, req driver.ClaimRequest, nonce [
 		return claimRow{}, false, err
 	}
 	defer conn.Release()                                        // a connection left in a transaction is closed by the pool
-	row, got, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; lock; insert if absent]
+	row, got, err := e.claimFresh(ctx, conn, req, nonce, false) // [BEGIN; fresh]
 	if err == nil && got != freshClaimed {                      // the key has a record: the claim statement decides
 		if done, ok := replayable(req, row); got == freshExisting && ok {
 			row = done
@@ -256,53 +258,35 @@ func (e *engine) ensureCurrent(ctx context.Context) error {
 	return nil
 }
 
-// claimOnce sends the claim batch [lock; claim] once (in q's transaction, or an implicit
-// one). No row back is pgx.ErrNoRows (re-send).
+// claimOnce sends the claim statement once, in q's transaction, which its fresh statement
+// began (claimFresh: it holds the key's lock and the scope's). No row back is pgx.ErrNoRows
+// (re-send).
 func (e *engine) claimOnce(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte) (claimRow, error) {
-	row, _, err := e.claimSend(ctx, q, req, nonce, nil)
+	row, err := e.claimSend(ctx, q, req, nonce)
 	return row, err
 }
 
-// claimSend is claimOnce, with the batch beginning a transaction first if begin is set
-// ([BEGIN; lock; claim; extra...]: the transaction, open on q's connection, is returned,
-// also with an error if it began; pgx's Batch.BeginTx), and extra statements after the
-// claim (DoTx's savepoint).
-func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, begin *pgx.TxOptions, extra ...string) (claimRow, pgx.Tx, error) {
-	h := keyHash(req.Key)
+// claimSend is claimOnce, with extra statements after the claim in the same batch (DoTx's
+// savepoint). It takes no lock and checks no erasure: it is only sent in a transaction
+// whose fresh statement (sendFresh) took the key's lock and the scope's, held to its end (an
+// erasure of the scope waits for it), and checked the scope's erasures.
+func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimRequest, nonce []byte, extra ...string) (claimRow, error) {
 	b := &pgx.Batch{}
-	if begin != nil {
-		b.BeginTx(*begin)
-	}
-	b.Queue(e.q.lock, lockClass, lockID(h))
 	now := e.nowArg() // the claim's time, on an injected clock
-	b.Queue(e.q.scope, e.scopeArgs(req.Key, now)...)
 	b.Queue(e.q.claim, e.claimArgs(req, nonce, now)...)
 	for _, s := range extra { // statements after the claim, in the same batch (DoTx's savepoint)
 		b.Queue(s)
 	}
 	br := q.SendBatch(ctx, b)
-	tx := br.Tx()
 	var row claimRow
-	var err error
-	if begin != nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		_, err = br.Exec() // the scope's check
-	}
-	if err == nil {
-		var state int16
-		var lease *time.Time
-		r := &row.rec
-		err = br.QueryRow().Scan(&row.outcome, &r.Token, &r.Attempts, &state, &r.Fingerprint, &r.Result,
-			&r.CreatedAt, &r.UpdatedAt, &lease, &row.now, &r.Trace)
-		r.State = driver.State(state)
-		if lease != nil {
-			r.LeaseExpiresAt = *lease
-		}
+	var state int16
+	var lease *time.Time
+	r := &row.rec
+	err := br.QueryRow().Scan(&row.outcome, &r.Token, &r.Attempts, &state, &r.Fingerprint, &r.Result,
+		&r.CreatedAt, &r.UpdatedAt, &lease, &row.now, &r.Trace)
+	r.State = driver.State(state)
+	if lease != nil {
+		r.LeaseExpiresAt = *lease
 	}
 	for range extra {
 		if err == nil {
@@ -313,12 +297,12 @@ func (e *engine) claimSend(ctx context.Context, q querier, req driver.ClaimReque
 		err = cerr
 	}
 	if err != nil {
-		return claimRow{}, tx, err
+		return claimRow{}, err
 	}
 	row.rec.Key = req.Key
 	e.fill(&row.rec)
 	row.now = e.saw(row.now, now)
-	return row, tx, nil
+	return row, nil
 }
 
 // claimArgs are the claim statements' parameters (queries.claim, queries.fresh), with the

@@ -19,7 +19,7 @@ const (
 	freshExisting                 // the key has a record (row.rec, row.now: as the lookup reads it)
 )
 
-// claimFresh opens a gated claim's transaction on conn with [BEGIN; lock; fresh] in one
+// claimFresh opens a gated claim's transaction on conn with [BEGIN; fresh] in one
 // batch (one round trip): under the key's advisory lock, a key with no record in the live
 // partitions is claimed by a plain INSERT, without the claim statement's other branches
 // (their partition probes, row lock and UPDATE cost server CPU on every first call). A key
@@ -30,7 +30,7 @@ const (
 // (replayable). The decision is the claim statement's "fresh" branch on a snapshot taken
 // after the lock, so it is the one the claim statement would have made.
 //
-// With commit, COMMIT is the batch's last statement ([BEGIN; lock; fresh; COMMIT]: a first
+// With commit, the fresh statement is sent alone and commits by itself (a first
 // call's claim, or a retry's answer, in one round trip), and the transaction is over when
 // claimFresh returns, with or without a claim: the caller reads the closing gate after the
 // claim is committed and undoes it (undoFresh) if Close began meanwhile.
@@ -44,31 +44,30 @@ func (e *engine) claimFresh(ctx context.Context, conn querier, req driver.ClaimR
 }
 
 // sendFresh is claimFresh with the batch's last statement given: tail ("COMMIT", DoTx's
-// "SAVEPOINT …", or none). The batch is [BEGIN; lock; fresh; tail]. With wantTx the
-// transaction it begins is pgx's (Batch.BeginTx) and returned, for DoTx's fn: conn must then
-// be a connection (a pool's batch that begins a transaction keeps its connection until the
-// transaction ends).
+// "SAVEPOINT …", or none). The statement is q.freshFn (freshFnSQL): the key's lock, the
+// scope's check and the fresh decision in one. With tail "COMMIT" it is sent alone and commits
+// by itself (one statement, its implicit transaction: the locks end with it); otherwise the
+// batch is [BEGIN; freshFn; tail]. With wantTx the transaction it begins is pgx's
+// (Batch.BeginTx) and returned, for DoTx's fn: conn must then be a connection (a pool's batch
+// that begins a transaction keeps its connection until the transaction ends).
 func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRequest, nonce []byte, wantTx bool, tail string) (row claimRow, got freshGot, tx pgx.Tx, err error) {
 	b := &pgx.Batch{}
-	if wantTx {
+	autocommit := tail == "COMMIT" && !wantTx
+	switch {
+	case wantTx:
 		b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	} else {
+	case !autocommit:
 		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	}
-	b.Queue(e.q.lock, lockClass, lockID(keyHash(req.Key)))
 	now := e.nowArg()
-	b.Queue(e.q.scope, e.scopeArgs(req.Key, now)...)
-	b.Queue(e.q.fresh, e.claimArgs(req, nonce, now)...)
-	if tail != "" {
+	b.Queue(e.q.freshFn, e.freshArgs(req, nonce, now)...)
+	if tail != "" && !autocommit {
 		b.Queue(tail)
 	}
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
-	if _, err = br.Exec(); err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		_, err = br.Exec() // the scope's check
+	if !autocommit {
+		_, err = br.Exec() // BEGIN
 	}
 	if err == nil {
 		var claimed bool
@@ -82,7 +81,7 @@ func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRe
 			err = nil
 		}
 	}
-	if tail != "" && err == nil {
+	if tail != "" && !autocommit && err == nil {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
@@ -100,6 +99,19 @@ func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRe
 		row.now = e.saw(row.now, now)
 	}
 	return row, got, tx, nil
+}
+
+// freshArgs are q.freshFn's parameters (freshFnSQL) for a first claim of req at now (nowArg).
+func (e *engine) freshArgs(req driver.ClaimRequest, nonce []byte, now any) []any {
+	id := driver.ScopeID(e.secret, req.Key.Scope)
+	var mbottom, rbottom any // NULL: tombstones off
+	if e.q.tombs {
+		mb := e.markerBottom()
+		mbottom, rbottom = mb, mb*(e.mwidth/e.width) // recordBottom
+	}
+	return []any{lockID(keyHash(req.Key)), scopeLock(id), id, []byte(req.Key.Scope), []byte(req.Key.ID),
+		req.Fingerprint, nonce, req.LeaseTTL.Microseconds(), e.width, e.oldest(), now, e.q.injected,
+		mbottom, rbottom, e.tombUS()}
 }
 
 // replayable is the answer to a claim whose fresh statement found a finished record that is

@@ -61,11 +61,12 @@
 // early. Times are kept to the microsecond (timestamptz). Expiry is exact at read time; GC
 // only reclaims space.
 //
-// Round trips. A first call's claim is one ([BEGIN; advisory lock; insert if absent; COMMIT]
-// in one batch: a claim committed after the DB's Close began is undone, so no lease is handed
-// out once Close has begun), and Do's commit another: two, as the plainest correct design's.
-// A key that already has a record takes the gated claim statement ([BEGIN; advisory lock;
-// claim] in one batch, then COMMIT once the engine has checked that Close has not begun). A
+// Round trips. A first call's claim is one (one statement in its own transaction: the key's
+// advisory lock, the scope's check and the insert if absent, in a function: a claim committed
+// after the DB's Close began is undone, so no lease is handed out once Close has begun), and
+// Do's commit another: two statements and two round trips, as the plainest correct design's.
+// A key that already has a record takes the gated claim statement ([BEGIN; fresh; claim],
+// then COMMIT once the engine has checked that Close has not begun). A
 // retry of a finished operation is one round trip on any node: on a node that recently saw
 // it finished (a bounded hint of key hashes and their records' epochs), one plain MVCC read
 // of the one partition that holds the record (no transaction, no lock, nothing written; the

@@ -12,7 +12,7 @@ import (
 )
 
 // txConn is a DoTx transaction on a pool connection of its own, begun by the claim batch
-// itself ([BEGIN; lock; claim; SAVEPOINT]: claimTxOnce). DoTx commits it with the receipt's
+// itself ([BEGIN; fresh; SAVEPOINT]: claimTxOnce). DoTx commits it with the receipt's
 // write in one batch ([finish; COMMIT]: commitDoTx), then hands the connection back to the
 // pool without the round trip pgx's Tx.Commit would make (the connection is idle again, so
 // the pool keeps it). Every other ending goes through end.

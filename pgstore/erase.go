@@ -17,7 +17,8 @@ import (
 //
 // Every claim takes, besides its key's advisory lock, its scope's advisory lock shared
 // (scopeLockClass) and then checks the erasures table, in a function whose statements each
-// read a snapshot taken after the lock (claimScopeSQL): an erasure in force raises
+// read a snapshot taken after the lock (the first claims' functions: freshFnSQL,
+// freshManyFnSQL; a key's later claim statements run in the same transaction): an erasure in force raises
 // errErasedCode, which the claim answers as driver.Erased. EraseScope takes the scope's lock
 // exclusive, so it waits for the claims of the scope in flight (a DoTx holds it to its end),
 // and new ones wait for it; then one transaction records the erasure and deletes the scope's
@@ -33,7 +34,9 @@ var _ driver.Eraser = (*engine)(nil)
 // errErasedCode is the SQLSTATE the scope check raises for a claim in an erased scope.
 const errErasedCode = "RC410"
 
-// claimScopeSQL creates the functions claims call after their key's lock: claim_scope for
+// claimScopeSQL creates the functions claims called after their key's lock before the first
+// claims' functions (freshFnSQL, freshManyFnSQL) took the scope's lock themselves; they are
+// still created for binaries of that time that share the schema: claim_scope for
 // one key, claim_scopes for a batch (it drops from receipts.locked the keys whose scope lock
 // it cannot take at once, or whose scope is erased: they claim alone). Each statement of a
 // VOLATILE plpgsql function reads a snapshot of its own, taken when it starts: the erasures

@@ -4,23 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/receiptstore/receipts/driver"
 )
 
 // First claims of different keys share a transaction when they arrive together (combiner.go).
 //
-// A first call's claim is one round trip, [BEGIN; lock; fresh; COMMIT] (claimFresh). A batch
-// of them is [BEGIN; lockMany; freshMany; COMMIT]: each key whose lock was free gets the
+// A first call's claim is one round trip, one statement in its own transaction (claimFresh:
+// freshFnSQL). A batch of them is one statement too (freshManyFnSQL): each key whose lock was
+// free gets the
 // decision its own claimFresh would have made, on a snapshot taken after its lock was taken
 // (the statement is the fresh statement over an array of keys).
 //
 // Failure keeps each claim's own semantics:
-//   - A key whose lock another transaction holds is left out (lockMany only takes free
+//   - A key whose lock another transaction holds is left out (the batch only takes free
 //     locks) and claims alone, waiting for its lock as a claim sent alone does.
 //   - A server error (a unique violation, a missing partition) rolls the whole transaction
 //     back: nothing was written, and each claim is sent again alone.
@@ -126,7 +123,7 @@ func (e *engine) freshAlone(ctx context.Context, req driver.ClaimRequest, nonce 
 	var row claimRow
 	var got freshGot
 	err = e.checkedCommit(pc, func() (err error) {
-		row, got, err = e.claimFresh(ctx, conn, req, nonce, true) // [BEGIN; lock; insert if absent; COMMIT]
+		row, got, err = e.claimFresh(ctx, conn, req, nonce, true) // the fresh statement, its own transaction
 		return err
 	})
 	if errors.Is(err, ErrNotReplicated) { // committed on the primary only: not handed out
@@ -142,7 +139,8 @@ func (e *engine) freshAlone(ctx context.Context, req driver.ClaimRequest, nonce 
 	return row, got, sent(err, pc)
 }
 
-// freshMany sends [BEGIN; lockMany; freshMany; COMMIT] for the calls of batch (distinct keys)
+// freshMany sends the batch's statement (freshManyFnSQL, its own transaction) for the calls
+// of batch (distinct keys)
 // in one round trip, on ctx (detached from every caller's: newFreshCombiner), and fills in
 // each call's answer.
 func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshCall) {
@@ -158,10 +156,13 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 		slocks[i] = scopeLock(sids[i])
 	}
 	now := e.nowArg()
-	args := []any{scopes, ids, fps, nonces, leases, e.retentionUS(), e.width, e.oldest(), now}
+	var mbottom, rbottom any // NULL: tombstones off
 	if e.q.tombs {
-		args = append(args, e.markerBottom(), e.tombUS())
+		mb := e.markerBottom()
+		mbottom, rbottom = mb, mb*(e.mwidth/e.width) // recordBottom
 	}
+	args := []any{locks, slocks, sids, scopes, ids, fps, nonces, leases, e.width, e.oldest(), now, e.q.injected,
+		mbottom, rbottom, e.tombUS()}
 
 	var pid uint32 // the backend the batch went to
 	fail := func(err error) {
@@ -192,62 +193,49 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 	}
 	defer conn.Release()
 	pid = conn.Conn().PgConn().PID()
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue(e.q.lockMany, lockClass, locks)
-	b.Queue(e.q.scopes, slocks, sids, now) // keeps the keys whose scope lock it took and that are not erased
-	b.Queue(e.q.freshMany, args...)
-	b.Queue("COMMIT")
 	got := make([]bool, n)
 	locked := make([]bool, n)
 	err = e.checkedCommit(conn.Conn().PgConn(), func() (err error) {
-		br := conn.SendBatch(ctx, b)
-		if _, err = br.Exec(); err == nil {
-			_, err = br.Exec() // lockMany: the scope check's answer is the list
+		rows, err := conn.Query(ctx, e.q.freshManyFn, args...) // one statement, its own transaction
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			var list string
-			if err = br.QueryRow().Scan(&list); err == nil {
-				for _, f := range strings.Split(list, ",") {
-					if i, perr := strconv.Atoi(f); perr == nil && i >= 1 && i <= n {
-						locked[i-1] = true
-					}
+		for rows.Next() {
+			var row claimRow
+			var claimed *bool
+			var i int64
+			serr := scanRecord(rows, &row.rec, &row.now, &claimed, &i)
+			switch {
+			case claimed == nil && errors.Is(serr, errAbsent): // key i was locked and decided
+				if i < 1 || i > int64(n) || locked[i-1] {
+					err = errorf("pgstore: claim batch: key %d of %d locked twice", i, n)
+					break
 				}
+				locked[i-1] = true
+				continue
+			case serr != nil:
+				err = serr
+			case claimed == nil:
+				err = errorf("pgstore: claim batch: a record row without its flag")
+			}
+			if err != nil {
+				break
+			}
+			i = member(i, n)
+			if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
+				err = errorf("pgstore: claim batch: row for key %d of %d", i, n)
+				break
+			}
+			got[i-1] = true
+			c := &batch[i-1].v
+			c.row, c.got = row, freshExisting
+			if *claimed {
+				c.got = freshClaimed
 			}
 		}
+		rows.Close()
 		if err == nil {
-			var rows pgx.Rows
-			if rows, err = br.Query(); err == nil {
-				for rows.Next() {
-					var row claimRow
-					var claimed bool
-					var i int64
-					if err = scanRecord(rows, &row.rec, &row.now, &claimed, &i); err != nil {
-						break
-					}
-					i = member(i, n)
-					if i < 1 || i > int64(n) || got[i-1] || !locked[i-1] {
-						err = errorf("pgstore: claim batch: row for key %d of %d", i, n)
-						break
-					}
-					got[i-1] = true
-					c := &batch[i-1].v
-					c.row, c.got = row, freshExisting
-					if claimed {
-						c.got = freshClaimed
-					}
-				}
-				rows.Close()
-				if err == nil {
-					err = rows.Err()
-				}
-			}
-		}
-		if err == nil {
-			_, err = br.Exec() // COMMIT
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
+			err = rows.Err()
 		}
 		return err
 	})

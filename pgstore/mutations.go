@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/receiptstore/receipts/internal/mutate"
@@ -24,18 +25,27 @@ func mutated(q queries, name string) queries {
 	case mutate.PgNoAtomic:
 		q.lock = `SELECT $1::int4, $2::int4`
 		q.claim = mustReplace(q.claim, "FOR UPDATE OF r SKIP LOCKED", "")
-		q.fresh = mustReplace(q.fresh, "\nRETURNING *", `
-ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
-    fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
-    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at
-RETURNING *`)
-		q.lockMany = `SELECT set_config('receipts.locked', array_to_string(ARRAY(
-  SELECT generate_series(1, cardinality($2::int4[]))), ','), true) WHERE $1::int4 IS NOT NULL`
-		q.freshMany = mustReplace(q.freshMany, "\nRETURNING *", `
-ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
-    fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
-    created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at
-RETURNING *`)
+		// The first claims' functions, under names of their own (a function is the schema's:
+		// a mutated binary must not replace an unmutated one's): no key lock (the batch's
+		// takes every key), and an insert that meets a concurrent one overwrites it.
+		for _, f := range []*string{&q.freshFnDDL, &q.freshFn} {
+			*f = mustReplace(*f, "claim_fresh_v1(", "claim_fresh_v1_pgnoatomic(")
+		}
+		for _, f := range []*string{&q.freshManyFnDDL, &q.freshManyFn} {
+			*f = mustReplace(*f, "claim_fresh_many_v1(", "claim_fresh_many_v1_pgnoatomic(")
+		}
+		q.freshFnDDL = mustReplace(q.freshFnDDL, "PERFORM pg_advisory_xact_lock("+strconv.Itoa(int(lockClass))+", klock), ", "PERFORM ")
+		q.freshManyFnDDL = mustReplace(q.freshManyFnDDL, "IF pg_try_advisory_xact_lock("+strconv.Itoa(int(lockClass))+", klocks[j]) THEN", "IF klocks[j] IS NOT NULL THEN")
+		for _, f := range []*string{&q.freshFnDDL, &q.freshManyFnDDL} {
+			const ret = "\n  RETURNING r"
+			if strings.Count(*f, ret) != 2 { // both branches (tombstones off, on)
+				panic("pgstore: mutation: a first claim's function no longer has two inserts")
+			}
+			*f = strings.ReplaceAll(*f, ret, `
+  ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1,
+      fp = EXCLUDED.fp, token = EXCLUDED.token, attempts = 1, nonce = EXCLUDED.nonce, result = NULL,
+      created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, lease_expires_at = EXCLUDED.lease_expires_at`+ret)
+		}
 		q.claim = mustReplace(q.claim, "ON CONFLICT DO NOTHING",
 			`ON CONFLICT (scope, id, epoch) DO UPDATE SET state = 1, fp = EXCLUDED.fp, token = EXCLUDED.token,
     attempts = 1, nonce = EXCLUDED.nonce, result = NULL, created_at = EXCLUDED.created_at,

@@ -27,16 +27,16 @@ type queries struct {
 	injected bool   // the clock parameter is the injected time (else the floor of the database's)
 	tombs    bool   // tombstones are on: claims check markers and expired records
 
-	lock, claim, fresh, lookup, renew, finish, abandon, del, fence, scan string
-	byNonce                                                              string // a claim whose reply was lost, by its nonce (detach.go)
-	scope, scopes                                                        string // the scope's lock and erasure check, after lock and lockMany (erase.go)
-	lockMany, freshMany                                                  string // a batch of first claims (freshbatch.go)
-	finishMust                                                           string // DoTx's: fails if it matches no row
-	finishIn                                                             string // template of Finish in one partition (finishInSQL)
-	finishManyIn                                                         string // the same for a batch of finishes (finishInSQL)
-	tombstone, scanTombstones                                            string // tombs only
-	copyMarkers                                                          string // GC's, template (copyMarkersSQL)
-	journal, journalOf                                                   string // a claim's step journal (steps.go)
+	lock, claim, lookup, renew, finish, abandon, del, fence, scan string
+	byNonce                                                       string // a claim whose reply was lost, by its nonce (detach.go)
+	freshFn, freshFnDDL                                           string // a first claim in one statement: the call, and the function it calls (freshFnSQL)
+	freshManyFn, freshManyFnDDL                                   string // the same for a batch of first claims (freshManyFnSQL)
+	finishMust                                                    string // DoTx's: fails if it matches no row
+	finishIn                                                      string // template of Finish in one partition (finishInSQL)
+	finishManyIn                                                  string // the same for a batch of finishes (finishInSQL)
+	tombstone, scanTombstones                                     string // tombs only
+	copyMarkers                                                   string // GC's, template (copyMarkersSQL)
+	journal, journalOf                                            string // a claim's step journal (steps.go)
 }
 
 // clock is the SQL of a statement's time, from its clock parameter p (engine.nowArg): the
@@ -85,14 +85,12 @@ func buildQueries(schema string, injected, tombs bool, markerK int64) queries {
 	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
 	us := ` * interval '1 microsecond'`
 
-	// Statement 1 of a claim (same implicit transaction as statement 2, sent in one batch):
-	// serialize claims of this key. The primary key (scope, id, epoch) cannot make a key unique
-	// across partitions, so two fresh claims on either side of an epoch boundary would both
-	// insert without it. Statement 2 takes its snapshot after the lock is granted.
+	// The key's advisory lock: it serializes claims of this key. The primary key (scope, id,
+	// epoch) cannot make a key unique across partitions, so two fresh claims on either side of
+	// an epoch boundary would both insert without it. The first claim's function takes it
+	// (freshFnSQL) and reads the key on a snapshot taken after it; FinishWith's commit and the
+	// read-back after a lost COMMIT reply take it on their own (tx.go).
 	q.lock = `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`
-	// Statement 1b: the key's scope, shared, and no erasure of it in force (erase.go).
-	q.scope = `SELECT ` + s + `.claim_scope($1::int4, $2::bytea, ` + q.clock("$3") + `)`
-	q.scopes = `SELECT ` + s + `.claim_scopes($1::int4[], $2::bytea[], ` + q.clock("$3") + `)`
 
 	// recBottom is the oldest records epoch whose records can be tombstones, from $10 (the
 	// oldest markers partition in force): the first records epoch of that markers partition.
@@ -181,107 +179,8 @@ SELECT CASE WHEN c.updated_at + $6::bigint` + us + ` <= t.now THEN 'busy'
   FROM cur c, t
  WHERE NOT EXISTS (SELECT 1 FROM takeover)` + notTomb + tombRow)
 
-	// The first statement of a gated claim (claimfresh.go), after the lock: the claim
-	// statement's "fresh" branch alone, for a key with no record in the live partitions (the
-	// common first call), without the claim statement's other branches. A key that has a
-	// record gets it back instead (cur: the lookup's read, on the snapshot taken after the
-	// lock), so that a retry of a finished operation is answered by the same round trip; the
-	// claim statement decides everything else. Same parameters as claim. Columns: recCols,
-	// the statement's time, then whether the row is the new claim (else the key's record).
-	//
-	// A plain INSERT, without ON CONFLICT DO NOTHING: under the key's lock, with cur read on
-	// a snapshot taken after it, no row of the key can exist in the live partitions that cur
-	// does not see (every writer of a new row of a key holds its lock), so a conflict is left
-	// only to a row the snapshot cannot see; it fails with a unique violation (23505), which
-	// the claim re-sends as it re-sends a claim statement that returned no row (claimDecide).
-	// ON CONFLICT's speculative insertion costs the server one more index descent (its
-	// pre-check) on every first call: bench/README.md, "Per statement".
-	freshCur := `cur AS (SELECT * FROM S.records r WHERE r.scope = $1 AND r.id = $2 AND r.epoch >= $8
-                ORDER BY r.epoch DESC LIMIT 1)`
-	freshIns := `INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
-                       created_at, updated_at, lease_expires_at)
-SELECT $1, $2, t.ep, 1, $3, nextval('S.token_seq'), 1, $4, t.now, t.now, t.now + $5::bigint` + us + `
-  FROM t
- WHERE NOT EXISTS (SELECT 1 FROM cur)
-   AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)`
-	freshOut := `
-SELECT ` + recCols + `, t.now, true FROM ins r, t
-UNION ALL
-SELECT ` + recCols + `, t.now, false FROM cur r, t`
-	if !tombs {
-		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `,
-` + freshCur + `,
-ins AS (
-` + freshIns + `
-RETURNING *
-)` + freshOut)
-	} else {
-		// no tombstone in force either (else the claim statement answers 'expired'): no
-		// marker, and no record in a partition below the live ones that GC has yet to drop
-		q.fresh = x(`WITH ` + q.clockCTE("$9", "$7") + `,
-` + freshCur + `,
-ins AS (
-` + freshIns + `
-   AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = $1 AND m.id = $2 AND m.epoch >= $10::bigint
-                      AND m.used_at + $11::bigint` + us + ` > t.now)
-   AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = $1 AND o.id = $2 AND o.epoch >= ` + recBottom + `
-                      AND o.epoch < $8 AND o.updated_at + $11::bigint` + us + ` > t.now)
-RETURNING *
-)` + freshOut)
-	}
-
-	// The fresh statement for several keys at once (freshbatch.go): the same decision as
-	// q.fresh for each key of the batch whose lock lockMany took (the positions it listed in
-	// receipts.locked), in one statement. $1 scopes, $2 ids, $3 fingerprints, $4 nonces,
-	// $5 lease µs (arrays, one element per key; the keys are distinct), then $6.. as
-	// q.fresh's. Columns: q.fresh's, then the key's position in the arrays (1-based). A
-	// locked key with no row back has a tombstone in force; the others are not decided.
-	manyK := `k AS MATERIALIZED (
-  SELECT * FROM unnest(` + param("$1", "bytea[]") + `, ` + param("$2", "bytea[]") + `, ` + param("$3", "bytea[]") + `, ` + param("$4", "bytea[]") + `, ` + param("$5", "bigint[]") + `)
-                WITH ORDINALITY AS k(scope, id, fp, nonce, lease_us, i)
-   WHERE i = ANY (string_to_array(current_setting('receipts.locked'), ',')::bigint[])
-),
-cur AS MATERIALIZED (SELECT k.i, r.* FROM k CROSS JOIN LATERAL (
-    SELECT * FROM S.records r WHERE r.scope = k.scope AND r.id = k.id AND r.epoch >= $8
-     ORDER BY r.epoch DESC LIMIT 1) r)`
-	manyIns := `INSERT INTO S.records (scope, id, epoch, state, fp, token, attempts, nonce,
-                       created_at, updated_at, lease_expires_at)
-SELECT k.scope, k.id, t.ep, 1, k.fp, nextval('S.token_seq'), 1, k.nonce, t.now, t.now, t.now + k.lease_us` + us + `
-  FROM k, t
- WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.i = k.i)
-   AND $6::bigint > 0   -- retention: unused, but typed (the claim's parameters)`
-	manyOut := `
-SELECT ` + recCols + `, t.now, true, k.i FROM ins r JOIN k ON k.scope = r.scope AND k.id = r.id, t
-UNION ALL
-SELECT ` + recCols + `, t.now, false, r.i FROM cur r, t`
-	if !tombs {
-		q.freshMany = x(`WITH ` + q.clockCTE("$9", "$7") + `,
-` + manyK + `,
-ins AS (
-` + manyIns + `
-RETURNING *
-)` + manyOut)
-	} else {
-		q.freshMany = x(`WITH ` + q.clockCTE("$9", "$7") + `,
-` + manyK + `,
-ins AS (
-` + manyIns + `
-   AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = k.scope AND m.id = k.id AND m.epoch >= $10::bigint
-                      AND m.used_at + $11::bigint` + us + ` > t.now)
-   AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = k.scope AND o.id = k.id AND o.epoch >= ` + recBottom + `
-                      AND o.epoch < $8 AND o.updated_at + $11::bigint` + us + ` > t.now)
-RETURNING *
-)` + manyOut)
-	}
-	// The locks of a batch's keys ($2, one per key), each taken only if it is free
-	// (pg_try_advisory_xact_lock never waits, so a batch neither waits for a key another
-	// transaction holds, a DoTx running its effect say, nor takes part in a deadlock): the
-	// positions (1-based) of the keys locked, comma-separated, are returned and kept in the
-	// transaction's receipts.locked setting, which freshMany reads.
-	q.lockMany = `SELECT set_config('receipts.locked', s.l, true) FROM (
-  SELECT coalesce(string_agg(x.i::text, ','), '') AS l
-    FROM unnest(` + param("$2", "int4[]") + `) WITH ORDINALITY AS x(id, i)
-   WHERE pg_try_advisory_xact_lock($1::int4, x.id)) s`
+	q.freshFn, q.freshFnDDL = freshFnSQL(s, "claim_fresh_v1")
+	q.freshManyFn, q.freshManyFnDDL = freshManyFnSQL(s, "claim_fresh_many_v1")
 
 	// Lookup / replay / waiter poll: a plain MVCC read, newest partition first.
 	// $1 scope, $2 id, $3 oldest, $4 now.
@@ -462,6 +361,164 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 		q = mutated(q, mutate.Name) // test-only: mutations.go
 	}
 	return q
+}
+
+// freshFnSQL returns the call of a gated claim's first statement (claimfresh.go) and the
+// function it calls, name in schema s (created at Open, as claim_scope is): the key's
+// advisory lock, the scope's lock shared and its erasures (claim_scope's check), then
+// q.fresh's decision, in one statement instead of three. The function is VOLATILE PL/pgSQL,
+// so each statement in it reads a snapshot taken when that statement starts: the erasures
+// and the key's record are read after both locks are held, as the separate statements read
+// them, and its time is taken after the locks too. Its statements' plans are cached per
+// session (PL/pgSQL prepares them once), and only the branch of the tombstone setting in
+// force is set up. Parameters (the call's): $1 the key's lock (lockID), $2 the scope's lock
+// (scopeLock), $3 the scope's ID (ScopeID), $4 scope, $5 id, $6 fp, $7 nonce, $8 lease µs,
+// $9 epoch width µs, $10 oldest live epoch, $11 the clock parameter (nowArg), $12 whether it
+// is the injected time, $13 the oldest markers epoch that can be in force (NULL: tombstones
+// off), $14 the oldest records epoch that can hold a tombstone ($13's first), $15 Retention +
+// TombstoneWindow µs.
+//
+// The decision is the claim statement's "fresh" branch alone, for a key with no record in
+// the live partitions (the common first call), without the claim statement's other
+// branches. A key that has a record gets it back instead (cur: the lookup's read, on a
+// snapshot taken after the lock), so that a retry of a finished operation is answered by the
+// same round trip; the claim statement decides everything else. Columns: recCols, the
+// statement's time, then whether the row is the new claim (else the key's record). No row: a
+// tombstone in force (no marker, and no record in a partition below the live ones that GC
+// has yet to drop, within Retention + TombstoneWindow), which the claim statement answers.
+// The function returns the record as the records table's row type, so a column added to the
+// table comes back without a change here (the call's columns are recCols).
+//
+// A plain INSERT, without ON CONFLICT DO NOTHING: under the key's lock, with cur read on a
+// snapshot taken after it, no row of the key can exist in the live partitions that cur does
+// not see (every writer of a new row of a key holds its lock), so a conflict is left only to
+// a row the snapshot cannot see; it fails with a unique violation (23505), which the claim
+// re-sends as it re-sends a claim statement that returned no row (claimDecide). ON
+// CONFLICT's speculative insertion costs the server one more index descent (its pre-check)
+// on every first call: bench/README.md, "Per statement".
+func freshFnSQL(s, name string) (call, ddl string) {
+	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
+	us := ` * interval '1 microsecond'`
+	cur := `cur AS (SELECT r FROM S.records r WHERE r.scope = sc AND r.id = kid AND r.epoch >= oldest
+                ORDER BY r.epoch DESC LIMIT 1)`
+	ins := `ins AS (
+  INSERT INTO S.records AS r (scope, id, epoch, state, fp, token, attempts, nonce,
+                              created_at, updated_at, lease_expires_at)
+  SELECT sc, kid, ep, 1, kfp, nextval('S.token_seq'), 1, knonce, n, n, n + lease_us` + us + `
+   WHERE NOT EXISTS (SELECT 1 FROM cur)`
+	out := `
+  RETURNING r
+)
+SELECT i.r, n, true FROM ins i
+UNION ALL
+SELECT c.r, n, false FROM cur c`
+	tomb := `
+     AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = sc AND m.id = kid AND m.epoch >= mbottom
+                        AND m.used_at + tomb_us` + us + ` > n)
+     AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = sc AND o.id = kid AND o.epoch >= rbottom
+                        AND o.epoch < oldest AND o.updated_at + tomb_us` + us + ` > n)`
+	ddl = x(`CREATE OR REPLACE FUNCTION S.` + name + `(klock int4, slock int4, sid bytea, sc bytea, kid bytea,
+    kfp bytea, knonce bytea, lease_us bigint, width_us bigint, oldest bigint, clk timestamptz,
+    injected bool, mbottom bigint, rbottom bigint, tomb_us bigint)
+RETURNS TABLE (o_rec S.records, o_now timestamptz, o_claimed bool)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE n timestamptz; ep bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(` + strconv.Itoa(int(lockClass)) + `, klock), pg_advisory_xact_lock_shared(` + strconv.Itoa(int(scopeLockClass)) + `, slock);
+  n := CASE WHEN injected THEN clk ELSE greatest(clock_timestamp(), clk) END;
+  IF EXISTS (SELECT 1 FROM S.erasures e WHERE e.scope_id = sid AND e.until > n) THEN
+    RAISE EXCEPTION 'receipts: scope erased' USING ERRCODE = '` + errErasedCode + `';
+  END IF;
+  ep := floor(extract(epoch FROM n) * 1000000 / width_us)::bigint;
+  IF mbottom IS NULL THEN
+    RETURN QUERY WITH ` + cur + `,
+` + ins + out + `;
+  ELSE
+    RETURN QUERY WITH ` + cur + `,
+` + ins + tomb + out + `;
+  END IF;
+END $$`)
+	call = x(`SELECT ` + strings.ReplaceAll(recCols, "r.", "(f.o_rec).") + `, f.o_now, f.o_claimed
+  FROM S.` + name + `($1::int4, $2::int4, $3::bytea, $4::bytea, $5::bytea, $6::bytea, $7::bytea, $8::bigint,
+       $9::bigint, $10::bigint, $11::timestamptz, $12::bool, $13::bigint, $14::bigint, $15::bigint) f`)
+	return call, ddl
+}
+
+// freshManyFnSQL returns the call of a batch of first claims (freshbatch.go) and the function
+// it calls, name in schema s: in one statement, what [lockMany; claim_scopes; freshMany] did
+// in three. For each key, in order, its advisory lock and then its scope's lock shared, each
+// taken only if it is free (pg_try_advisory_xact_lock never waits, so a batch neither waits
+// for a key another transaction holds nor takes part in a deadlock); then, on a snapshot
+// taken after the locks, the keys whose scope is not erased are kept, and q.fresh's decision
+// is made for each kept key, on a snapshot taken after its lock (freshFnSQL). Parameters:
+// $1 the keys' locks, $2 their scopes' locks, $3 the scopes' IDs, $4 scopes, $5 ids, $6
+// fingerprints, $7 nonces, $8 lease µs (arrays, one element per key; the keys are distinct),
+// then $9.. as freshFnSQL's. Rows: first one per kept key, its position in the arrays
+// (1-based) with NULL for the record and the claim flag (the key was locked and decided);
+// then freshFnSQL's columns for each kept key that has a record or was claimed, with its
+// position. A kept key with no record row has a tombstone in force; a key not kept was not
+// decided (it claims alone). The arrays are read through sub-selects (param) so that the
+// function's statements keep their generic plans.
+func freshManyFnSQL(s, name string) (call, ddl string) {
+	x := func(sql string) string { return strings.ReplaceAll(sql, "S.", s+".") }
+	us := ` * interval '1 microsecond'`
+	k := `k AS MATERIALIZED (
+  SELECT * FROM unnest((SELECT scs), (SELECT kids), (SELECT kfps), (SELECT knonces), (SELECT leases))
+                WITH ORDINALITY AS k(scope, id, fp, nonce, lease_us, i)
+   WHERE k.i = ANY ((SELECT kept)::bigint[])
+),
+cur AS MATERIALIZED (SELECT k.i, c.r FROM k CROSS JOIN LATERAL (
+    SELECT r FROM S.records r WHERE r.scope = k.scope AND r.id = k.id AND r.epoch >= oldest
+     ORDER BY r.epoch DESC LIMIT 1) c),
+ins AS (
+  INSERT INTO S.records AS r (scope, id, epoch, state, fp, token, attempts, nonce,
+                              created_at, updated_at, lease_expires_at)
+  SELECT k.scope, k.id, ep, 1, k.fp, nextval('S.token_seq'), 1, k.nonce, n, n, n + k.lease_us` + us + `
+    FROM k
+   WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.i = k.i)`
+	out := `
+  RETURNING r AS rec, r.scope AS rscope, r.id AS rid
+)
+SELECT x.rec, n, true, k.i FROM ins x JOIN k ON k.scope = x.rscope AND k.id = x.rid
+UNION ALL
+SELECT c.r, n, false, c.i FROM cur c`
+	tomb := `
+     AND NOT EXISTS (SELECT 1 FROM S.markers m WHERE m.scope = k.scope AND m.id = k.id AND m.epoch >= mbottom
+                        AND m.used_at + tomb_us` + us + ` > n)
+     AND NOT EXISTS (SELECT 1 FROM S.records o WHERE o.scope = k.scope AND o.id = k.id AND o.epoch >= rbottom
+                        AND o.epoch < oldest AND o.updated_at + tomb_us` + us + ` > n)`
+	ddl = x(`CREATE OR REPLACE FUNCTION S.` + name + `(klocks int4[], slocks int4[], sids bytea[], scs bytea[], kids bytea[],
+    kfps bytea[], knonces bytea[], leases bigint[], width_us bigint, oldest bigint, clk timestamptz,
+    injected bool, mbottom bigint, rbottom bigint, tomb_us bigint)
+RETURNS TABLE (o_rec S.records, o_now timestamptz, o_claimed bool, o_i bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE n timestamptz; ep bigint; locked bigint[] := '{}'; kept bigint[]; j int;
+BEGIN
+  FOR j IN 1 .. coalesce(cardinality(klocks), 0) LOOP
+    IF pg_try_advisory_xact_lock(` + strconv.Itoa(int(lockClass)) + `, klocks[j]) THEN
+      IF pg_try_advisory_xact_lock_shared(` + strconv.Itoa(int(scopeLockClass)) + `, slocks[j]) THEN
+        locked := locked || j::bigint;
+      END IF;
+    END IF;
+  END LOOP;
+  n := CASE WHEN injected THEN clk ELSE greatest(clock_timestamp(), clk) END;
+  SELECT coalesce(array_agg(l.i), '{}') INTO kept FROM unnest((SELECT locked)) AS l(i)
+   WHERE NOT EXISTS (SELECT 1 FROM S.erasures e WHERE e.scope_id = sids[l.i] AND e.until > n);
+  RETURN QUERY SELECT NULL::S.records, n, NULL::bool, l.i FROM unnest((SELECT kept)) AS l(i);
+  IF cardinality(kept) = 0 THEN
+    RETURN;
+  END IF;
+  ep := floor(extract(epoch FROM n) * 1000000 / width_us)::bigint;
+  IF mbottom IS NULL THEN
+    RETURN QUERY WITH ` + k + out + `;
+  ELSE
+    RETURN QUERY WITH ` + k + tomb + out + `;
+  END IF;
+END $$`)
+	call = x(`SELECT ` + strings.ReplaceAll(recCols, "r.", "(f.o_rec).") + `, f.o_now, f.o_claimed, f.o_i
+  FROM S.` + name + `($1::int4[], $2::int4[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[], $7::bytea[], $8::bigint[],
+       $9::bigint, $10::bigint, $11::timestamptz, $12::bool, $13::bigint, $14::bigint, $15::bigint) f`)
+	return call, ddl
 }
 
 // finishInSQL is the template q.finishIn filled in for records epoch ep, whose markers

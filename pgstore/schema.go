@@ -158,7 +158,7 @@ VALUES ($1, $2, $3, $4, $5, `+e.q.clock("$6")+`, $7)`,
 		if err := e.loadClock(ctx, tx); err != nil {
 			return err
 		}
-		for _, s := range append(privacySQL(e.q.schema), claimScopeSQL(e.q.schema)...) {
+		for _, s := range append(append(privacySQL(e.q.schema), claimScopeSQL(e.q.schema)...), e.q.freshFnDDL, e.q.freshManyFnDDL) {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return fmt.Errorf("create the privacy tables: %w", err)
 			}

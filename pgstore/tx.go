@@ -250,11 +250,12 @@ func (e *engine) claimTx(ctx context.Context, req driver.ClaimRequest, nonce []b
 }
 
 // claimTxOnce is one transaction of claimTx, on a connection of its own. The fresh batch
-// begins it ([BEGIN; lock; fresh; SAVEPOINT], one round trip: sendFresh): a key with no record
+// begins it ([BEGIN; fresh; SAVEPOINT], one round trip: sendFresh; the fresh statement
+// takes the key's lock and the scope's and checks the erasures): a key with no record
 // in the live partitions is claimed by a plain INSERT, and a finished record still visible is
 // answered from the same read (replayable), as Do's first call does. Only a key with another
 // record (or a tombstone in force) sends the claim statement, in the same transaction
-// ([lock; claim; SAVEPOINT]: the lock is re-entrant, and the effect's savepoint is the one
+// ([claim; SAVEPOINT]: the transaction holds the locks, and the effect's savepoint is the one
 // taken after the claim). tx is nil if err is not.
 //
 // Measured (bench/README.md, "DoTx against pg-tx-floor"): the claim statement's plan (its
@@ -274,9 +275,9 @@ func (e *engine) claimTxOnce(ctx context.Context, req driver.ClaimRequest, nonce
 		}
 	}
 	if err == nil && got != freshClaimed { // the claim statement decides, in the same transaction
-		row, _, err = e.claimSend(ctx, tx, req, nonce, nil, "SAVEPOINT "+effectSavepoint)
+		row, err = e.claimSend(ctx, tx, req, nonce, "SAVEPOINT "+effectSavepoint)
 		for n := 0; errors.Is(err, pgx.ErrNoRows) && n < maxOther; n++ { // READ COMMITTED: re-send in tx
-			row, _, err = e.claimSend(ctx, tx, req, nonce, nil, "SAVEPOINT "+effectSavepoint)
+			row, err = e.claimSend(ctx, tx, req, nonce, "SAVEPOINT "+effectSavepoint)
 		}
 	}
 	if err != nil {
