@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -312,5 +313,233 @@ func (e *engine) fenceTx(ctx context.Context, tx pgx.Tx, k driver.Key, token uin
 		return errorf("pgstore: fence: %w", driver.ErrLeaseLost)
 	default:
 		return errorf("pgstore: fence: %w", err)
+	}
+}
+
+// leaseCap bounds the leases remembered by leaseEpochs: when it is reached the map starts
+// over (a forgotten lease's Finish sends the parent's statement: slower, never wrong).
+const leaseCap = 1 << 14
+
+// leaseEpochs remembers, for the leases this engine granted or renewed and has not finished
+// yet, the epoch of the record's last write (the partition its row is in), so that Finish can
+// write to that partition alone (finishIn). It only picks Finish's first statement, never its
+// answer: a lease whose row is no longer there (taken over, moved by a write on another node,
+// its partition dropped) gets no row from it, and Finish then sends the fenced UPDATE of the
+// parent, which decides as it always did.
+type leaseEpochs struct {
+	mu sync.Mutex
+	m  map[uint64]int64 // token → records epoch
+}
+
+// put remembers that token's record was last written in epoch.
+func (l *leaseEpochs) put(token uint64, epoch int64) {
+	l.mu.Lock()
+	if l.m == nil || len(l.m) >= leaseCap {
+		l.m = make(map[uint64]int64, 64)
+	}
+	l.m[token] = epoch
+	l.mu.Unlock()
+}
+
+// take returns and forgets token's epoch.
+func (l *leaseEpochs) take(token uint64) (epoch int64, ok bool) {
+	l.mu.Lock()
+	epoch, ok = l.m[token]
+	if ok {
+		delete(l.m, token)
+	}
+	l.mu.Unlock()
+	return epoch, ok
+}
+
+// drop forgets token.
+func (l *leaseEpochs) drop(token uint64) {
+	l.mu.Lock()
+	delete(l.m, token)
+	l.mu.Unlock()
+}
+
+// finishIn is the records epoch where token's record was last written, if this engine
+// remembers it and its partition is live: Finish's statement is then aimed at that partition
+// (finishInFor; ok false: send the parent's).
+//
+// Why it decides as the parent's statement does: a key has at most one row in the live
+// partitions (lookupIn), and the fenced UPDATE matches that row only if it is Pending with
+// this token and visible. The aimed statement adds two conditions, that the row is in
+// partition ep and that the statement's epoch is ep (so the write, which moves the row to the
+// statement's epoch, keeps it there); both only narrow the match. When it matches, it writes
+// what the parent's would (the same SET, the marker of the same markers partition); when it
+// does not, Finish sends the parent's statement, which finds the row wherever it is, or
+// reports the lease lost.
+func (e *engine) finishIn(token uint64) (ep int64, ok bool) {
+	ep, ok = e.leases.take(token)
+	if !ok || ep < e.oldest() || e.testNoFinishIn {
+		return 0, false
+	}
+	return ep, true
+}
+
+// finishInFor is the aimed statement's text for records epoch ep.
+func (e *engine) finishInFor(ep int64) string {
+	return e.finishInText.get(ep, func() string { return e.q.finishInSQL(ep, e.markerEpoch(ep)) })
+}
+
+// finishAimedAt is finishAimed for the finish of token (state, result, trace context)
+// aimed at records epoch ep.
+func (e *engine) finishAimedAt(ctx context.Context, k driver.Key, ep int64, token uint64, state driver.State, result, trace []byte) (driver.Record, bool, error) {
+	args := e.fencedArgs(k, token, int16(state), result, trace)
+	return e.finishAimed(ctx, e.finishInFor(ep), k, args, finished(token, state, result))
+}
+
+// finishAimed runs the aimed statement (finishIn). ok false: it matched no row, or the server
+// refused it (the partition was dropped meanwhile, say), and nothing was written: Finish
+// sends the parent's statement. Other errors (a reply lost beyond write's retries, a
+// cancelled context) are Finish's answer.
+func (e *engine) finishAimed(ctx context.Context, sql string, k driver.Key, args []any, verify func(driver.Record) bool) (rec driver.Record, ok bool, err error) {
+	rec, _, err = e.write(ctx, e.pool, "finish", sql, k, args, verify)
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		e.finishInHits.Add(1)
+		return rec, true, nil
+	case errors.Is(err, driver.ErrLeaseLost), errors.As(err, &pe) && !lostReply(ctx, err):
+		return driver.Record{}, false, nil
+	default:
+		return driver.Record{}, true, err
+	}
+}
+
+// epochTexts keeps the statement texts that name one epoch's partition (lookupIn's, finishIn's):
+// the few epochs in use, at most 64.
+type epochTexts struct {
+	mu sync.Mutex
+	m  map[int64]string
+}
+
+// get returns epoch's text, building it once.
+func (t *epochTexts) get(epoch int64, build func() string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.m[epoch]; ok {
+		return s
+	}
+	if t.m == nil || len(t.m) >= 64 {
+		t.m = make(map[int64]string)
+	}
+	s := build()
+	t.m[epoch] = s
+	return s
+}
+
+// Finishes of different leases share a statement when they arrive together (combiner.go).
+//
+// A finish aimed at its record's partition (finishIn) is one autocommitted statement. A batch
+// of finishes aimed at the same partition is one statement over arrays of keys
+// (queries.finishManyIn): each lease's row is fenced, and written, as its own aimed statement
+// would fence and write it. A member whose row it did not write (its fence did not hold
+// there: taken over, moved to another partition) goes on as Finish does after an aimed
+// statement that matched nothing: the parent's statement decides. So does every member of
+// a batch that failed: on a server error nothing was written; after a lost reply the
+// batch may have committed, and the parent's statement then finds the row finished, which
+// Finish recognises as its own outcome (finished: token, state and result) before
+// reporting the lease lost. Members aimed at another partition than the sender's go on
+// alone the same way (the parent's statement: only at an epoch boundary).
+
+// finishV is one aimed finish's arguments and answer in the finish combiner.
+type finishV struct {
+	ep     int64 // the records epoch the statement is aimed at
+	token  uint64
+	state  driver.State
+	result []byte
+	trace  []byte
+
+	rec  driver.Record
+	done bool // rec and err are Finish's answer; else Finish sends the parent's statement
+	err  error
+}
+
+type finishCall = batchCall[finishV]
+
+// newFinishCombiner is the engine's combiner of aimed finishes.
+func (e *engine) newFinishCombiner() *combiner[finishV] {
+	return &combiner[finishV]{send: func(ctx context.Context, self *finishCall, batch []*finishCall) {
+		if in := samePartition(self, batch, func(v *finishV) int64 { return v.ep }); len(in) > 1 {
+			e.finishMany(ctx, self, in)
+			return
+		}
+		v := &self.v
+		v.rec, v.done, v.err = e.finishAimedAt(ctx, self.key, v.ep, v.token, v.state, v.result, v.trace)
+	}}
+}
+
+// finishMany sends the finishes of in (the sender's among them), all aimed at the sender's
+// partition, in one statement and fills in the answers of those it wrote; the others are
+// left to the parent's statement.
+func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishCall) {
+	ep := self.v.ep
+	n := len(in)
+	scopes, ids, results, traces := make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	tokens, states := make([]int64, n), make([]int16, n)
+	for i, c := range in {
+		scopes[i], ids[i] = []byte(c.key.Scope), []byte(c.key.ID)
+		tokens[i], states[i], results[i], traces[i] = int64(c.v.token), int16(c.v.state), c.v.result, c.v.trace
+	}
+	sql := e.finishManyText.get(ep, func() string { return e.q.finishManyInSQL(ep, e.markerEpoch(ep)) })
+	type wrote struct {
+		rec driver.Record
+		now time.Time
+	}
+	got := make([]*wrote, n)
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		e.batchFailures.Add(1)
+		return // nothing sent: the parent's statement decides for each
+	}
+	defer conn.Release()
+	err = e.checkedCommit(conn.Conn().PgConn(), func() error {
+		rows, err := conn.Query(ctx, sql, scopes, ids, tokens, e.oldest(), e.retentionUS(), e.width, e.nowArg(), states, results, traces)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			w := &wrote{}
+			var xid string
+			var i int64
+			if err = scanRecord(rows, &w.rec, &w.now, &xid, &i); err != nil {
+				break
+			}
+			i = member(i, n)
+			if i < 1 || i > int64(n) || got[i-1] != nil {
+				err = errorf("pgstore: finish batch: row for key %d of %d", i, n)
+				break
+			}
+			got[i-1] = w
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		return err
+	})
+	if errors.Is(err, ErrNotReplicated) { // written, on the primary only: an unknown outcome for each
+		for i, c := range in {
+			if got[i] != nil {
+				c.v.done, c.v.err = true, errorf("pgstore: finish: %w", err)
+			}
+		}
+		return
+	}
+	if err != nil || (e.testLoseBatch != nil && e.testLoseBatch()) {
+		e.batchFailures.Add(1)
+		return // see above: on a lost reply the parent's statement finds what was written
+	}
+	for i, c := range in {
+		if w := got[i]; w != nil {
+			w.rec.Key = c.key
+			e.fill(&w.rec)
+			e.saw(w.now, nil)
+			e.finishInHits.Add(1)
+			c.v.rec, c.v.done = w.rec, true
+		}
 	}
 }

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/receiptstore/receipts/driver"
@@ -103,4 +104,148 @@ func (e *engine) lookupInAnswer(k driver.Key, rec driver.Record, now time.Time) 
 // partition; the few texts in use are kept, at most 64).
 func (e *engine) lookupInSQL(epoch int64) string {
 	return e.lookupInText.get(epoch, func() string { return e.q.lookupIn(partName(famRecords, epoch)) })
+}
+
+// hintCap bounds one generation of the finished-key hint: at most 2×hintCap key hashes are
+// remembered (16 bytes each and the record's epoch, 8, plus the map's overhead: about 2.5 MiB
+// in all).
+const hintCap = 1 << 14
+
+// finishedHint remembers the keys this engine recently saw finished (its own Finish and
+// DoTx commits, and the replays it answered). It only picks the first statement of a claim,
+// never its answer:
+//   - a key in the hint is probably a retry of a finished operation, so Claim tries the
+//     replay fast path first (one plain read, no lock: replayfast.go);
+//   - any other key is probably new, so Claim goes straight to the claim batch, whose fresh
+//     statement also returns the key's record if it has one (claimfresh.go): a first call
+//     costs one round trip, and a retry this engine has not seen (it finished on another
+//     node, or long ago) one round trip too.
+//
+// It also remembers the epoch of the record it saw finished (the partition of its last write,
+// epochOf its UpdatedAt), so that the fast path's read goes to that one partition (lookupIn)
+// instead of the parent's ordered Append over every live partition, whose executor start-up
+// (one index scan set up per partition) costs the server more than the read itself.
+//
+// A wrong guess costs a round trip, never a wrong answer: the fast path hands anything but a
+// finished, visible record to the claim path. Two generations: when the current one is full,
+// it becomes the old one and the one before is dropped, so the hint holds the most recently
+// seen keys and never grows past its bound.
+type finishedHint struct {
+	mu       sync.Mutex
+	cur, old map[[16]byte]int64 // key hash → the record's epoch
+}
+
+// add remembers that k was seen finished, its record in epoch.
+func (h *finishedHint) add(k [16]byte, epoch int64) {
+	h.mu.Lock()
+	if h.cur == nil {
+		h.cur = make(map[[16]byte]int64, 64)
+	}
+	if len(h.cur) >= hintCap {
+		h.old, h.cur = h.cur, make(map[[16]byte]int64, hintCap/4)
+	}
+	h.cur[k] = epoch
+	h.mu.Unlock()
+}
+
+// get reports whether k was seen finished, and the epoch its record was in.
+func (h *finishedHint) get(k [16]byte) (epoch int64, ok bool) {
+	h.mu.Lock()
+	epoch, ok = h.cur[k]
+	if !ok {
+		epoch, ok = h.old[k]
+	}
+	h.mu.Unlock()
+	return epoch, ok
+}
+
+// Reads of the replay fast path that arrive together share a statement (combiner.go): the
+// reads of keys the hint places in the same partition as the sender's are one statement over
+// arrays of keys (queries.lookupManyIn), one snapshot and one clock for all of them, each
+// key's row being what its own lookupIn would read at that time. A key whose row is not
+// there, a key of another partition, and every key of a batch that failed, read alone
+// (lookupInAlone, which falls back to the parent's read as before).
+
+// lookupV is one fast-path read's arguments and answer in the lookup combiner.
+type lookupV struct {
+	epoch int64
+
+	rec   driver.Record
+	found bool
+	now   time.Time
+	err   error
+	done  bool // rec, found, now and err are lookupIn's answer; else the key reads alone
+}
+
+type lookupCall = batchCall[lookupV]
+
+// newLookupCombiner is the engine's combiner of fast-path reads.
+func (e *engine) newLookupCombiner() *combiner[lookupV] {
+	return &combiner[lookupV]{send: func(ctx context.Context, self *lookupCall, batch []*lookupCall) {
+		if in := samePartition(self, batch, func(v *lookupV) int64 { return v.epoch }); len(in) > 1 {
+			e.lookupMany(ctx, self, in)
+			return
+		}
+		v := &self.v
+		v.rec, v.found, v.now, v.err = e.lookupInAlone(ctx, self.key, v.epoch)
+		v.done = true
+	}}
+}
+
+// lookupMany reads the keys of in (the sender's among them), all placed in the sender's
+// partition, in one statement.
+func (e *engine) lookupMany(ctx context.Context, self *lookupCall, in []*lookupCall) {
+	ep := self.v.epoch
+	n := len(in)
+	scopes, ids := make([][]byte, n), make([][]byte, n)
+	for i, c := range in {
+		scopes[i], ids[i] = []byte(c.key.Scope), []byte(c.key.ID)
+	}
+	sql := e.lookupManyText.get(ep, func() string { return e.q.lookupManyIn(partName(famRecords, ep)) })
+	arg := e.nowArg()
+	rows, err := e.pool.Query(ctx, sql, scopes, ids, arg)
+	if err != nil {
+		e.batchFailures.Add(1)
+		return // each key reads alone
+	}
+	type read struct {
+		rec driver.Record
+		now time.Time
+	}
+	got := make([]*read, n)
+	for rows.Next() {
+		r := &read{}
+		var i int64
+		err = scanRecord(rows, &r.rec, &r.now, &i)
+		i = member(i, n)
+		if err == errAbsent { // no row of that key in the partition: it reads alone
+			err = nil
+			continue
+		}
+		if err != nil {
+			break
+		}
+		if i < 1 || i > int64(n) || got[i-1] != nil {
+			err = errorf("pgstore: lookup batch: row for key %d of %d", i, n)
+			break
+		}
+		got[i-1] = r
+	}
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil || (e.testLoseBatch != nil && e.testLoseBatch()) {
+		e.batchFailures.Add(1)
+		return
+	}
+	for i, c := range in {
+		if r := got[i]; r != nil {
+			now := e.saw(r.now, arg)
+			e.lookupInHits.Add(1)
+			v := &c.v
+			v.rec, v.found, v.now, v.err = e.lookupInAnswer(c.key, r.rec, now)
+			v.done = true
+		}
+	}
 }
