@@ -24,6 +24,19 @@ import (
 // claim took more than a third of the lease, Claim renews it first (a fenced write, so it
 // fails if another caller took the key over meanwhile; the key is then claimed afresh).
 func (e *engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
+	res, err := e.claim(ctx, req)
+	if err == nil && res.Outcome == driver.TookOver { // the steps it resumes (steps.go)
+		if res.Record.Journal, err = e.journalOf(ctx, req.Key, res.Record.Token); err != nil {
+			// Nobody holds the claim (no effect ran under it): abandoned again, as it was.
+			e.settleLater(ctx, func(sctx context.Context) { e.undoClaim(sctx, req.Key, res.Record.Token, true) })
+			return driver.ClaimResult{}, err
+		}
+	}
+	return res, err
+}
+
+// claim is Claim without the journal of a takeover.
+func (e *engine) claim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {
 	if err := e.requireSyncStandby(); err != nil {
 		return driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 	}
