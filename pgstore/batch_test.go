@@ -14,7 +14,7 @@ import (
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
-// Claims of many keys at once, some batched (freshbatch.go), answer as claims sent one by one:
+// Claims of many keys at once, some batched (claim.go), answer as claims sent one by one:
 // new keys are claimed once each, finished keys of another node are replayed (or mismatched),
 // keys past retention are tombstoned (tombstones on) or claimed afresh, and two claims of one
 // key give one claim and one InProgress. Every key ends with one row, and no token is handed
@@ -401,7 +401,7 @@ func TestClaimBatchStatementsPrepare(t *testing.T) {
 	}
 }
 
-// Finishes of many leases at once, some batched (finishbatch.go), answer as finishes sent one
+// Finishes of many leases at once, some batched (finish.go), answer as finishes sent one
 // by one: each lease's outcome, result and trace context are recorded and replayed, and a
 // lease taken over meanwhile gets ErrLeaseLost and changes nothing, in a batch or alone.
 func TestFinishBatch(t *testing.T) {
@@ -552,7 +552,7 @@ func TestBatchLostReply(t *testing.T) {
 }
 
 // Replays through the fast path of many keys at once, some read in one statement
-// (lookupbatch.go), answer as reads one by one: a finished key replays its own result (or
+// (replay.go), answer as reads one by one: a finished key replays its own result (or
 // mismatches another fingerprint), a key past retention is left to the claim path (here:
 // tombstoned).
 func TestLookupBatch(t *testing.T) {

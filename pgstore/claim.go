@@ -13,7 +13,7 @@ import (
 )
 
 // Claim implements driver.Engine: a retry of a key this engine recently saw finished (the
-// hint: hint.go) is answered from one plain read (replayFast); otherwise claimDecide decides
+// hint: replay.go) is answered from one plain read (replayFast); otherwise claimDecide decides
 // (its first batch answers a first call and a retry of a finished record alike, in one round
 // trip), and a lease whose grant came back late is renewed before it is handed out.
 //
@@ -41,7 +41,7 @@ func (e *engine) claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 		return driver.ClaimResult{}, errorf("pgstore: claim: %w", err)
 	}
 	if ep, seen := e.hint.get(keyHash(req.Key)); seen { // else probably a first call: the claim batch, no read before it
-		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read (replayfast.go)
+		if res, ok := e.replayFast(ctx, req, ep); ok { // a finished record: one plain read (replay.go)
 			return res, nil
 		}
 	}
@@ -90,7 +90,7 @@ const (
 	maxOther     = 20
 )
 
-// claimDecide is Claim after its replay fast path (see claim_late.go and replayfast.go): a
+// claimDecide is Claim after its replay fast path (replay.go): a
 // first attempt sends the fresh statement (its own transaction: key lock, scope check and
 // insert if absent in one statement, freshFnSQL) in one round trip and
 // undoes a claim it committed if Close began meanwhile (claimGated's oneTrip); a key with a

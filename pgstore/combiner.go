@@ -17,7 +17,7 @@ import (
 // the commit's WAL flush. So while batchInflight transactions of one kind are in flight, the
 // calls that arrive wait, and the next one sends all of them (up to batchMax, distinct keys)
 // as one statement over arrays of keys, which makes for each key the decision its own
-// statement would have made (freshbatch.go, finishbatch.go). With fewer callers than
+// statement would have made (claim.go, finish.go). With fewer callers than
 // batchInflight nothing waits and every call is sent alone, as before.
 const (
 	batchInflight = 2  // transactions of one kind in flight before calls wait to be batched

@@ -180,7 +180,7 @@ type engine struct {
 	// treated as if the reply had been lost on the network (tests of the nonce path).
 	testLoseReply func() error
 	// testNoReplayFast turns replayFast off (tests and measurements of the claim path), and
-	// replayFastHits counts the claims it answered (replayfast.go).
+	// replayFastHits counts the claims it answered (replay.go).
 	testNoReplayFast bool
 	replayFastHits   atomic.Uint64
 	// testNoLookupIn sends the fast path's read to the parent (measurements), and
@@ -191,7 +191,7 @@ type engine struct {
 	lookupInText, lookupManyText epochTexts
 
 	// leases remembers where the records of this engine's open leases are, for Finish
-	// (finishin.go); testNoFinishIn turns that off (tests and measurements), finishInHits
+	// (finish.go); testNoFinishIn turns that off (tests and measurements), finishInHits
 	// counts the finishes the aimed statement wrote, and finishInText holds its statements by
 	// epoch.
 	leases         leaseEpochs
@@ -201,8 +201,8 @@ type engine struct {
 	finishManyText epochTexts
 
 	// Calls of different keys that arrive together are sent as one statement (combiner.go):
-	// claims first claims, in one transaction (freshbatch.go), finishes aimed finishes
-	// (finishbatch.go), lookups the replay fast path's reads (lookupbatch.go); testNoBatch
+	// claims first claims, in one transaction (claim.go), finishes aimed finishes
+	// (finish.go), lookups the replay fast path's reads (replay.go); testNoBatch
 	// sends each alone (tests and measurements).
 	claims      *combiner[freshV]
 	finishes    *combiner[finishV]
@@ -219,7 +219,7 @@ type engine struct {
 	bound boundTxs
 
 	// hint remembers the keys recently seen finished: it picks a claim's first statement
-	// (hint.go).
+	// (replay.go).
 	hint finishedHint
 
 	// What survives a failover (syncrep.go): the replication state last read, whether the

@@ -243,7 +243,7 @@ UPDATE S.@records@ r
   FROM t
  WHERE ` + fenced + ` AND t.ep = @ep@` + ret)
 
-	// Finish of several leases at once (finishbatch.go), aimed at one records partition as
+	// Finish of several leases at once (finish.go), aimed at one records partition as
 	// finishIn is: $1 scopes, $2 ids, $3 tokens, $8 states, $9 results, $10 trace contexts
 	// (arrays, one element per key; the keys are distinct), $4..$7 as finishIn's. Each
 	// lease's row is fenced as finishIn fences it, and gets finishIn's writes (the same
@@ -363,7 +363,7 @@ SELECT r.scope, r.id, ` + recCols + `, t.now
 	return q
 }
 
-// freshFnSQL returns the call of a gated claim's first statement (claimfresh.go) and the
+// freshFnSQL returns the call of a gated claim's first statement (claim.go) and the
 // function it calls, name in schema s (created at Open, as claim_scope is): the key's
 // advisory lock, the scope's lock shared and its erasures (claim_scope's check), then
 // q.fresh's decision, in one statement instead of three. The function is VOLATILE PL/pgSQL,
@@ -444,7 +444,7 @@ END $$`)
 	return call, ddl
 }
 
-// freshManyFnSQL returns the call of a batch of first claims (freshbatch.go) and the function
+// freshManyFnSQL returns the call of a batch of first claims (claim.go) and the function
 // it calls, name in schema s: in one statement, what [lockMany; claim_scopes; freshMany] did
 // in three. For each key, in order, its advisory lock and then its scope's lock shared, each
 // taken only if it is free (pg_try_advisory_xact_lock never waits, so a batch neither waits
@@ -544,14 +544,14 @@ func (q queries) inPartition(sql string, ep, mep int64) string {
 }
 
 // lookupIn is the lookup statement reading one records partition, part (lookupIn in
-// replayfast.go). $1 scope, $2 id, $3 now.
+// replay.go). $1 scope, $2 id, $3 now.
 func (q queries) lookupIn(part string) string {
 	return `SELECT ` + recCols + `, t.now
   FROM (SELECT ` + q.clock("$3") + ` AS now) t
   LEFT JOIN ` + q.schema + `.` + pgx.Identifier{part}.Sanitize() + ` r ON r.scope = $1 AND r.id = $2`
 }
 
-// lookupManyIn is lookupIn for several keys at once (lookupbatch.go): one row per key of the
+// lookupManyIn is lookupIn for several keys at once (replay.go): one row per key of the
 // arrays, its record in part or NULLs. $1 scopes, $2 ids, $3 now. Columns: lookupIn's, then
 // the key's position in the arrays (1-based).
 func (q queries) lookupManyIn(part string) string {

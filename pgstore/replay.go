@@ -59,7 +59,7 @@ func (e *engine) replayFast(ctx context.Context, req driver.ClaimRequest, epoch 
 // to a later epoch, was deleted, or epoch is no longer live), or the read fails, Lookup
 // answers instead.
 //
-// Reads of different keys that arrive together are sent as one statement (lookupbatch.go).
+// Reads of different keys that arrive together are sent as one statement (replay.go).
 func (e *engine) lookupIn(ctx context.Context, k driver.Key, epoch int64) (driver.Record, bool, time.Time, error) {
 	if epoch < e.oldest() || e.testNoLookupIn {
 		return e.Lookup(ctx, k)
@@ -115,9 +115,9 @@ const hintCap = 1 << 14
 // DoTx commits, and the replays it answered). It only picks the first statement of a claim,
 // never its answer:
 //   - a key in the hint is probably a retry of a finished operation, so Claim tries the
-//     replay fast path first (one plain read, no lock: replayfast.go);
+//     replay fast path first (one plain read, no lock: replay.go);
 //   - any other key is probably new, so Claim goes straight to the claim batch, whose fresh
-//     statement also returns the key's record if it has one (claimfresh.go): a first call
+//     statement also returns the key's record if it has one (claim.go): a first call
 //     costs one round trip, and a retry this engine has not seen (it finished on another
 //     node, or long ago) one round trip too.
 //
