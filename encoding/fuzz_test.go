@@ -99,6 +99,19 @@ func checkRecord(t *testing.T, b []byte) {
 	if _, perr := encoding.PeekState(in); perr != nil && !errors.Is(perr, encoding.ErrCorrupt) {
 		t.Fatalf("PeekState error not marked corrupt: %v", perr)
 	}
+	// DecodeRecordShared accepts what DecodeRecord accepts, decodes the same record, and
+	// allocates nothing for it.
+	var shared encoding.Record
+	var serr error
+	if got := allocated(func() { serr = encoding.DecodeRecordShared(&shared, in) }); serr == nil && got != 0 {
+		t.Fatalf("DecodeRecordShared of %d bytes allocated %d bytes: %x", len(b), got, b)
+	}
+	if (serr == nil) != (err == nil) || (serr != nil && !errors.Is(serr, encoding.ErrCorrupt)) {
+		t.Fatalf("DecodeRecordShared: %v; DecodeRecord: %v", serr, err)
+	}
+	if err == nil && !reflect.DeepEqual(*r, shared) {
+		t.Fatalf("DecodeRecordShared decoded %+v, DecodeRecord %+v", shared, *r)
+	}
 	if err != nil {
 		if !errors.Is(err, encoding.ErrCorrupt) {
 			t.Fatalf("DecodeRecord error not marked corrupt: %v", err)

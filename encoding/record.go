@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -169,7 +170,15 @@ var decoderPool = sync.Pool{New: func() any {
 // DecodeRecordInto decodes b into r. On error r is left in an unspecified
 // state. The result does not alias b: the fingerprint and result share one
 // new allocation of at most len(b) bytes.
-func DecodeRecordInto(r *Record, b []byte) (err error) {
+func DecodeRecordInto(r *Record, b []byte) error { return decodeRecord(r, b, false) }
+
+// DecodeRecordShared is DecodeRecordInto without the copy: r's fingerprint,
+// result and trace alias b (capacity-limited). For bytes that are never
+// modified while r, or anything made from it, is in use.
+func DecodeRecordShared(r *Record, b []byte) error { return decodeRecord(r, b, true) }
+
+// decodeRecord is DecodeRecordInto, aliasing b if shared.
+func decodeRecord(r *Record, b []byte, shared bool) (err error) {
 	state, err := PeekState(b)
 	if err != nil {
 		return err
@@ -204,11 +213,14 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 		return corrupt("body has %d fields, want %d to %d", fields, bodyFields, stepFields)
 	}
 	r.State = state
-	slab := make([]byte, 0, len(body))
-	if r.Fingerprint, slab, err = readBin(dec, rd, slab); err != nil {
+	var slab []byte // shared: nil, the values alias body
+	if !shared {
+		slab = make([]byte, 0, len(body))
+	}
+	if r.Fingerprint, slab, err = readBin(dec, rd, slab, body, shared); err != nil {
 		return corrupt("fingerprint: %v", err)
 	}
-	if r.Result, slab, err = readBin(dec, rd, slab); err != nil {
+	if r.Result, slab, err = readBin(dec, rd, slab, body, shared); err != nil {
 		return corrupt("result: %v", err)
 	}
 	attempts, err := dec.DecodeUint64()
@@ -233,7 +245,7 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 	}
 	r.Trace, r.Journal = nil, nil
 	if fields >= traceFields {
-		if r.Trace, slab, err = readBin(dec, rd, slab); err != nil {
+		if r.Trace, slab, err = readBin(dec, rd, slab, body, shared); err != nil {
 			return corrupt("trace: %v", err)
 		}
 		if len(r.Trace) > MaxTrace || (len(r.Trace) == 0 && fields == traceFields) {
@@ -244,7 +256,7 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 		}
 	}
 	if fields == stepFields {
-		if r.Journal, _, err = readBin(dec, rd, slab); err != nil {
+		if r.Journal, _, err = readBin(dec, rd, slab, body, shared); err != nil {
 			return corrupt("journal: %v", err)
 		}
 		if len(r.Journal) == 0 {
@@ -263,14 +275,26 @@ func DecodeRecordInto(r *Record, b []byte) (err error) {
 // readBin reads a msgpack bin (or nil) value into the free capacity of
 // slab, checking the declared length against the bytes left first. It
 // returns the value (full-capacity-limited, so appends never spill into the
-// next value) and the rest of slab.
-func readBin(dec *msgpack.Decoder, rd *bytes.Reader, slab []byte) (v, rest []byte, err error) {
+// next value) and the rest of slab. If shared, the value is not copied: it
+// is body's bytes (rd reads body, directly: the decoder does not buffer a
+// bytes.Reader).
+func readBin(dec *msgpack.Decoder, rd *bytes.Reader, slab, body []byte, shared bool) (v, rest []byte, err error) {
 	n, err := dec.DecodeBytesLen()
 	if err != nil {
 		return nil, slab, err
 	}
 	if n < 0 {
 		return nil, slab, nil
+	}
+	if shared {
+		if n > rd.Len() {
+			return nil, slab, fmt.Errorf("declared length %d exceeds the %d bytes left", n, rd.Len())
+		}
+		at := len(body) - rd.Len()
+		if _, err := rd.Seek(int64(n), io.SeekCurrent); err != nil {
+			return nil, slab, err
+		}
+		return body[at : at+n : at+n], slab, nil
 	}
 	if n > rd.Len() || n > cap(slab)-len(slab) {
 		return nil, slab, fmt.Errorf("declared length %d exceeds the %d bytes left", n, rd.Len())

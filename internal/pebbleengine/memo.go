@@ -3,6 +3,7 @@ package pebbleengine
 import (
 	"hash/maphash"
 	"sync"
+	"unsafe"
 
 	"github.com/receiptstore/receipts/encoding"
 	"github.com/receiptstore/receipts/internal/machine"
@@ -47,7 +48,8 @@ type memoShard struct {
 }
 
 // memoEntry is a record as written: its engine key (with its epoch) and its
-// bytes, both owned by the memo and never modified.
+// bytes, both owned by the memo and never modified (one allocation with the
+// entry's map key).
 type memoEntry struct {
 	key   []byte
 	epoch uint64
@@ -74,19 +76,25 @@ func (m *pendingMemo) get(lockKey []byte) (memoEntry, bool) {
 	return ent, ok
 }
 
-// put remembers key and enc as lockKey's record; the memo owns both.
+// put remembers key and enc as lockKey's record, in a copy of its own: one
+// allocation holds lockKey (the map's key), key and enc.
 //
 // REQUIRES: lockKey's lock is held, and the write of enc under key succeeded.
 func (m *pendingMemo) put(lockKey, key []byte, epoch uint64, enc []byte) {
+	slab := make([]byte, 0, len(lockKey)+len(key)+len(enc))
+	slab = append(append(append(slab, lockKey...), key...), enc...)
+	nl, nk := len(lockKey), len(lockKey)+len(key)
+	mk := unsafe.String(unsafe.SliceData(slab), nl) // never modified: the slab is the memo's
+	ent := memoEntry{key: slab[nl:nk:nk], epoch: epoch, enc: slab[nk:len(slab):len(slab)]}
 	sh := m.shard(lockKey)
 	sh.mu.Lock()
-	if _, ok := sh.m[string(lockKey)]; !ok && len(sh.m) >= memoPerShard {
+	if _, ok := sh.m[mk]; !ok && len(sh.m) >= memoPerShard {
 		for k := range sh.m { // any one: the map's order is as good as any
 			delete(sh.m, k)
 			break
 		}
 	}
-	sh.m[string(lockKey)] = memoEntry{key: key, epoch: epoch, enc: enc}
+	sh.m[mk] = ent
 	sh.mu.Unlock()
 }
 
@@ -141,7 +149,9 @@ func (e *Engine) readMemo(lockKey []byte, now int64, rec *encoding.Record, buf [
 	if ent.epoch > hi || ent.epoch < e.oldestLiveEpoch(hi) {
 		return nil, false
 	}
-	if err := encoding.DecodeRecordInto(rec, ent.enc); err != nil {
+	// The entry's bytes are never modified, and nothing made from them is
+	// written to: rec may alias them (the write that follows encodes a copy).
+	if err := encoding.DecodeRecordShared(rec, ent.enc); err != nil {
 		return nil, false // cannot happen for bytes the engine encoded; read Pebble
 	}
 	if rec.UpdatedAt > now || !machine.Visible(rec, now, e.retention) {

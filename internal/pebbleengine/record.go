@@ -18,8 +18,8 @@ func (e *Engine) record(k driver.Key, rec *encoding.Record) driver.Record {
 		UpdatedAt:      e.time(rec.UpdatedAt),
 		LeaseExpiresAt: e.time(rec.LeaseExpiresAt),
 		ExpiresAt:      e.time(rec.UpdatedAt + e.retention),
-		Trace:          rec.Trace, // its own bytes: decoded into a new slab, or the cache entry's copy
-		Journal:        rec.Journal,
+		Trace:          rec.Trace,   // never written to: decoded into a new slab, the cache entry's copy, or the memo's bytes
+		Journal:        rec.Journal, // the same (the root copies it)
 	}
 }
 

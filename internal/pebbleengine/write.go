@@ -3,6 +3,7 @@ package pebbleengine
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/receiptstore/receipts/driver"
@@ -91,13 +92,13 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		*wo.erased = sp
 		return nil, now, nil
 	}
-	var rec encoding.Record
-	bp := keyBufs.Get().(*[]byte)
-	defer keyBufs.Put(bp)
+	sc := rmwBufs.Get().(*rmwScratch)
+	defer sc.release()
+	rec, bp := &sc.rec, &sc.read
 	found, stored, raw, err := true, []byte(nil), []byte(nil), error(nil)
 	var memoed bool
-	if stored, memoed = e.readMemo(lockKey, now, &rec, *bp); !memoed {
-		found, stored, raw, err = e.readInto(ctx, k, now, &rec, *bp)
+	if stored, memoed = e.readMemo(lockKey, now, rec, *bp); !memoed {
+		found, stored, raw, err = e.readInto(ctx, k, now, rec, *bp)
 	}
 	if stored != nil { // readInto may have grown the buffer
 		*bp = stored[:0]
@@ -105,7 +106,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 	if err != nil {
 		return nil, 0, err
 	}
-	cur := &rec
+	cur := rec
 	if !found {
 		cur = nil
 		if wo.tomb != nil {
@@ -113,7 +114,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 			if stored != nil {
 				buf = nil // tombstone reads no marker then
 			}
-			if wo.tomb.usedAt, wo.tomb.ok, err = e.tombstone(ctx, k, now, &rec, stored, buf); err != nil {
+			if wo.tomb.usedAt, wo.tomb.ok, err = e.tombstone(ctx, k, now, rec, stored, buf); err != nil {
 				return nil, 0, err
 			}
 			if wo.tomb.ok {
@@ -154,7 +155,7 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 				err = e.commitWithClock(b)
 			}
 		}
-	} else if key, epoch, enc, err = e.put(b, k, stored, next, now); err == nil {
+	} else if key, epoch, enc, err = e.put(b, k, stored, next, now, sc); err == nil {
 		err = commitBatch(b, wo.noSync)
 	}
 	if err != nil {
@@ -175,14 +176,43 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 // closing reports that the DB's Close has begun.
 func (e *Engine) closing() bool { return e.cfg.Closing != nil && e.cfg.Closing() }
 
+// rmwScratch is one rmw's memory, reused (rmwBufs): the record read and
+// the buffers of the keys read and of the key and bytes written. Pebble's
+// batch, the replay cache and the memo copy what they keep, and decide
+// functions copy what they keep of the record they are shown, so nothing
+// refers to it once rmw has returned.
+type rmwScratch struct {
+	rec      encoding.Record
+	read     []byte // readInto's keys (stored, raw)
+	key, enc []byte // put's: the key and the bytes written
+}
+
+var rmwBufs = sync.Pool{New: func() any { return &rmwScratch{read: make([]byte, 0, 128)} }}
+
+// maxPooledBuf is the largest buffer rmwBufs keeps: a large result's goes
+// with its rmw.
+const maxPooledBuf = 4 << 10
+
+func (sc *rmwScratch) release() {
+	sc.rec = encoding.Record{} // nothing kept alive by the pool
+	if cap(sc.read) > maxPooledBuf {
+		sc.read = make([]byte, 0, 128)
+	}
+	if cap(sc.enc) > maxPooledBuf {
+		sc.enc = nil
+	}
+	rmwBufs.Put(sc)
+}
+
 // put adds the write of next (last written at now) to b, moving the record
 // to the current epoch: the stored key, if any other, is deleted, with the
 // tombstone marker a store of format 3 keeps beside it (deleteMarker; none
 // is written with a record). It returns the key written, its epoch and the
-// value.
-func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encoding.Record, now int64) (key []byte, epoch uint64, enc []byte, err error) {
+// value, in sc's buffers (valid until sc is released).
+func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encoding.Record, now int64, sc *rmwScratch) (key []byte, epoch uint64, enc []byte, err error) {
 	epoch = e.epochOf(now)
-	key = keys.AppendRecord(make([]byte, 0, keys.RecordLen(k.Scope, k.ID)), epoch, k.Scope, k.ID)
+	key = keys.AppendRecord(sc.key[:0], epoch, k.Scope, k.ID)
+	sc.key = key
 	if stored != nil && string(stored) != string(key) {
 		if err := b.Delete(stored, nil); err != nil {
 			return nil, 0, nil, err
@@ -191,8 +221,9 @@ func (e *Engine) put(b *pebble.Batch, k driver.Key, stored []byte, next *encodin
 			return nil, 0, nil, err
 		}
 	}
-	enc = encoding.EncodeRecord(next)
-	if err := b.Set(key, enc, nil); err != nil {
+	enc = encoding.AppendRecord(sc.enc[:0], next)
+	sc.enc = enc
+	if err := b.Set(key, enc, nil); err != nil { // Set copies both
 		return nil, 0, nil, err
 	}
 	return key, epoch, enc, nil
