@@ -135,6 +135,37 @@ type Cache struct {
 
 	mu     sync.Mutex // Put's: the chunks, and the contents of the ways
 	chunks []*chunk   // oldest first; entries are added to the last
+
+	// Admission (hit, admit): retired counts the chunks retired; hitAt is
+	// retired at the last hit. Both are written once per chunk at most (a
+	// retirement, the first hit after it), so readers on other cores keep
+	// their line; it is a line of their own, away from mu.
+	_       [64]byte
+	retired atomic.Uint64
+	hitAt   atomic.Uint64
+	_       [48]byte
+}
+
+// sampled is the share of keys a starving cache admits: 1 in
+// 1<<sampledBits, by their hash.
+const sampledBits = 4
+
+// hit notes that Get found an entry. While none was found since the cache
+// retired as many chunks as it holds (every entry in it was put after the
+// last hit, and all before went unasked), the working set does not fit it:
+// Put then admits only a sample of the keys (1 in 16, by hash). That keeps
+// the cost of filling a cache whose entries leave unread (a record's copy,
+// the chunks' memory streaming through the CPU's caches) off the write
+// path, and lets a hit be seen again, which admits every key from then on.
+func (c *Cache) hit() {
+	if r := c.retired.Load(); c.hitAt.Load() != r {
+		c.hitAt.Store(r)
+	}
+}
+
+// admit reports whether Put keeps an entry for the key whose hash is h.
+func (c *Cache) admit(h uint64) bool {
+	return c.retired.Load()-c.hitAt.Load() < uint64(c.nchunks) || h>>(64-sampledBits) == 0
 }
 
 // chunk holds entries, each an item followed by its bytes, written in
@@ -288,6 +319,7 @@ func (c *Cache) Get(key []byte) (Entry, bool) {
 			continue
 		}
 		if it := set[w].p.Load(); it != nil && it.is(key, h) {
+			c.hit()
 			return it.entry(), true
 		}
 	}
@@ -322,6 +354,11 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 	if c == nil || r.State == encoding.StatePending || len(r.Journal) > 0 {
 		return // a record with a step journal is read from the store: entries carry no journal
 	}
+	set, h := c.set(key)
+	if !c.admit(h) {
+		c.drop(set, key, h) // whatever it held for key: none
+		return
+	}
 	l, err := encoding.RecordLayout(enc)
 	if err != nil {
 		bp := encBufs.Get().(*[]byte)
@@ -337,7 +374,6 @@ func (c *Cache) PutEncoded(key, recKey []byte, epoch uint64, r *encoding.Record,
 		}
 	}
 	crc, _ := encoding.StoredChecksum(enc) // enc was just encoded, or decoded: intact
-	set, h := c.set(key)
 	need := len(key) + len(recKey) + len(r.Trace)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -440,6 +476,7 @@ func (c *Cache) retire() {
 	c.chunks[n] = nil // the array beyond len must not keep a retired chunk
 	c.chunks = c.chunks[:n]
 	c.held.Add(-ck.size())
+	c.retired.Add(1)
 }
 
 // drop removes key's entry (hash h) from its set, if there.

@@ -420,3 +420,72 @@ func TestEntryOutlivesRetirement(t *testing.T) {
 		t.Fatalf("retired entry's view: %q %q", v.Fingerprint, v.Result)
 	}
 }
+
+// TestAdmission: a cache whose entries all leave unread (as many chunks retired as it
+// holds, with no Get finding anything) admits only a sample of the keys, about 1 in
+// 1<<sampledBits; a Put it does not admit leaves no entry for the key, not even an
+// older one; once a Get finds an entry, every key is admitted again.
+func TestAdmission(t *testing.T) {
+	c := New(64 << 10)
+	put := func(i int) {
+		k := []byte(fmt.Sprintf("scope/key-%d", i))
+		c.Put(k, append([]byte("record/"), k...), 1, finished(i, make([]byte, 100)))
+	}
+	i := 0
+	for c.retired.Load() < uint64(c.nchunks) { // fills the cache through, no Get
+		put(i)
+		i++
+	}
+	if c.admit(0x1) != true || c.admit(1<<63) != false {
+		t.Fatalf("a starving cache admits by hash: admit(1) %v, admit(1<<63) %v", c.admit(1), c.admit(1<<63))
+	}
+	// An older entry of a key it does not admit goes.
+	var old []byte
+	for j := 0; ; j++ {
+		k := []byte(fmt.Sprintf("scope/old-%d", j))
+		if _, h := c.set(k); h>>(64-sampledBits) != 0 {
+			old = k
+			break
+		}
+	}
+	c.retired.Add(-uint64(c.nchunks)) // admitting for a moment (no Get: hitAt unchanged)
+	c.Put(old, []byte("record/old"), 1, finished(0, nil))
+	c.retired.Add(uint64(c.nchunks))
+	c.Put(old, []byte("record/old"), 1, finished(1, nil))
+	if c.hitAt.Load() != 0 {
+		t.Fatalf("hitAt %d: no Get found anything", c.hitAt.Load())
+	}
+	if e := get(c, old); e != nil {
+		t.Fatalf("a Put not admitted left an entry: %+v", e)
+	}
+	// A sample is admitted.
+	start, admitted := i, 0
+	for ; i < start+4096; i++ {
+		put(i)
+	}
+	for j := start; j < i; j++ {
+		k := []byte(fmt.Sprintf("scope/key-%d", j))
+		if _, h := c.set(k); h>>(64-sampledBits) == 0 {
+			admitted++
+		} else if e := get(c, k); e != nil { // finds nothing: no hit
+			t.Fatalf("key %d, not in the sample, cached", j)
+		}
+	}
+	if admitted < 4096/(1<<sampledBits)/2 || admitted > 4096/(1<<sampledBits)*2 {
+		t.Fatalf("%d of 4096 keys in the sample", admitted)
+	}
+	// The first hit admits every key again.
+	var found bool
+	for j := start; j < i && !found; j++ {
+		found = get(c, []byte(fmt.Sprintf("scope/key-%d", j))) != nil
+	}
+	if !found {
+		t.Fatalf("no sampled key cached")
+	}
+	for j := i; j < i+100; j++ {
+		put(j)
+		if get(c, []byte(fmt.Sprintf("scope/key-%d", j))) == nil {
+			t.Fatalf("key %d not admitted after a hit", j)
+		}
+	}
+}
