@@ -112,6 +112,40 @@ func (l *Lease) keepAliveWith(cancel context.CancelCauseFunc, gated bool, renew 
 	return k
 }
 
+// runKeeper is keepAlive(cancel, false) for run, from keepers: a keeper
+// whose timer never fired is used again, so that a Do costs no allocation
+// for its renewals. Give it back with recycle once stopped, and never use it
+// after.
+func (l *Lease) runKeeper(cancel context.CancelCauseFunc) *keeper {
+	k, _ := keepers.Get().(*keeper)
+	if k == nil {
+		return l.keepAlive(cancel, false)
+	}
+	k.mu.Lock()
+	k.l, k.cancel, k.every = l, cancel, max(l.ttl/3, time.Millisecond)
+	k.stopped, k.idle = false, false
+	k.t.Reset(k.every)
+	k.mu.Unlock()
+	return k
+}
+
+// keepers holds keepers that recycle gave back: stopped before their timer
+// fired, so that no tick of theirs is under way or to come.
+var keepers sync.Pool
+
+// recycle gives k back to keepers, if its timer never fired (idle): then
+// nothing else refers to it. It is run's own (runKeeper), which calls stop
+// once, then recycle.
+func (k *keeper) recycle() {
+	k.mu.Lock()
+	idle := k.idle && !k.gated && k.renew == nil && !k.running && k.done == nil
+	k.l, k.cancel = nil, nil
+	k.mu.Unlock()
+	if idle {
+		keepers.Put(k)
+	}
+}
+
 // keeper renews a lease from a timer, not a goroutine of its own: a Do
 // whose effect ends within a third of the TTL (most) costs one timer,
 // started and stopped, and no goroutine.
@@ -125,6 +159,7 @@ type keeper struct {
 	mu      sync.Mutex
 	t       *time.Timer
 	stopped bool          // stop was called: no renewal starts after
+	idle    bool          // stop stopped the timer before it fired, with no tick under way: none is to come
 	running bool          // a renewal is under way
 	done    chan struct{} // closed when the renewal under way ends (made by stop)
 }
@@ -181,7 +216,7 @@ func (k *keeper) stop() {
 		return
 	}
 	k.stopped = true
-	k.t.Stop()
+	k.idle = k.t.Stop() && !k.running
 	if k.running {
 		k.done = make(chan struct{})
 	}

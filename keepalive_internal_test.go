@@ -70,3 +70,39 @@ func TestKeepAliveStopWaitsForRenewal(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, int32(1), lost.Load(), "renewals went on after the lease was lost")
 }
+
+// TestRunKeeperRecycled: run's keeper, stopped before its timer fired, goes back to the
+// pool (recycle) and serves the next run (runKeeper), renewing the new lease.
+func TestRunKeeperRecycled(t *testing.T) {
+	clk := &internalClock{t: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)}
+	db := openInternal(t, vfs.NewMem(), clk)
+	defer db.Close()
+	claim := func(id string) *Lease {
+		l, _, err := db.Claim(context.Background(), Key{Scope: "s", ID: id}, []byte("fp"))
+		require.NoError(t, err)
+		return l
+	}
+	_, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+
+	l1 := claim("k1")
+	k := l1.runKeeper(cancel)
+	k.stop()
+	require.True(t, k.idle, "stopped before its timer fired")
+	k.recycle()
+	require.Nil(t, k.l, "a recycled keeper keeps no lease")
+
+	// The next run's keeper, whichever the pool gives, renews its own lease.
+	l2 := claim("k2")
+	l2.ttl = 3 * time.Millisecond
+	var renewed atomic.Int32
+	k2 := l2.runKeeper(cancel)
+	k2.mu.Lock()
+	require.Same(t, l2, k2.l)
+	require.False(t, k2.stopped)
+	k2.renew = func(context.Context) error { renewed.Add(1); return nil }
+	k2.mu.Unlock()
+	until(t, "a renewal of the reused keeper", func() bool { return renewed.Load() >= 2 })
+	k2.stop()
+	k2.recycle() // its timer fired: not pooled (renew set: not pooled either)
+}

@@ -56,7 +56,7 @@ func (l *Lease) run(ctx context.Context, fn func(ctx context.Context, l *Lease) 
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Renewals bypass the gate: they go on while Close waits for this Run.
-	keep := l.keepAlive(cancel, false)
+	keep := l.runKeeper(cancel)
 
 	finished := false
 	defer func() {
@@ -70,6 +70,7 @@ func (l *Lease) run(ctx context.Context, fn func(ctx context.Context, l *Lease) 
 
 	o := l.conclude(detached, result, ferr, l.release) // runs the staged effects
 	finished = true
+	keep.recycle()
 	switch o.verdict {
 	case verdictCommit:
 		if o.err != nil {
