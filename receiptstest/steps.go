@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/driver"
@@ -34,6 +35,8 @@ var stepTests = []test{
 	{"UnknownStepRefusesCommit", testStepsUnknownRefusesCommit},
 	{"ReleaseInsideAStepKeepsTheClaim", testStepsReleaseInside},
 	{"ForgetRefusedOnceAStepIsRecorded", testStepsForgetRefused},
+	{"HashKeys", testStepsHashKeys},
+	{"RetentionAndGC", testStepsRetention},
 }
 
 // stepsEnv opens a store, skipping the test on an engine without steps.
@@ -576,4 +579,56 @@ func testStepsForgetRefused(t *testing.T, s Store) {
 	require.NoError(t, l.Forget(bg))
 	_, err = e.db.Lookup(bg, k2)
 	require.ErrorIs(t, err, receipts.ErrNotFound)
+}
+
+// Under Options.HashKeys a key's steps are kept, replayed and listed as without it; the
+// step keys are the same for the listed (hashed) key as for the raw one.
+func testStepsHashKeys(t *testing.T, s Store) {
+	e := hashEnv(t, s, nil)
+	k := key("tenant-secret", "order-1")
+	a := &action{fail: 3, failErr: errors.New("timeout")}
+	_, err := e.db.Do(bg, k, []byte("fp"), a.fn)
+	if errors.Is(err, receipts.ErrUnsupported) {
+		t.Skip(err)
+	}
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	steps, err := e.db.Steps(bg, k)
+	require.NoError(t, err)
+	require.Len(t, steps, 3)
+	require.Equal(t, a.keys[2].Load(), steps[2].ProviderKey)
+	var listed *receipts.Receipt
+	for r, err := range e.db.Scan(bg, receipts.Filter{}) {
+		require.NoError(t, err)
+		listed = r
+	}
+	require.NotNil(t, listed)
+	require.NotEqual(t, k, listed.Key, "listed hashed")
+	lsteps, err := e.db.Steps(bg, listed.Key)
+	require.NoError(t, err)
+	require.Equal(t, steps, lsteps, "the listed key reads the same journal")
+	a.fail = 0
+	_, err = e.db.Do(bg, k, []byte("fp"), a.fn)
+	require.NoError(t, err)
+	a.wantRuns(t, 1, 1, 2)
+}
+
+// A journal goes with its claim's retention: once the record is past Retention (and after
+// GC), its steps are gone with it, and a late retry is refused as expired, never resumed or
+// run afresh.
+func testStepsRetention(t *testing.T, s Store) {
+	e := stepsEnv(t, s, nil)
+	if e.window() <= 0 {
+		t.Skip("tombstones are off")
+	}
+	k := key("a", "old")
+	a := &action{fail: 2, failErr: errors.New("timeout")}
+	_, err := e.db.Do(bg, k, []byte("fp"), a.fn)
+	require.ErrorIs(t, err, receipts.ErrOutcomeUnknown)
+	e.clock.Advance(retention + time.Second)
+	e.gc()
+	_, err = e.db.Steps(bg, k)
+	require.ErrorIs(t, err, receipts.ErrNotFound)
+	_, err = e.db.Do(bg, k, []byte("fp"), a.fn)
+	require.ErrorIs(t, err, receipts.ErrExpired)
+	a.wantRuns(t, 1, 1, 0)
 }
