@@ -14,6 +14,7 @@ import (
 	"github.com/receiptstore/receipts/internal/detach"
 	"github.com/receiptstore/receipts/internal/journal"
 	"github.com/receiptstore/receipts/internal/keys"
+	"github.com/receiptstore/receipts/internal/mutate"
 	"github.com/receiptstore/receipts/internal/seal"
 )
 
@@ -219,7 +220,10 @@ func (l *Lease) Step(ctx context.Context, name string, fingerprint []byte, fn fu
 	switch {
 	case i < len(st.entries):
 		e := &st.entries[i]
-		if e.Name != name || !bytes.Equal(e.Fingerprint, fingerprint) {
+		if mutate.Name == mutate.StepAnyPos {
+			e = stepAnyPos(st.entries, e)
+		}
+		if mutate.Name != mutate.StepAnyPos && (e.Name != name || !bytes.Equal(e.Fingerprint, fingerprint)) {
 			what := "another fingerprint"
 			if e.Name != name {
 				what = fmt.Sprintf("another name (%q)", e.Name)
@@ -227,7 +231,7 @@ func (l *Lease) Step(ctx context.Context, name string, fingerprint []byte, fn fu
 			st.broken = fmt.Errorf("%w: %s: step %d is %q, recorded with %s", ErrStepMismatch, l.db.keyName(l.key), i, name, what)
 			return nil, st.broken
 		}
-		if e.State != driver.Pending { // finished: its recorded outcome, without fn
+		if e.State != driver.Pending && mutate.Name != mutate.StepRerun { // finished: its recorded outcome, without fn
 			res, err := l.db.openStep(ctx, l.skey, i, e)
 			if err != nil {
 				return nil, err
@@ -249,6 +253,17 @@ func (l *Lease) Step(ctx context.Context, name string, fingerprint []byte, fn fu
 		st.entries = started
 	}
 	return l.runStep(ctx, jn, &Step{l: l, index: i, name: name, recovered: recovered}, fingerprint, fn)
+}
+
+// stepAnyPos is the stepanypos mutation's lookup: the journal's last finished entry, whatever
+// e's position (internal/mutate).
+func stepAnyPos(entries []journal.Entry, e *journal.Entry) *journal.Entry {
+	for j := len(entries) - 1; j >= 0; j-- {
+		if entries[j].State != driver.Pending {
+			return &entries[j]
+		}
+	}
+	return e
 }
 
 // runStep runs the started step s and records its outcome (Step).

@@ -30,6 +30,11 @@
 #   pgreadnow  PostgreSQL's read-back after a lost COMMIT reply reads at once,
 #              without waiting for the transaction to end on the server
 #              (pgstore's lost-commit-reply tests catch it)
+#   stepanypos Lease.Step replays a finished step from the journal's last
+#              finished entry, unchecked: another position's result (the
+#              model's TestModelSteps and the kit's Steps topic catch it)
+#   steprerun  Lease.Step treats a finished step as started: a recorded step
+#              runs again (TestModelSteps and the kit's Steps topic catch it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -120,7 +125,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow stepanypos steprerun)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

@@ -37,6 +37,10 @@
 //	           records' tombstone markers first
 //	pgreadnow  PostgreSQL: the read-back after a lost COMMIT reply (DoTx, FinishWith)
 //	           reads at once, without waiting for the transaction to end on the server
+//	stepanypos Lease.Step replays a finished step from the journal's last finished entry,
+//	           without checking its position, name or fingerprint
+//	steprerun  Lease.Step treats a finished step of the journal as started: it runs again,
+//	           Recovered
 package mutate
 
 // Mutation names.
@@ -81,4 +85,9 @@ const (
 	// PgReadNow: pgstore's read-back after a lost COMMIT reply does not wait for the
 	// transaction to end on the server (settledLookup skips the key's lock).
 	PgReadNow = "pgreadnow"
+	// StepAnyPos: Lease.Step's journal lookup ignores the position and the name: a finished
+	// step replays the last finished entry's result, unchecked.
+	StepAnyPos = "stepanypos"
+	// StepRerun: Lease.Step treats a finished entry as started (a recorded step runs again).
+	StepRerun = "steprerun"
 )
