@@ -37,4 +37,11 @@
 // intentspg journal, one of them SIGKILLed per round, and also counts the
 // deliveries the service received against each action's Attempts: one
 // host delivers an action at a time, under its lease.
+//
+// TestStepsKill (steps_test.go) runs actions of three steps (Lease.Step) against the service
+// (receipthttp's POST /v1/trips, receiptmcp's book_trip), on Pebble and PostgreSQL, and
+// SIGKILLs the service at random moments while clients retry: each step forwards its step key
+// to a provider that deduplicates by it; it reports re-runs of recorded steps and duplicate
+// effects (both must be 0) and the number of resumed actions (RECEIPTS_STEPS_ACTIONS=n sets
+// the actions per variant).
 package hostkill

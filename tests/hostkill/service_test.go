@@ -42,6 +42,7 @@ type service struct {
 	effects  *appender
 	requests *appender
 	rng      *rand.Rand
+	steps    *stepsService // TestStepsKill's actions of three steps
 }
 
 func runService(c config) error {
@@ -75,6 +76,9 @@ func runService(c config) error {
 		return err
 	}
 	if s.requests, err = openLog(c.Dir, requestsLog); err != nil {
+		return err
+	}
+	if s.steps, err = s.openSteps(); err != nil {
 		return err
 	}
 	var h http.Handler
@@ -153,6 +157,7 @@ func (s *service) httpHandler(db *receipts.DB) (http.Handler, error) {
 	}))
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", charges)
+	mux.Handle("POST /v1/trips", mw(s.steps.tripsHTTP()))
 	mux.HandleFunc("POST /v1/down", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "down", http.StatusServiceUnavailable)
 	})
@@ -182,6 +187,7 @@ func (s *service) mcpHandler(db *receipts.DB) http.Handler {
 		}
 		return nil, chargeResult{Effect: id}, nil
 	})
+	mcp.AddTool(server, &mcp.Tool{Name: "book_trip"}, s.steps.bookTripMCP)
 	mcp.AddTool(server, &mcp.Tool{Name: "down"}, func(context.Context, *mcp.CallToolRequest, chargeArgs) (*mcp.CallToolResult, chargeResult, error) {
 		return nil, chargeResult{}, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "down"}
 	})

@@ -7,3 +7,6 @@ const hostKillCycles = 25
 
 // sharedRounds is TestHostKillSharedJournal's number of rounds.
 const sharedRounds = 4
+
+// stepsKillActionsCI is TestStepsKill's number of actions per variant.
+const stepsKillActionsCI = 24

@@ -7,3 +7,6 @@ const hostKillCycles = 8
 
 // sharedRounds is TestHostKillSharedJournal's number of rounds.
 const sharedRounds = 2
+
+// stepsKillActionsCI is TestStepsKill's number of actions per variant.
+const stepsKillActionsCI = 8
