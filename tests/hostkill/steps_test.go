@@ -11,14 +11,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -79,15 +77,6 @@ var tripSteps = [3]string{"reserve", "charge", "notify"}
 
 // stepper runs one step of an attempt's action: Lease.Step.
 type stepper func(ctx context.Context, name string, fingerprint []byte, fn func(context.Context, *receipts.Step) ([]byte, error)) ([]byte, error)
-
-// attemptLease is the claim's lease behind a receipthttp or receiptmcp Attempt, read from
-// its unexported field: the handlers below run steps on it until the Attempts have a Step
-// method of their own (then `step := attemptLease(a).Step` becomes `step := a.Step`).
-// Test code only.
-func attemptLease(a any) *receipts.Lease {
-	f := reflect.ValueOf(a).Elem().FieldByName("lease")
-	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(*receipts.Lease)
-}
 
 // stepsService is the service's part for steps: the provider and the run log.
 type stepsService struct {
@@ -174,7 +163,7 @@ func (ss *stepsService) tripsHTTP() http.Handler {
 			return
 		}
 		a, _ := receipthttp.AttemptFrom(r.Context())
-		step := attemptLease(a).Step
+		step := a.Step
 		res, err := ss.book(r.Context(), step, in.Intent, a.Key.ID)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -189,7 +178,7 @@ func (ss *stepsService) tripsHTTP() http.Handler {
 // bookTripMCP is the book_trip tool, behind receiptmcp's middleware.
 func (ss *stepsService) bookTripMCP(ctx context.Context, _ *mcp.CallToolRequest, in tripArgs) (*mcp.CallToolResult, tripResult, error) {
 	a, _ := receiptmcp.AttemptFrom(ctx)
-	step := attemptLease(a).Step
+	step := a.Step
 	res, err := ss.book(ctx, step, in.Intent, a.Key.ID)
 	if err != nil {
 		return nil, tripResult{}, err
