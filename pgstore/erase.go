@@ -72,12 +72,6 @@ END $$`,
 	}
 }
 
-// scopeArgs are claim_scope's parameters for a claim of k at now (nowArg).
-func (e *engine) scopeArgs(k driver.Key, now any) []any {
-	id := driver.ScopeID(e.secret, k.Scope)
-	return []any{scopeLock(id), id, now}
-}
-
 // erasedClaim is a claim's answer in an erased scope (the scope check raised errErasedCode):
 // the erasure in force, read afresh.
 func (e *engine) erasedClaim(ctx context.Context, req driver.ClaimRequest) (driver.ClaimResult, error) {

@@ -2,11 +2,9 @@ package receipthttp
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/stepwatch"
 )
 
 // Attempt describes the execution the middleware granted a handler: the
@@ -33,8 +31,8 @@ type Attempt struct {
 	// providers (Lease.ProviderKey).
 	ProviderKey string
 
-	lease *receipts.Lease // the claim's lease, shared by copies of the Attempt
-	steps *stepWatch      // what the steps told, shared by copies of the Attempt
+	lease *receipts.Lease  // the claim's lease, shared by copies of the Attempt
+	steps *stepwatch.Watch // what the steps told, shared by copies of the Attempt
 }
 
 type attemptKey struct{}
@@ -95,55 +93,7 @@ func (a *Attempt) Step(ctx context.Context, name string, fingerprint []byte, fn 
 	}
 	res, err := a.lease.Step(ctx, name, fingerprint, fn)
 	if err != nil && a.steps != nil {
-		a.steps.note(name, err)
+		a.steps.Note(name, err)
 	}
 	return res, err
-}
-
-// stepWatch is what the steps of an attempt told the middleware: the first
-// step whose outcome became unknown, or that did not match the journal.
-type stepWatch struct {
-	mu       sync.Mutex
-	unknown  string // the step whose outcome is unknown
-	mismatch string // the step that did not match the key's journal
-}
-
-// note records what Step's error says about step name.
-func (w *stepWatch) note(name string, err error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.unknown != "" || w.mismatch != "" {
-		return // the first one ended the attempt's steps; later steps report it again
-	}
-	switch {
-	case errors.Is(err, receipts.ErrStepMismatch):
-		w.mismatch = name
-	case errors.Is(err, receipts.ErrOutcomeUnknown):
-		w.unknown = name
-	}
-}
-
-// failed returns the step that ended the attempt's steps ("" for none), and
-// whether it did not match the journal (else its outcome is unknown).
-func (w *stepWatch) failed() (name string, mismatch bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.mismatch != "" {
-		return w.mismatch, true
-	}
-	return w.unknown, false
-}
-
-// err is the error that abandons the claim of an attempt whose steps ended
-// with a step that failed (nil if none did): its response is not the
-// action's outcome.
-func (w *stepWatch) err() error {
-	name, mismatch := w.failed()
-	switch {
-	case name == "":
-		return nil
-	case mismatch:
-		return fmt.Errorf("receipthttp: step %q: %w", name, receipts.ErrStepMismatch)
-	}
-	return fmt.Errorf("receipthttp: step %q: %w", name, receipts.ErrOutcomeUnknown)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/stepwatch"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -257,7 +258,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, rec *receipts.R
 // renews the lease, keeps Close waiting and records the outcome) and settles
 // the claim according to Config.Policy before the client sees the response.
 func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipts.Lease) {
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease, steps: &stepWatch{}}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease, steps: stepwatch.New(receipts.ErrStepMismatch, receipts.ErrOutcomeUnknown)}
 	// From here on the effect may start: the client leaving must not cut the
 	// handler short or keep the outcome from being recorded.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), attemptKey{}, a)
@@ -270,7 +271,7 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	_, err := lease.Run(ctx, func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
 		h.next.ServeHTTP(rw, r.WithContext(ctx))
 		ran = true
-		if err := a.steps.err(); err != nil {
+		if err := a.steps.Err("receipthttp"); err != nil {
 			// A step's outcome is unknown, or a step did not match the
 			// journal: whatever the handler wrote is not the outcome.
 			return nil, err
@@ -305,7 +306,7 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 	switch {
 	case !ran: // Close began before the handler could start
 		h.problem(w, r, claimProblem(h.cfg.Header, a.Key, err))
-	case a.steps.err() != nil && rw.mode == buffering:
+	case a.steps.Err("receipthttp") != nil && rw.mode == buffering:
 		h.stepProblem(w, r, a, err)
 	case (outcome == Succeed || outcome == Fail) && errors.Is(err, receipts.ErrOutcomeUnknown):
 		if tooLarge > 0 {
@@ -332,7 +333,7 @@ func (h *handler) execute(w http.ResponseWriter, r *http.Request, lease *receipt
 // ProblemNotRecorded) or did not match the key's journal (500
 // ProblemStepMismatch), in place of what the handler wrote; err is Run's.
 func (h *handler) stepProblem(w http.ResponseWriter, r *http.Request, a *Attempt, err error) {
-	name, mismatch := a.steps.failed()
+	name, mismatch := a.steps.Failed()
 	clear(w.Header())
 	if mismatch {
 		h.cfg.Logger.ErrorContext(r.Context(), "receipthttp: a step does not match the key's journal; claim abandoned for an operator",

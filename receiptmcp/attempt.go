@@ -2,12 +2,10 @@ package receiptmcp
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/stepwatch"
 )
 
 // Attempt describes the claim under which the middleware runs a tool
@@ -36,9 +34,9 @@ type Attempt struct {
 	// downstream providers (Lease.ProviderKey).
 	ProviderKey string
 
-	lease  *receipts.Lease // the claim's lease
-	staged atomic.Bool     // Stage was called
-	steps  stepWatch       // what the steps told
+	lease  *receipts.Lease  // the claim's lease
+	staged atomic.Bool      // Stage was called
+	steps  *stepwatch.Watch // what the steps told
 }
 
 type attemptKey struct{}
@@ -94,56 +92,8 @@ func (a *Attempt) Step(ctx context.Context, name string, fingerprint []byte, fn 
 		panic("receiptmcp: Step on an Attempt not made by the middleware")
 	}
 	res, err := a.lease.Step(ctx, name, fingerprint, fn)
-	if err != nil {
-		a.steps.note(name, err)
+	if err != nil && a.steps != nil {
+		a.steps.Note(name, err)
 	}
 	return res, err
-}
-
-// stepWatch is what the steps of an attempt told the middleware: the first
-// step whose outcome became unknown, or that did not match the journal.
-type stepWatch struct {
-	mu       sync.Mutex
-	unknown  string // the step whose outcome is unknown
-	mismatch string // the step that did not match the key's journal
-}
-
-// note records what Step's error says about step name.
-func (w *stepWatch) note(name string, err error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.unknown != "" || w.mismatch != "" {
-		return // the first one ended the attempt's steps; later steps report it again
-	}
-	switch {
-	case errors.Is(err, receipts.ErrStepMismatch):
-		w.mismatch = name
-	case errors.Is(err, receipts.ErrOutcomeUnknown):
-		w.unknown = name
-	}
-}
-
-// failed returns the step that ended the attempt's steps ("" for none), and
-// whether it did not match the journal (else its outcome is unknown).
-func (w *stepWatch) failed() (name string, mismatch bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.mismatch != "" {
-		return w.mismatch, true
-	}
-	return w.unknown, false
-}
-
-// err is the error that abandons the claim of an attempt whose steps ended
-// with a step that failed (nil if none did): its result is not the
-// action's outcome.
-func (w *stepWatch) err() error {
-	name, mismatch := w.failed()
-	switch {
-	case name == "":
-		return nil
-	case mismatch:
-		return fmt.Errorf("receiptmcp: step %q: %w", name, receipts.ErrStepMismatch)
-	}
-	return fmt.Errorf("receiptmcp: step %q: %w", name, receipts.ErrOutcomeUnknown)
 }

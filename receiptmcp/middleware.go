@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/stepwatch"
 	"github.com/receiptstore/receipts/observe"
 )
 
@@ -251,7 +252,7 @@ func (m *middleware) replay(ctx context.Context, tool string, rec *receipts.Rece
 //   - any other error, or a panic, abandons it: the outcome is unknown.
 func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *mcp.CallToolRequest, lease *receipts.Lease) (mcp.Result, error) {
 	tool := req.Params.Name
-	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease}
+	a := &Attempt{Key: lease.Key(), Number: lease.Attempt(), Recovered: lease.Recovered(), Token: lease.Token(), ProviderKey: lease.ProviderKey(), lease: lease, steps: stepwatch.New(receipts.ErrStepMismatch, receipts.ErrOutcomeUnknown)}
 	// From here on the effect may start: the client going away must neither
 	// cut the handler short nor keep its outcome from being recorded.
 	hctx := context.WithValue(context.WithoutCancel(ctx), attemptKey{}, a)
@@ -265,7 +266,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	_, err := lease.Run(hctx, func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
 		res, herr = next(ctx, methodCallTool, req)
 		ran = true
-		if err := a.steps.err(); err != nil {
+		if err := a.steps.Err("receiptmcp"); err != nil {
 			// A step's outcome is unknown, or a step did not match the
 			// journal: whatever the tool returned is not the outcome.
 			return nil, err
@@ -302,7 +303,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 	switch {
 	case !ran: // Close began before the handler could start
 		return nil, m.claimError(tool, a.Key, err)
-	case a.steps.err() != nil:
+	case a.steps.Err("receiptmcp") != nil:
 		return nil, m.stepError(ctx, tool, a, err)
 	case herr != nil:
 		return nil, herr
@@ -326,7 +327,7 @@ func (m *middleware) execute(ctx context.Context, next mcp.MethodHandler, req *m
 // (CodeNotRecorded) or did not match the key's journal (TypeStepMismatch),
 // in place of what the tool returned; err is Run's.
 func (m *middleware) stepError(ctx context.Context, tool string, a *Attempt, err error) error {
-	name, mismatch := a.steps.failed()
+	name, mismatch := a.steps.Failed()
 	if mismatch {
 		m.cfg.Logger.ErrorContext(ctx, "receiptmcp: a step does not match the key's journal; claim abandoned for an operator",
 			m.db.LogKey(a.Key), "tool", tool, "step", name, "err", err)
