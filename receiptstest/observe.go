@@ -182,9 +182,13 @@ func testObserveWaits(t *testing.T, s Store) {
 	_, _, err := e.db.Claim(bg, k, []byte("fp"), receipts.WaitAtMost(200*time.Millisecond))
 	require.ErrorIs(t, err, receipts.ErrInProgress)
 	got := rec.take()
-	require.Equal(t, []ev{{wait, observe.OutcomeInProgress, 0, false, ""}, {claim, observe.OutcomeInProgress, 0, false, ""}}, evs(got))
-	require.Positive(t, got[0].Duration)
-	require.GreaterOrEqual(t, got[1].Duration, 200*time.Millisecond, "the claim lasted its bound (process clock)")
+	if len(got) == 1 { // the first read itself outlasted the bound (a loaded machine): no wait began
+		require.Equal(t, []ev{{claim, observe.OutcomeInProgress, 0, false, ""}}, evs(got))
+	} else {
+		require.Equal(t, []ev{{wait, observe.OutcomeInProgress, 0, false, ""}, {claim, observe.OutcomeInProgress, 0, false, ""}}, evs(got))
+		require.Positive(t, got[0].Duration)
+	}
+	require.GreaterOrEqual(t, got[len(got)-1].Duration, 200*time.Millisecond, "the claim lasted its bound (process clock)")
 
 	// Bounded by the context.
 	ctx, cancel := context.WithTimeout(bg, 200*time.Millisecond)
