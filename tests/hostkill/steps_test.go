@@ -218,6 +218,9 @@ func runStepsKill(t *testing.T, wire, engine string) {
 	}
 	answers := make([]*tripResult, n)
 	var next, done, failed atomic.Int64
+	// The second half of the actions waits for the first SIGKILL, so that a fast machine
+	// cannot finish them all before one lands (the run would test no kill).
+	var killed atomic.Bool
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -232,6 +235,9 @@ func runStepsKill(t *testing.T, wire, engine string) {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					return
+				}
+				for i >= n/2 && !killed.Load() && ctx.Err() == nil {
+					time.Sleep(5 * time.Millisecond)
 				}
 				for ctx.Err() == nil {
 					res, err := cl.call(ctx, intents[i])
@@ -260,6 +266,7 @@ func runStepsKill(t *testing.T, wire, engine string) {
 		}
 		svc.kill() // SIGKILL, at a random moment of the actions in flight
 		kills++
+		killed.Store(true)
 		svcConf.OffsetHours++ // the restarted service finds the dead one's leases run out
 		svcConf.Seed = rng.Uint64()
 		svc = start(t, svcConf)
