@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"testing"
 
-	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/examples/internal/exampledb"
 	"github.com/receiptstore/receipts/internal/pgtest"
 )
@@ -23,29 +20,10 @@ func TestReplicasStartAtOnce(t *testing.T) {
 	const replicas, rounds = 8, 10
 	for round := range rounds {
 		dsn, schema := pgtest.Schema(t)
-		var opened, wg sync.WaitGroup
-		opened.Add(replicas)
-		errs := make(chan error, replicas)
-		for i := range replicas {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				store, err := exampledb.Open(context.Background(), exampledb.Config{PG: dsn, Schema: schema, Options: receipts.Options{GCInterval: -1}})
-				opened.Done()
-				if err != nil {
-					errs <- fmt.Errorf("replica %d: open: %w", i, err)
-					return
-				}
-				defer store.Close()
-				opened.Wait() // every replica's store is open: they create their table at once
-				if _, err := openPGTracker(context.Background(), store.Pool, store.Schema); err != nil {
-					errs <- fmt.Errorf("replica %d: %w", i, err)
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		for _, err := range exampledb.StartAtOnce(dsn, schema, replicas, func(ctx context.Context, s *exampledb.Store) error {
+			_, err := openPGTracker(ctx, s.Pool, s.Schema)
+			return err
+		}) {
 			t.Errorf("round %d: %v", round, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -173,4 +174,40 @@ func (s *Store) Close() error {
 		errs = append(errs, s.stop())
 	}
 	return errors.Join(errs...)
+}
+
+// StartAtOnce opens replicas stores on dsn's schema at the same moment, each with its own
+// pool, as a service started that many times on an empty database would, and once every one
+// is open runs create (the service's own objects, through CreateObjects) on all of them at
+// once. It returns each replica's failure: none, since CreateObjects serializes the
+// creation. The examples' tests of replicas that start at once (issue 43, item 4) use it.
+func StartAtOnce(dsn, schema string, replicas int, create func(ctx context.Context, s *Store) error) []error {
+	ctx := context.Background()
+	var opened, wg sync.WaitGroup
+	opened.Add(replicas)
+	errs := make(chan error, replicas)
+	for i := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			store, err := Open(ctx, Config{PG: dsn, Schema: schema, Options: receipts.Options{GCInterval: -1}})
+			opened.Done()
+			if err != nil {
+				errs <- fmt.Errorf("replica %d: open: %w", i, err)
+				return
+			}
+			defer store.Close()
+			opened.Wait() // every replica's store is open: they create their objects at once
+			if err := create(ctx, store); err != nil {
+				errs <- fmt.Errorf("replica %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var out []error
+	for err := range errs {
+		out = append(out, err)
+	}
+	return out
 }
