@@ -278,7 +278,8 @@ func (l *Lease) release(ctx context.Context) error {
 	}
 	start := l.db.traceStart(ctx)
 	// A claim with a step journal is kept too: its recorded steps happened.
-	err := l.db.eng.Release(ctx, l.skey, l.token, l.recovered || l.hasJournal())
+	n, _ := l.journalSteps()
+	err := l.db.eng.Release(ctx, l.skey, l.token, l.recovered || n > 0)
 	if err == nil {
 		l.db.settled(l)
 		l.db.n.releases.Add(1)
@@ -321,7 +322,7 @@ func (l *Lease) forget(ctx context.Context) error {
 	if err := l.unreleasable(); err != nil {
 		return err
 	}
-	if n := l.finishedSteps(); n > 0 { // they happened: forgetting them would run them again
+	if _, n := l.journalSteps(); n > 0 { // they happened: forgetting them would run them again
 		return fmt.Errorf("%w: %s: %d steps of this action are recorded, so it happened in part and cannot be forgotten: settle its uncertain step (SettleStep), release the claim to resume it, or record the action's outcome",
 			ErrInvalidArgument, l.db.keyName(l.key), n)
 	}

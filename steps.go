@@ -115,42 +115,30 @@ type leaseSteps struct {
 	broken  error           // a mismatch or an unknown outcome ended this attempt's steps
 }
 
-// hasJournal reports whether l's claim has a journal stored: its steps happened, so
-// releasing it keeps the claim (driver.Journals).
-func (l *Lease) hasJournal() bool {
+// journalSteps returns how many steps l's claim has in its journal, and how many of them
+// are finished. A step that runs now (Release or Forget called from its fn) counts as one of
+// each, and so does a journal that does not decode: what they did may have happened. Release
+// keeps a claim that has any (its steps happened, or may have), Forget refuses one with a
+// finished step.
+func (l *Lease) journalSteps() (steps, finished int) {
 	st := &l.steps
 	if !st.mu.TryLock() {
-		return true // a step runs (Release called from its fn): what it does may happen
-	}
-	defer st.mu.Unlock()
-	if !st.loaded {
-		return len(st.raw) > 0
-	}
-	return len(st.entries) > 0
-}
-
-// finishedSteps returns how many steps l's claim has recorded finished (a step that runs
-// counts as one: what it does may happen).
-func (l *Lease) finishedSteps() int {
-	st := &l.steps
-	if !st.mu.TryLock() {
-		return 1
+		return 1, 1
 	}
 	defer st.mu.Unlock()
 	entries := st.entries
 	if !st.loaded {
 		var err error
 		if entries, err = journal.Decode(st.raw); err != nil {
-			return 1 // unreadable: assume it holds steps
+			return 1, 1
 		}
 	}
-	n := 0
 	for i := range entries {
 		if entries[i].State != driver.Pending {
-			n++
+			finished++
 		}
 	}
-	return n
+	return len(entries), finished
 }
 
 // Step runs fn as the action's next step, unless the key's journal holds it finished: then
