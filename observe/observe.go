@@ -314,3 +314,11 @@ type TraceRecorder interface {
 // MaxTraceContext bounds what TraceRecorder.TraceContext may store (a W3C
 // traceparent is 55 bytes).
 const MaxTraceContext = driver.MaxTrace
+
+// DurationBuckets returns the observers' duration histograms' bucket upper
+// bounds, in seconds (a new slice each call): from a replay from memory
+// (50µs) to an export that holds its lease for minutes. receiptsprom
+// (DefaultBuckets) and receiptsotel use them.
+func DurationBuckets() []float64 {
+	return []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
+}

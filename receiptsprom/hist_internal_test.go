@@ -96,8 +96,8 @@ func TestStripeSpreadsGoroutines(t *testing.T) {
 	wg.Wait()
 	seen := map[int]bool{}
 	for _, sh := range got {
-		require.True(t, sh >= 0 && sh < histShards, "stripe %d: out of range, or not the same on one goroutine", sh)
+		require.True(t, sh >= 0 && sh < 8, "stripe %d: out of range, or not the same on one goroutine", sh)
 		seen[sh] = true
 	}
-	require.GreaterOrEqual(t, len(seen), histShards/2, "64 goroutines over %d stripes: %v", histShards, got)
+	require.GreaterOrEqual(t, len(seen), 4, "64 goroutines over 8 stripes: %v", got)
 }

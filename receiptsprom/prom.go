@@ -50,8 +50,9 @@ import (
 )
 
 // DefaultBuckets are the duration histograms' buckets, in seconds: from a
-// replay from memory (50µs) to an export that holds its lease for minutes.
-var DefaultBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
+// replay from memory (50µs) to an export that holds its lease for minutes
+// (observe.DurationBuckets, as receiptsotel's).
+var DefaultBuckets = observe.DurationBuckets()
 
 // DefaultScanEvery is how often, at most, a scrape recounts abandoned claims.
 const DefaultScanEvery = time.Minute

@@ -14,7 +14,8 @@
 #   nocopy     a replay from memory hands out the cache's own bytes
 #   memokeep   writes of a key keep the memo of its last Pending record
 #   memoraw    writes decide from that memo after DB.Pebble
-#   histshard  receiptsprom's histograms sum only their first stripe at scrape
+#   histshard  the observers' striped histograms and counters (internal/hot) sum
+#              only their first stripe when read (receiptsprom's tests catch it)
 #   otelunmarked receiptsotel's sampler leaves an operation it sampled out
 #              unmarked, so the operations nested in it draw again
 #              (receiptsotel's sampling tests catch it)

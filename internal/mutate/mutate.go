@@ -26,7 +26,8 @@
 //	unknownfree the outcome protocol (receipts' Lease.conclude) reads an unknown outcome
 //	           (an unmarked error from fn) as NotPerformed: the claim is released,
 //	           and the next attempt is not Recovered
-//	histshard  receiptsprom: a duration histogram's scrape reads only its first
+//	histshard  the observers' striped counters and histograms (internal/hot,
+//	           receiptsprom's and receiptsotel's Producer) read only their first
 //	           stripe (the counts other goroutines added elsewhere are lost)
 //	otelunmarked receiptsotel: an operation its sampler samples out runs with
 //	           the caller's context unmarked, so the operations nested in it
@@ -71,7 +72,8 @@ const (
 	PgNoAtomic = "pgnoatomic"
 	// UnknownFree: the outcome protocol releases the claim of an unknown outcome.
 	UnknownFree = "unknownfree"
-	// HistShard: receiptsprom's striped histograms sum only their first stripe at scrape.
+	// HistShard: the striped counters and histograms (internal/hot) that the
+	// observers aggregate into sum only their first stripe when read.
 	HistShard = "histshard"
 	// OTelUnmarked: receiptsotel's sampled-out operations leave no unsampled trace in their context.
 	OTelUnmarked = "otelunmarked"
