@@ -58,6 +58,19 @@ func BenchmarkObserved(b *testing.B) {
 			}
 			return o
 		}},
+		// otel-1pct-producer: otel-1pct with the metrics aggregated by the observer
+		// (receiptsotel.Options.Producer) and read by the reader it is registered with,
+		// instead of three synchronous SDK measurements per replay.
+		{"otel-1pct-producer", func(b *testing.B) observe.Observer {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}))
+			o, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp, SampleRatio: 0.01, Producer: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader(sdkmetric.WithProducer(o))))
+			b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+			return o
+		}},
 		// otel-1pct-traces: otel-1pct with no metrics (a no-op MeterProvider, as a service
 		// that takes its metrics from receiptsprom would run it): what the spans' sampling
 		// costs alone.

@@ -36,16 +36,28 @@
 // Metrics (names as in receiptsprom, with OpenTelemetry's dots; durations
 // in seconds): receipts.claims, receipts.finishes, receipts.gc.runs
 // (counters, with the outcome as attribute), receipts.operation.duration
-// and receipts.wait.duration (histograms).
+// and receipts.wait.duration (histograms, buckets observe.DurationBuckets
+// unless Options.Buckets). They are recorded through the MeterProvider's
+// instruments, or, with Options.Producer, aggregated by the Observer itself
+// (an atomic add per measurement) and read by the sdkmetric readers it is
+// registered with as a Producer:
+//
+//	obs, err := receiptsotel.New(&receiptsotel.Options{Producer: true, SampleRatio: 0.01})
+//	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(
+//		sdkmetric.NewPeriodicReader(exporter, sdkmetric.WithProducer(obs))))
 package receiptsotel
 
 import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -53,6 +65,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/internal/hot"
 	"github.com/receiptstore/receipts/internal/mutate"
 	"github.com/receiptstore/receipts/observe"
 )
@@ -85,6 +99,25 @@ type Options struct {
 	// sampler decides for operations that begin a trace. Metrics count
 	// every operation whatever the ratio.
 	SampleRatio float64
+	// Producer, if set, has the Observer aggregate its metrics itself and
+	// hand them to OpenTelemetry as an sdkmetric.Producer, in place of
+	// instruments made from MeterProvider (which it then does not use):
+	// register it with each reader that exports them,
+	//
+	//	obs, err := receiptsotel.New(&receiptsotel.Options{Producer: true})
+	//	reader := sdkmetric.NewPeriodicReader(exporter, sdkmetric.WithProducer(obs))
+	//
+	// A measurement then costs an atomic add on a stripe of its own, where
+	// the SDK's synchronous instruments cost hundreds of nanoseconds each
+	// (three per replay, a replay from memory taking about a microsecond:
+	// docs/performance.md). The metrics, their attributes and buckets are
+	// the same; their temporality is cumulative whatever the reader's
+	// selector says, and they carry no exemplars.
+	Producer bool
+	// Buckets are the duration histograms' bucket upper bounds, in
+	// seconds, increasing. Default observe.DurationBuckets(), as
+	// receiptsprom's.
+	Buckets []float64
 }
 
 // Observer is a observe.Observer (and observe.Beginner) that records
@@ -99,6 +132,12 @@ type Observer struct {
 
 	claims, finishes, gcRuns metric.Int64Counter
 	opDur, waitDur           metric.Float64Histogram
+
+	// With Options.Producer: the metrics are aggregated in the measureOpts
+	// of each attribute set, from start, and reported by Produce.
+	produce bool
+	start   time.Time
+	upper   []float64 // the histograms' bucket upper bounds
 
 	sets  sync.Map               // setKey -> *measureOpts
 	byKey sync.Map               // seriesKey -> *series
@@ -118,29 +157,54 @@ func New(opts *Options) (*Observer, error) {
 	if o.MeterProvider == nil {
 		o.MeterProvider = otel.GetMeterProvider()
 	}
-	m := o.MeterProvider.Meter(ScopeName)
-	ob := &Observer{tracer: o.TracerProvider.Tracer(ScopeName), keyHash: o.KeyHash}
+	ob := &Observer{tracer: o.TracerProvider.Tracer(ScopeName), keyHash: o.KeyHash, produce: o.Producer, start: time.Now()}
 	if o.SampleRatio > 0 && o.SampleRatio < 1 {
 		ob.bound = max(uint64(o.SampleRatio*(1<<63)), 1)
 	}
+	ob.upper = o.Buckets
+	if ob.upper == nil {
+		ob.upper = observe.DurationBuckets()
+	}
+	for i, ub := range ob.upper {
+		if math.IsNaN(ub) || i > 0 && !(ub > ob.upper[i-1]) {
+			return nil, fmt.Errorf("%w: receiptsotel: Options.Buckets must increase: %v", receipts.ErrInvalidArgument, ob.upper)
+		}
+	}
+	ob.upper = slices.Clone(ob.upper)
+	if ob.produce {
+		return ob, nil
+	}
+	m := o.MeterProvider.Meter(ScopeName)
 	var err error
-	if ob.claims, err = m.Int64Counter("receipts.claims", metric.WithDescription("Claims by outcome."), metric.WithUnit("{claim}")); err != nil {
+	if ob.claims, err = m.Int64Counter(claimsMetric.name, metric.WithDescription(claimsMetric.desc), metric.WithUnit(claimsMetric.unit)); err != nil {
 		return nil, err
 	}
-	if ob.finishes, err = m.Int64Counter("receipts.finishes", metric.WithDescription("Attempts ended, by result."), metric.WithUnit("{attempt}")); err != nil {
+	if ob.finishes, err = m.Int64Counter(finishesMetric.name, metric.WithDescription(finishesMetric.desc), metric.WithUnit(finishesMetric.unit)); err != nil {
 		return nil, err
 	}
-	if ob.gcRuns, err = m.Int64Counter("receipts.gc.runs", metric.WithDescription("Garbage collections, by result."), metric.WithUnit("{run}")); err != nil {
+	if ob.gcRuns, err = m.Int64Counter(gcRunsMetric.name, metric.WithDescription(gcRunsMetric.desc), metric.WithUnit(gcRunsMetric.unit)); err != nil {
 		return nil, err
 	}
-	if ob.opDur, err = m.Float64Histogram("receipts.operation.duration", metric.WithDescription("Duration of store operations: claim, finish, attempt, gc, do."), metric.WithUnit("s")); err != nil {
+	if ob.opDur, err = m.Float64Histogram(opDurMetric.name, metric.WithDescription(opDurMetric.desc), metric.WithUnit(opDurMetric.unit), metric.WithExplicitBucketBoundaries(ob.upper...)); err != nil {
 		return nil, err
 	}
-	if ob.waitDur, err = m.Float64Histogram("receipts.wait.duration", metric.WithDescription("Time claims waited for another caller's attempt."), metric.WithUnit("s")); err != nil {
+	if ob.waitDur, err = m.Float64Histogram(waitDurMetric.name, metric.WithDescription(waitDurMetric.desc), metric.WithUnit(waitDurMetric.unit), metric.WithExplicitBucketBoundaries(ob.upper...)); err != nil {
 		return nil, err
 	}
 	return ob, nil
 }
+
+// instrument names a metric: the same through a MeterProvider and from
+// Produce.
+type instrument struct{ name, desc, unit string }
+
+var (
+	claimsMetric   = instrument{"receipts.claims", "Claims by outcome.", "{claim}"}
+	finishesMetric = instrument{"receipts.finishes", "Attempts ended, by result.", "{attempt}"}
+	gcRunsMetric   = instrument{"receipts.gc.runs", "Garbage collections, by result.", "{run}"}
+	opDurMetric    = instrument{"receipts.operation.duration", "Duration of store operations: claim, finish, attempt, gc, do.", "s"}
+	waitDurMetric  = instrument{"receipts.wait.duration", "Time claims waited for another caller's attempt.", "s"}
+)
 
 // Begin starts the span of a Do or a claim (observe.Beginner); Observe
 // ends it. No span is started, and the SDK is not called, if the span in
@@ -215,7 +279,6 @@ var internalSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInte
 // for a Do or a claim, records the other events as spans of their own with
 // the event's times, and counts e.
 func (o *Observer) Observe(ctx context.Context, e observe.Event) {
-	end := e.Start.Add(e.Duration)
 	switch e.Kind {
 	case observe.ClaimEvent, observe.DoEvent:
 		span := trace.SpanFromContext(ctx)
@@ -225,17 +288,21 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 			}
 			span.SetAttributes(o.attrs(e)...)
 			setStatus(span, e.Outcome)
-			span.End(trace.WithTimestamp(end))
+			span.End(trace.WithTimestamp(e.Start.Add(e.Duration)))
 		}
 	default:
 		if o.records(ctx) {
 			_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(o.attrs(e)...), internalSpan[0])
 			setStatus(span, e.Outcome)
-			span.End(trace.WithTimestamp(end))
+			span.End(trace.WithTimestamp(e.Start.Add(e.Duration)))
 		}
 	}
 
 	row := o.row(&e)
+	if o.produce {
+		o.aggregate(row, &e)
+		return
+	}
 	switch e.Kind {
 	case observe.ClaimEvent:
 		o.claims.Add(ctx, 1, o.opts(row, &e, opNone).add...)
@@ -258,9 +325,24 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 // Record, in slices built once: passing them spreads (...) an existing
 // slice, where a single option would be boxed into a new one per call.
 type measureOpts struct {
+	set attribute.Set
 	add []metric.AddOption
 	rec []metric.RecordOption
+	// With Options.Producer, the set's aggregates: for a set with no op
+	// attribute, the counts of claims, finishes and GC runs, and the
+	// wait.duration histogram; for one with an op, the
+	// operation.duration histogram.
+	counts *[numCounters]hot.Counter
+	dur    *hot.Hist
 }
+
+// The counters, as indexes of measureOpts.counts.
+const (
+	ctrClaims = iota
+	ctrFinishes
+	ctrGCRuns
+	numCounters
+)
 
 // setKey names one metric attribute set: the engine, class and outcome of
 // an event, and the op attribute ("" for none).
@@ -358,8 +440,16 @@ func (o *Observer) attrSet(e *observe.Event, op int) *measureOpts {
 	if op != opNone {
 		attrs = append(attrs, attribute.String("op", opNames[op]))
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
-	v, _ := o.sets.LoadOrStore(k, &measureOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	set := attribute.NewSet(attrs...)
+	opt := metric.WithAttributeSet(set)
+	m := &measureOpts{set: set, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	if o.produce {
+		if op == opNone {
+			m.counts = new([numCounters]hot.Counter)
+		}
+		m.dur = hot.NewHist(o.upper)
+	}
+	v, _ := o.sets.LoadOrStore(k, m)
 	return v.(*measureOpts)
 }
 
@@ -429,10 +519,12 @@ func setStatus(span trace.Span, out observe.Outcome) {
 
 // TraceContext is the W3C traceparent of the span in ctx, stored with the
 // receipt that a finish with ctx records (observe.TraceRecorder), or nil
-// if ctx has no valid span.
+// if ctx has no valid span or its trace is not sampled (no backend holds
+// that span for a replay to link to: the receipt keeps no traceparent, and
+// its replays clone none).
 func (o *Observer) TraceContext(ctx context.Context) []byte {
 	sc := trace.SpanContextFromContext(ctx)
-	if !sc.IsValid() {
+	if !sc.IsValid() || !sc.IsSampled() {
 		return nil
 	}
 	tid, sid := sc.TraceID(), sc.SpanID()

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/receiptstore/receipts"
@@ -208,4 +209,45 @@ func TestReplayLinksToRecordedExecution(t *testing.T) {
 	defer db.Close()
 	do(db, "retry after restart")
 	check("replay after a restart")
+}
+
+// A receipt recorded in a trace that is not sampled keeps no traceparent
+// (no backend holds that span), so its replay, in a sampled trace, links
+// nowhere; TraceContext gives nil for such a context and the traceparent
+// for a sampled one.
+func TestUnsampledExecutionStoresNoTrace(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(bg) })
+	obs, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp})
+	require.NoError(t, err)
+	db, err := pebblestore.Open("db", &pebblestore.Options{Options: receipts.Options{GCInterval: -1, Observer: obs}, Pebble: &pebble.Options{FS: vfs.NewMem()}})
+	require.NoError(t, err)
+	defer db.Close()
+
+	unsampled := trace.ContextWithSpanContext(bg, trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}}))
+	require.Nil(t, obs.TraceContext(unsampled))
+	sampledCtx, s := tp.Tracer("test").Start(bg, "sampled")
+	require.Len(t, obs.TraceContext(sampledCtx), 55)
+	s.End()
+
+	k := receipts.Key{Scope: "tenant", ID: "op-1"}
+	ok := func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil }
+	_, err = db.Do(unsampled, k, []byte("fp"), ok)
+	require.NoError(t, err)
+	require.Empty(t, spans.Ended()[1:], "the unsampled execution recorded no span")
+
+	ctx, root := tp.Tracer("test").Start(bg, "retry")
+	_, err = db.Do(ctx, k, []byte("fp"), ok)
+	require.NoError(t, err)
+	root.End()
+	var n int
+	for _, s := range spans.Ended() {
+		if s.Name() == "receipts.do" || s.Name() == "receipts.claim" {
+			n++
+			require.Empty(t, s.Links(), "%s: no link to a span that was never recorded", s.Name())
+		}
+	}
+	require.Equal(t, 2, n)
 }
