@@ -281,3 +281,22 @@ func TestReplayFastOnePartition(t *testing.T) {
 		t.Fatalf("replay with a dead epoch's hint %+v", rp.Record)
 	}
 }
+
+// A record whose timestamps are not finite (bytes no receipts binary writes) is reported as
+// corrupt (ErrCorrupt), not read as the zero time.
+func TestInfiniteTimestampIsCorrupt(t *testing.T) {
+	d := newTestDB(t)
+	e := d.open(engineOptions{})
+	k := driver.Key{Scope: "infinite", ID: t.Name()}
+	c := mustClaim(t, e.engine, req(k, "fp"), driver.Claimed)
+	if _, err := e.Finish(bg, k, c.Record.Token, driver.Succeeded, []byte("result")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(bg, `UPDATE `+e.q.schema+`.records SET created_at = 'infinity' WHERE scope = $1 AND id = $2`,
+		[]byte(k.Scope), []byte(k.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := e.Lookup(bg, k); !errors.Is(err, driver.ErrCorrupt) {
+		t.Fatalf("Lookup of a record created at infinity: %v, want ErrCorrupt", err)
+	}
+}
