@@ -72,3 +72,12 @@ func member(i int64, n int) int64 {
 	}
 	return i
 }
+
+// aimed is the records partition a statement aimed at epoch's partition names: epoch's,
+// or under the pgwrongpart mutation the one before it.
+func aimed(epoch int64) int64 {
+	if mutate.Name == mutate.PgWrongPart {
+		return epoch - 1
+	}
+	return epoch
+}

@@ -536,7 +536,7 @@ func (q queries) finishManyInSQL(ep, mep int64) string { return q.inPartition(q.
 // inPartition fills in template sql for records epoch ep, whose markers partition is mep.
 func (q queries) inPartition(sql string, ep, mep int64) string {
 	return strings.NewReplacer(
-		"@records@", pgx.Identifier{partName(famRecords, ep)}.Sanitize(),
+		"@records@", pgx.Identifier{partName(famRecords, aimed(ep))}.Sanitize(),
 		"@markers@", pgx.Identifier{partName(famMarkers, mep)}.Sanitize(),
 		"@ep@", strconv.FormatInt(ep, 10)+"::bigint",
 		"@mep@", strconv.FormatInt(mep, 10)+"::bigint",

@@ -103,7 +103,7 @@ func (e *engine) lookupInAnswer(k driver.Key, rec driver.Record, now time.Time) 
 // lookupInSQL is the statement of lookupIn for epoch's partition (its text names the
 // partition; the few texts in use are kept, at most 64).
 func (e *engine) lookupInSQL(epoch int64) string {
-	return e.lookupInText.get(epoch, func() string { return e.q.lookupIn(partName(famRecords, epoch)) })
+	return e.lookupInText.get(epoch, func() string { return e.q.lookupIn(partName(famRecords, aimed(epoch))) })
 }
 
 // hintCap bounds one generation of the finished-key hint: at most 2×hintCap key hashes are
@@ -201,7 +201,7 @@ func (e *engine) lookupMany(ctx context.Context, self *lookupCall, in []*lookupC
 	for i, c := range in {
 		scopes[i], ids[i] = []byte(c.key.Scope), []byte(c.key.ID)
 	}
-	sql := e.lookupManyText.get(ep, func() string { return e.q.lookupManyIn(partName(famRecords, ep)) })
+	sql := e.lookupManyText.get(ep, func() string { return e.q.lookupManyIn(partName(famRecords, aimed(ep))) })
 	arg := e.nowArg()
 	rows, err := e.pool.Query(ctx, sql, scopes, ids, arg)
 	if err != nil {

@@ -31,6 +31,10 @@
 #   pgreadnow  PostgreSQL's read-back after a lost COMMIT reply reads at once,
 #              without waiting for the transaction to end on the server
 #              (pgstore's lost-commit-reply tests catch it)
+#   pgwrongpart PostgreSQL's statements aimed at one records partition (a finish,
+#              a replay's read) name the partition before the right one: they
+#              find no row and the parent's statements answer, correctly and
+#              slower (pgstore's one-partition tests, which count them, catch it)
 #   stepanypos Lease.Step replays a finished step from the journal's last
 #              finished entry, unchecked: another position's result (the
 #              model's TestModelSteps and the kit's Steps topic catch it)
@@ -86,6 +90,7 @@ suites=(
 	"./pgstore ^(TestTombstoneEveryClaimPath|TestTombstoneRecordIsItsOwnTombstone|TestTombstoneGCCrashBetweenCopyAndDrop)$"
 	"./pgstore ^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"
 	"./pgstore ^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply|TestDoTxAbandonLostCommitReply)$"
+	"./pgstore ^(TestFinishInOnePartition|TestReplayFastOnePartition)$"
 )
 
 harnesses=()      # harness ids: the test's name, or name@package when two packages have it
@@ -126,7 +131,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow stepanypos steprerun)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow pgwrongpart stepanypos steprerun)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

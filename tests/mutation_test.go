@@ -49,6 +49,8 @@ var suites = []struct{ pkg, list string }{
 	{"./pgstore", "^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"},
 	// A lost COMMIT reply: the read-back waits for the transaction to end on the server.
 	{"./pgstore", "^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply|TestDoTxAbandonLostCommitReply)$"},
+	// Statements aimed at one records partition: used, and at the right one.
+	{"./pgstore", "^(TestFinishInOnePartition|TestReplayFastOnePartition)$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -57,7 +59,7 @@ var suites = []struct{ pkg, list string }{
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
 // cacheraw, nocopy, memokeep, memoraw, histshard, otelunmarked, unknownfree, nogcmarkers,
-// pgnogcmarkers, pgbatchswap, pgreadnow, stepanypos, steprerun), logs the table,
+// pgnogcmarkers, pgbatchswap, pgreadnow, pgwrongpart, stepanypos, steprerun), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -138,7 +140,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow", "stepanypos", "steprerun"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow", "pgwrongpart", "stepanypos", "steprerun"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

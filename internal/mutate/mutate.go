@@ -38,6 +38,8 @@
 //	           records' tombstone markers first
 //	pgreadnow  PostgreSQL: the read-back after a lost COMMIT reply (DoTx, FinishWith)
 //	           reads at once, without waiting for the transaction to end on the server
+//	pgwrongpart PostgreSQL: the statements aimed at one records partition (a finish,
+//	           a replay's read) are aimed at the partition before the right one
 //	stepanypos Lease.Step replays a finished step from the journal's last finished entry,
 //	           without checking its position, name or fingerprint
 //	steprerun  Lease.Step treats a finished step of the journal as started: it runs again,
@@ -87,6 +89,11 @@ const (
 	// PgReadNow: pgstore's read-back after a lost COMMIT reply does not wait for the
 	// transaction to end on the server (settledLookup skips the key's lock).
 	PgReadNow = "pgreadnow"
+	// PgWrongPart: pgstore's statements aimed at one records partition (finishIn,
+	// finishManyIn, lookupIn) name the partition before the right one. They check that
+	// their row is there, so the parent's statements answer instead, correctly and
+	// slower: the tests that count the aimed statements catch it.
+	PgWrongPart = "pgwrongpart"
 	// StepAnyPos: Lease.Step's journal lookup ignores the position and the name: a finished
 	// step replays the last finished entry's result, unchecked.
 	StepAnyPos = "stepanypos"
