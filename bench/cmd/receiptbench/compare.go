@@ -145,7 +145,7 @@ func runCompare(ctx context.Context, cfg *config) error {
 			o := cfg.pebbleOptions()
 			syncs[name] = stores.CountSyncs(o)
 			s, err = stores.OpenFloor(dir, o)
-		case "receipts", "receipts-notomb", "receipts-sealed":
+		case "receipts", "receipts-notomb", "receipts-sealed", "receipts-prom", "receipts-otel", "receipts-otel-sdk":
 			opts := engine.Options(nil)
 			opts.Pebble = cfg.pebbleOptions()
 			syncs[name] = stores.CountSyncs(opts.Pebble)
@@ -157,10 +157,19 @@ func runCompare(ctx context.Context, cfg *config) error {
 					break
 				}
 			}
+			var stopObserver func()
+			if slices.Contains(observerStores, name) { // the cost of an observer is receipts next to it
+				if opts.Observer, stopObserver, err = benchObserver(name); err != nil {
+					break
+				}
+			}
 			var es *engine.Store
 			if es, err = engine.Open(dir, opts, engine.ModeDo); err == nil {
 				es.Label = name
+				es.AfterClose = stopObserver
 				s = es
+			} else if stopObserver != nil {
+				stopObserver()
 			}
 		case "bbolt":
 			s, err = stores.OpenBolt(dir)

@@ -117,17 +117,18 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-sealed", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
+var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-sealed", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb", "receipts-prom", "receipts-otel", "receipts-otel-sdk"}
 
 // defaultStores run unless -stores names others: all but receipts-notomb,
 // receipts-pg-lookup (a measurement of pgstore's plain read, not a path a retry takes),
 // receipts-pg-notomb and receipts-pg-tx-notomb (the engine's, pgstore's Do and DoTx with
 // tombstones off: a measurement of what they cost), and receipts-sealed and
 // receipts-pg-sealed (results encrypted, Options.Keyring: a measurement of what encryption
-// costs, next to receipts and receipts-pg).
+// costs, next to receipts and receipts-pg), and the observer stores (observerStores: what an
+// observer costs, next to receipts).
 var defaultStores = slices.DeleteFunc(slices.Clone(allStores), func(s string) bool {
 	return s == "receipts-notomb" || s == "receipts-pg-lookup" || s == "receipts-pg-notomb" || s == "receipts-pg-tx-notomb" ||
-		s == "receipts-sealed" || s == "receipts-pg-sealed"
+		s == "receipts-sealed" || s == "receipts-pg-sealed" || slices.Contains(observerStores, s)
 })
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
@@ -230,7 +231,7 @@ func parseFlags(args []string) (*config, error) {
 }
 
 // pebbleStores are the stores that run on Pebble: their WAL syncs are counted.
-var pebbleStores = []string{"pebble-floor", "receipts", "receipts-notomb", "receipts-sealed"}
+var pebbleStores = []string{"pebble-floor", "receipts", "receipts-notomb", "receipts-sealed", "receipts-prom", "receipts-otel", "receipts-otel-sdk"}
 
 // scaleStores are the stores -scale populates: the engine and its floor.
 var scaleStores = []string{"pebble-floor", "receipts"}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -296,5 +297,44 @@ func TestComparePG(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("wake output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// The observer stores (receipts with receiptsprom, receiptsotel with its own aggregation, and
+// receiptsotel through the SDK's instruments) run every workload beside receipts, and their
+// observers are shut down with them: no goroutine of theirs outlives the run.
+func TestObserverStores(t *testing.T) {
+	before := runtime.NumGoroutine()
+	cfg, err := parseFlags([]string{"-duration", "20ms", "-warmup", "0", "-replay-keys", "64", "-conc", "1,4",
+		"-stores", "receipts," + strings.Join(observerStores, ","), "-workloads", "new,replay", "-json", "-dir", t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := capture(t)
+	if err := runCompare(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, out.String())
+	}
+	got := map[string]int{}
+	for _, r := range rep.Results {
+		if r.Ops == 0 || r.Error != "" {
+			t.Errorf("%s %s conc=%d: %d operations, error %q", r.Workload, r.Store, r.Conc, r.Ops, r.Error)
+		}
+		got[r.Store]++
+	}
+	for _, s := range append([]string{"receipts"}, observerStores...) {
+		if got[s] != 4 { // new and replay at 1 and 4 callers
+			t.Errorf("%s: %d rows, want 4 (%v)", s, got[s], got)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines after the run, %d before", n, before)
 	}
 }

@@ -41,6 +41,8 @@ type Store struct {
 	Firsts atomic.Uint64
 	// Label, if set, is the row label (Name).
 	Label string
+	// AfterClose, if set, runs after Close has closed the DB (an observer's shutdown).
+	AfterClose func()
 }
 
 // Options returns the engine options benchmarks use: Pebble on disk with the same
@@ -80,7 +82,13 @@ func (s *Store) Name() string {
 }
 
 // Close closes the engine.
-func (s *Store) Close() error { return s.DB.Close() }
+func (s *Store) Close() error {
+	err := s.DB.Close()
+	if s.AfterClose != nil {
+		s.AfterClose()
+	}
+	return err
+}
 
 // Settle flushes the engine's memtables and compacts everything. It takes
 // the Pebble database through internal/peek, not DB.Pebble, which would
