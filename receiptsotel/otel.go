@@ -130,8 +130,8 @@ type Observer struct {
 	// not set.
 	bound uint64
 
-	claims, finishes, gcRuns metric.Int64Counter
-	opDur, waitDur           metric.Float64Histogram
+	counters       [numCounters]metric.Int64Counter // claims, finishes, GC runs (counterMetrics)
+	opDur, waitDur metric.Float64Histogram
 
 	// With Options.Producer: the metrics are aggregated in the measureOpts
 	// of each attribute set, from start, and reported by Produce.
@@ -176,14 +176,10 @@ func New(opts *Options) (*Observer, error) {
 	}
 	m := o.MeterProvider.Meter(ScopeName)
 	var err error
-	if ob.claims, err = m.Int64Counter(claimsMetric.name, metric.WithDescription(claimsMetric.desc), metric.WithUnit(claimsMetric.unit)); err != nil {
-		return nil, err
-	}
-	if ob.finishes, err = m.Int64Counter(finishesMetric.name, metric.WithDescription(finishesMetric.desc), metric.WithUnit(finishesMetric.unit)); err != nil {
-		return nil, err
-	}
-	if ob.gcRuns, err = m.Int64Counter(gcRunsMetric.name, metric.WithDescription(gcRunsMetric.desc), metric.WithUnit(gcRunsMetric.unit)); err != nil {
-		return nil, err
+	for i, in := range counterMetrics {
+		if ob.counters[i], err = m.Int64Counter(in.name, metric.WithDescription(in.desc), metric.WithUnit(in.unit)); err != nil {
+			return nil, err
+		}
 	}
 	if ob.opDur, err = m.Float64Histogram(opDurMetric.name, metric.WithDescription(opDurMetric.desc), metric.WithUnit(opDurMetric.unit), metric.WithExplicitBucketBoundaries(ob.upper...)); err != nil {
 		return nil, err
@@ -199,11 +195,14 @@ func New(opts *Options) (*Observer, error) {
 type instrument struct{ name, desc, unit string }
 
 var (
-	claimsMetric   = instrument{"receipts.claims", "Claims by outcome.", "{claim}"}
-	finishesMetric = instrument{"receipts.finishes", "Attempts ended, by result.", "{attempt}"}
-	gcRunsMetric   = instrument{"receipts.gc.runs", "Garbage collections, by result.", "{run}"}
-	opDurMetric    = instrument{"receipts.operation.duration", "Duration of store operations: claim, finish, attempt, gc, do.", "s"}
-	waitDurMetric  = instrument{"receipts.wait.duration", "Time claims waited for another caller's attempt.", "s"}
+	// counterMetrics are the counters, by their index (ctrClaims, …).
+	counterMetrics = [numCounters]instrument{
+		{"receipts.claims", "Claims by outcome.", "{claim}"},
+		{"receipts.finishes", "Attempts ended, by result.", "{attempt}"},
+		{"receipts.gc.runs", "Garbage collections, by result.", "{run}"},
+	}
+	opDurMetric   = instrument{"receipts.operation.duration", "Duration of store operations: claim, finish, attempt, gc, do.", "s"}
+	waitDurMetric = instrument{"receipts.wait.duration", "Time claims waited for another caller's attempt.", "s"}
 )
 
 // Begin starts the span of a Do or a claim (observe.Beginner); Observe
@@ -298,27 +297,52 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 		}
 	}
 
-	row := o.row(&e)
-	if o.produce {
-		o.aggregate(row, &e)
-		return
-	}
+	row, sh := o.row(&e), hot.Pick()
 	switch e.Kind {
 	case observe.ClaimEvent:
-		o.claims.Add(ctx, 1, o.opts(row, &e, opNone).add...)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opClaim).rec...)
+		o.count(ctx, row, &e, ctrClaims, sh)
+		o.duration(ctx, row, &e, opClaim, e.Duration, sh)
 	case observe.WaitEvent:
-		o.waitDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opNone).rec...)
+		o.duration(ctx, row, &e, opNone, e.Duration, sh)
 	case observe.FinishEvent:
-		o.finishes.Add(ctx, 1, o.opts(row, &e, opNone).add...)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opFinish).rec...)
-		o.opDur.Record(ctx, e.Held.Seconds(), o.opts(row, &e, opAttempt).rec...)
+		o.count(ctx, row, &e, ctrFinishes, sh)
+		o.duration(ctx, row, &e, opFinish, e.Duration, sh)
+		o.duration(ctx, row, &e, opAttempt, e.Held, sh)
 	case observe.GCEvent:
-		o.gcRuns.Add(ctx, 1, o.opts(row, &e, opNone).add...)
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opGC).rec...)
+		o.count(ctx, row, &e, ctrGCRuns, sh)
+		o.duration(ctx, row, &e, opGC, e.Duration, sh)
 	case observe.DoEvent:
-		o.opDur.Record(ctx, e.Duration.Seconds(), o.opts(row, &e, opDo).rec...)
+		o.duration(ctx, row, &e, opDo, e.Duration, sh)
 	}
+}
+
+// count adds one to counter c for e's attributes: in the Observer's own
+// aggregates (Options.Producer, on stripe sh) or through the SDK's
+// instrument.
+func (o *Observer) count(ctx context.Context, row *[numOps]atomic.Pointer[measureOpts], e *observe.Event, c, sh int) {
+	m := o.opts(row, e, opNone)
+	if o.produce {
+		m.counts[c].AddAt(sh, 1)
+		return
+	}
+	o.counters[c].Add(ctx, 1, m.add...)
+}
+
+// duration records d for e's attributes with op: in receipts.wait.duration
+// for opNone, receipts.operation.duration otherwise; in the Observer's own
+// aggregates (Options.Producer, on stripe sh) or through the SDK's
+// instrument.
+func (o *Observer) duration(ctx context.Context, row *[numOps]atomic.Pointer[measureOpts], e *observe.Event, op int, d time.Duration, sh int) {
+	m := o.opts(row, e, op)
+	if o.produce {
+		m.dur.Observe(sh, d.Seconds())
+		return
+	}
+	h := o.opDur
+	if op == opNone {
+		h = o.waitDur
+	}
+	h.Record(ctx, d.Seconds(), m.rec...)
 }
 
 // measureOpts is one attribute set as the options of an Add and of a

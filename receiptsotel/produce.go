@@ -2,38 +2,11 @@ package receiptsotel
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
-	"github.com/receiptstore/receipts/internal/hot"
-	"github.com/receiptstore/receipts/observe"
 )
-
-// aggregate counts e in the Observer's own aggregates (Options.Producer):
-// the same measurements Observe makes through the SDK's instruments
-// otherwise, each an atomic add on the calling goroutine's stripe.
-func (o *Observer) aggregate(row *[numOps]atomic.Pointer[measureOpts], e *observe.Event) {
-	sh := hot.Pick()
-	switch e.Kind {
-	case observe.ClaimEvent:
-		o.opts(row, e, opNone).counts[ctrClaims].AddAt(sh, 1)
-		o.opts(row, e, opClaim).dur.Observe(sh, e.Duration.Seconds())
-	case observe.WaitEvent:
-		o.opts(row, e, opNone).dur.Observe(sh, e.Duration.Seconds())
-	case observe.FinishEvent:
-		o.opts(row, e, opNone).counts[ctrFinishes].AddAt(sh, 1)
-		o.opts(row, e, opFinish).dur.Observe(sh, e.Duration.Seconds())
-		o.opts(row, e, opAttempt).dur.Observe(sh, e.Held.Seconds())
-	case observe.GCEvent:
-		o.opts(row, e, opNone).counts[ctrGCRuns].AddAt(sh, 1)
-		o.opts(row, e, opGC).dur.Observe(sh, e.Duration.Seconds())
-	case observe.DoEvent:
-		o.opts(row, e, opDo).dur.Observe(sh, e.Duration.Seconds())
-	}
-}
 
 // Produce returns the metrics the Observer has aggregated since New
 // (sdkmetric.Producer), cumulative, when it was made with
@@ -70,7 +43,7 @@ func (o *Observer) Produce(context.Context) ([]metricdata.ScopeMetrics, error) {
 		return true
 	})
 	var ms []metricdata.Metrics
-	for i, in := range [numCounters]instrument{claimsMetric, finishesMetric, gcRunsMetric} {
+	for i, in := range counterMetrics {
 		if len(counts[i]) > 0 {
 			ms = append(ms, metricdata.Metrics{Name: in.name, Description: in.desc, Unit: in.unit,
 				Data: metricdata.Sum[int64]{DataPoints: counts[i], Temporality: metricdata.CumulativeTemporality, IsMonotonic: true}})
