@@ -305,19 +305,8 @@ func TestComparePG(t *testing.T) {
 // observers are shut down with them: no goroutine of theirs outlives the run.
 func TestObserverStores(t *testing.T) {
 	before := runtime.NumGoroutine()
-	cfg, err := parseFlags([]string{"-duration", "20ms", "-warmup", "0", "-replay-keys", "64", "-conc", "1,4",
-		"-stores", "receipts," + strings.Join(observerStores, ","), "-workloads", "new,replay", "-json", "-dir", t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := capture(t)
-	if err := runCompare(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatalf("JSON: %v\n%s", err, out.String())
-	}
+	rep, _ := compareJSON(t, "-duration", "20ms", "-warmup", "0", "-replay-keys", "64", "-conc", "1,4",
+		"-stores", "receipts,"+strings.Join(observerStores, ","), "-workloads", "new,replay", "-dir", t.TempDir())
 	got := map[string]int{}
 	for _, r := range rep.Results {
 		if r.Ops == 0 || r.Error != "" {
