@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,13 +128,10 @@ func (c *console) settlePost(w http.ResponseWriter, r *http.Request) {
 		again(http.StatusConflict, d.Gone)
 		return
 	}
-	var token uint64
-	if s := pf.Get("token"); s != "" {
-		var err error
-		if token, err = strconv.ParseUint(s, 10, 64); err != nil {
-			again(http.StatusBadRequest, "The form's attempt token is not a number.")
-			return
-		}
+	token, ok := formToken(pf)
+	if !ok {
+		again(http.StatusBadRequest, "The form's attempt token is not a number.")
+		return
 	}
 	how, err := parseHow(d.Face, f)
 	if err != nil {
@@ -148,11 +146,7 @@ func (c *console) settlePost(w http.ResponseWriter, r *http.Request) {
 	k, _ := c.unref(ref) // settleView checked it
 	out, err := Settle(ctx, c.db, k, token, how)
 	if err != nil {
-		status := http.StatusConflict
-		if errors.Is(err, receipts.ErrClosed) {
-			status = http.StatusServiceUnavailable
-		}
-		again(status, err.Error())
+		again(settleStatus(err), err.Error())
 		return
 	}
 	c.logChange(ctx, r, "receiptconsole: settled an abandoned claim", c.db.LogKey(k), "face", out.Face,
@@ -204,4 +198,27 @@ func parseHow(face string, f settleForm) (Settlement, error) {
 		return Settlement{}, fmt.Errorf("the response cannot be stored: %w", err)
 	}
 	return Settlement{HTTP: resp}, nil
+}
+
+// formToken reads a settle form's attempt token ("" is none, 0); false if it is not a number.
+func formToken(pf url.Values) (uint64, bool) {
+	s := pf.Get("token")
+	if s == "" {
+		return 0, true
+	}
+	token, err := strconv.ParseUint(s, 10, 64)
+	return token, err == nil
+}
+
+// settleStatus is the HTTP status of a settle form whose settlement failed with err: 400
+// for what cannot be stored (ErrBadInput), 503 once the store is closing, else 409 (the key
+// moved on since the page was drawn).
+func settleStatus(err error) int {
+	switch {
+	case errors.Is(err, ErrBadInput):
+		return http.StatusBadRequest
+	case errors.Is(err, receipts.ErrClosed):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusConflict
 }

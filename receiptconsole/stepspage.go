@@ -180,13 +180,10 @@ func (c *console) stepPost(w http.ResponseWriter, r *http.Request) {
 		again(http.StatusConflict, d.Gone)
 		return
 	}
-	var token uint64
-	if s := pf.Get("token"); s != "" {
-		var err error
-		if token, err = strconv.ParseUint(s, 10, 64); err != nil {
-			again(http.StatusBadRequest, "The form's attempt token is not a number.")
-			return
-		}
+	token, ok := formToken(pf)
+	if !ok {
+		again(http.StatusBadRequest, "The form's attempt token is not a number.")
+		return
 	}
 	name := typedPart(pf.Get("step"))
 	if showPart(name) != d.Step.Name {
@@ -212,14 +209,7 @@ func (c *console) stepPost(w http.ResponseWriter, r *http.Request) {
 	k, _ := c.unref(ref) // stepView checked it
 	out, err := SettleStep(ctx, c.db, k, token, name, how)
 	if err != nil {
-		status := http.StatusConflict
-		switch {
-		case errors.Is(err, ErrBadInput):
-			status = http.StatusBadRequest
-		case errors.Is(err, receipts.ErrClosed):
-			status = http.StatusServiceUnavailable
-		}
-		again(status, err.Error())
+		again(settleStatus(err), err.Error())
 		return
 	}
 	c.logChange(ctx, r, "receiptconsole: settled an uncertain step", c.db.LogKey(k), "step", out.Index,
