@@ -146,3 +146,17 @@ func wantJournal(t testing.TB, db *receipts.DB, k receipts.Key, names []string, 
 		require.Equal(t, states[i], s.State, "%s: step %d %s", what, i, s.Name)
 	}
 }
+
+// wantMismatchChangedNothing: after retries of k whose handler called "refund" where the
+// journal holds "charge" (a lost reply left reserve done and charge started), no step's fn
+// ran again, the journal is unchanged and the claim stays abandoned. On every front end.
+func wantMismatchChangedNothing(t testing.TB, f *faceEnv, steps *faceSteps, k receipts.Key) {
+	t.Helper()
+	for name, want := range map[string]int{"reserve": 1, "charge": 1, "refund": 0, "notify": 0} {
+		require.Len(t, steps.stepRuns(k.ID, name), want, "runs of step %s after the mismatches", name)
+	}
+	wantJournal(t, f.b, k, tripSteps[:2], []receipts.State{receipts.Succeeded, receipts.Pending}, "after the mismatches")
+	rec, err := f.b.Lookup(bg, k)
+	require.NoError(t, err)
+	require.True(t, rec.Abandoned(f.clock.Now()), "a mismatch leaves the claim abandoned")
+}
