@@ -180,33 +180,14 @@ func (s *store) migrate(ctx context.Context, schema string) error {
 		if f != format {
 			return fmt.Errorf("%w: schema %s has format %d (this version reads %d)", intents.ErrUnknownFormat, schema, f, format)
 		}
-		// A journal made before delivery leases: add their columns. Looked
-		// up first, so that an open of a current journal takes no lock on
-		// the table (ALTER TABLE would, even with nothing to add).
-		var leased bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
- JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = $1 AND c.relname = 'actions' AND a.attname = 'lease_until' AND NOT a.attisdropped)`, schema).Scan(&leased); err != nil {
-			return err
-		}
-		if !leased {
-			if _, err := tx.Exec(ctx, `ALTER TABLE `+s.schema+`.actions ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '',
+		// A journal made before delivery leases: add their columns; one made
+		// before Action.UncertainStep: add its column.
+		if err := s.addColumns(ctx, tx, schema, "lease_until", `ADD COLUMN IF NOT EXISTS holder text NOT NULL DEFAULT '',
  ADD COLUMN IF NOT EXISTS lease_until timestamptz`); err != nil {
-				return fmt.Errorf("add the delivery lease columns: %w", err)
-			}
+			return fmt.Errorf("add the delivery lease columns: %w", err)
 		}
-		// A journal made before Action.UncertainStep: add its column (looked up
-		// first, as above).
-		var stepped bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
- JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = $1 AND c.relname = 'actions' AND a.attname = 'uncertain_step' AND NOT a.attisdropped)`, schema).Scan(&stepped); err != nil {
-			return err
-		}
-		if !stepped {
-			if _, err := tx.Exec(ctx, `ALTER TABLE `+s.schema+`.actions ADD COLUMN IF NOT EXISTS uncertain_step text NOT NULL DEFAULT ''`); err != nil {
-				return fmt.Errorf("add the uncertain_step column: %w", err)
-			}
+		if err := s.addColumns(ctx, tx, schema, "uncertain_step", `ADD COLUMN IF NOT EXISTS uncertain_step text NOT NULL DEFAULT ''`); err != nil {
+			return fmt.Errorf("add the uncertain_step column: %w", err)
 		}
 		return nil
 	})
@@ -452,4 +433,21 @@ func (s *store) Delete(ctx context.Context, key string, from []intents.State) er
 		return fmt.Errorf("intentspg: delete %s: %w", key, err)
 	}
 	return fmt.Errorf("%w: %s is %v", intents.ErrWrongState, key, intents.State(st))
+}
+
+// addColumns alters the actions table of schema (unquoted) with add (ADD COLUMN clauses)
+// unless it has column already. The column is looked up first, so that an open of a current journal takes no lock
+// on the table (ALTER TABLE would, even with nothing to add).
+func (s *store) addColumns(ctx context.Context, tx pgx.Tx, schema, column, add string) error {
+	var has bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+ JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = 'actions' AND a.attname = $2 AND NOT a.attisdropped)`, schema, column).Scan(&has); err != nil {
+		return err
+	}
+	if has {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `ALTER TABLE `+s.schema+`.actions `+add)
+	return err
 }
