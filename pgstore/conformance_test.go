@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/receiptstore/receipts"
 	"github.com/receiptstore/receipts/internal/pgtest"
-	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
@@ -30,12 +28,15 @@ import (
 // Its runtime is mostly Isolation/Scopes (300 random checks by default, each a few hundred
 // statements and a new partition, 50–90 s here): it runs 100 (one rapid batch, the fewest it
 // runs) unless RECEIPTSTEST_ISOLATION_CHECKS says otherwise or RECEIPTS_SOAK=1 (the kit's
-// 300). The Pebble run of the kit keeps its 300.
+// 300; TestMain sets it). The Pebble run of the kit keeps its 300.
+//
+// It runs in parallel with the package's other parallel tests (those that share nothing with
+// it but the server: clusters of their own, schemas of their own, no leak check), after the
+// sequential ones: most of their time is waiting on the server, and the package's run is the
+// longest of CI's test and race runs.
 func TestConformance(t *testing.T) {
 	pgtest.DSN(t) // skips (or, with CI=true, fails) without a server
-	if !testkit.Soak() && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
-		t.Setenv("RECEIPTSTEST_ISOLATION_CHECKS", "100")
-	}
+	t.Parallel()
 	s := &pgStore{}
 	t.Cleanup(s.close) // after every subtest's own cleanups
 	receiptstest.Run(t, s)
@@ -48,6 +49,7 @@ func TestConformance(t *testing.T) {
 //	go test -run 'TestFrontEnds/HTTP/' ./pgstore
 func TestFrontEnds(t *testing.T) {
 	pgtest.DSN(t)
+	t.Parallel()
 	s := &pgStore{}
 	t.Cleanup(s.close)
 	t.Run("HTTP", func(t *testing.T) { receiptstest.RunHTTP(t, s) })

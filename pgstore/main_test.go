@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -11,12 +12,19 @@ import (
 
 	"github.com/receiptstore/receipts/driver"
 	"github.com/receiptstore/receipts/internal/pgtest"
+	"github.com/receiptstore/receipts/internal/testkit"
 	"github.com/receiptstore/receipts/receiptstest"
 )
 
 func TestMain(m *testing.M) {
-	// goleak runs inside pgtest.Main's m.Run via VerifyTestMain's options? No: check per test
-	// (leakCheck) so the cluster's own helpers never count.
+	// The kit's Isolation/Scopes runs 100 random checks here (one rapid batch, the fewest it
+	// runs), not its 300 (TestConformance), unless RECEIPTSTEST_ISOLATION_CHECKS says
+	// otherwise or RECEIPTS_SOAK=1. Set here, not with t.Setenv: TestConformance is parallel.
+	if !testkit.Soak() && os.Getenv("RECEIPTSTEST_ISOLATION_CHECKS") == "" {
+		os.Setenv("RECEIPTSTEST_ISOLATION_CHECKS", "100")
+	}
+	// No goleak.VerifyTestMain: each test that checks for leaks does it itself (leakCheck),
+	// so that the cluster's own helpers never count; those tests are not parallel.
 	pgtest.Main(m)
 }
 

@@ -19,6 +19,7 @@ import (
 // concurrent Do on two nodes, and DoTx's outcomes (its savepoint's rollback in an aborted
 // transaction among them) hold in each mode. The other tests run the default mode.
 func TestQueryExecModes(t *testing.T) {
+	t.Parallel() // schemas of its own, no leak check
 	for _, m := range []pgx.QueryExecMode{
 		pgx.QueryExecModeSimpleProtocol,
 		pgx.QueryExecModeExec,

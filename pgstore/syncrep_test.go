@@ -138,6 +138,7 @@ func metric(t *testing.T, db *receipts.DB, name string) float64 {
 // commit: a COMMIT with statement_timeout 300 ms on the session waited past 3 s), so it
 // needs no case here; a server that did cancel there would be caught as pg_cancel_backend is.
 func TestCancelledFinishWait(t *testing.T) {
+	t.Parallel() // a cluster pair of its own
 	p := pgtest.StartPair(t, true)
 	const ttl = time.Second
 	o := Options{Options: receipts.Options{LeaseTTL: ttl}}
@@ -229,6 +230,7 @@ func TestCancelledFinishWait(t *testing.T) {
 // wait: PostgreSQL committed the claim on the primary only and answered COMMIT, and Claim
 // handed out the lease. After the failover the key was free, and the retry ran fn again.
 func TestCancelledClaimWait(t *testing.T) {
+	t.Parallel() // a cluster pair of its own
 	p := pgtest.StartPair(t, true)
 	db := syncDB(t, p.Primary.DSN, Options{}, func(c *pgxpool.Config) {
 		c.ConnConfig.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
@@ -306,6 +308,7 @@ func TestCancelledClaimWait(t *testing.T) {
 // synchronous standby streaming, and refuses claims while the standby is away; the metrics
 // say what the engine sees.
 func TestRequireSyncStandby(t *testing.T) {
+	t.Parallel() // a cluster pair of its own
 	p := pgtest.StartPair(t, true)
 	o := Options{RequireSyncStandby: true}
 	// A pool without Configure.
@@ -370,6 +373,7 @@ func TestRequireSyncStandby(t *testing.T) {
 // On the code before, Open took the plain pool with a log line only: Do then reported success
 // for receipts a failover lost, and Claim handed out leases a failover lost (issue 43, item 3).
 func TestPlainPoolRefused(t *testing.T) {
+	t.Parallel() // a cluster pair of its own
 	p := pgtest.StartPair(t, true)
 	plainPool := func() *pgxpool.Pool {
 		pool, err := pgxpool.New(bg, p.Primary.DSN) // as ordinary pgx code builds it
@@ -446,6 +450,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // standby is stopped, and COMMITs whose wait for it is cancelled (a claim, a lease's commit,
 // Do's commit, DoTx's commit), and Open refusing a pool without Configure.
 func TestErrorPrefixesOnce(t *testing.T) {
+	t.Parallel() // a cluster pair of its own
 	p := pgtest.StartPair(t, true)
 	once := func(what string, err error, sentinel error, words ...string) {
 		t.Helper()
