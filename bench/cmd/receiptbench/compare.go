@@ -196,6 +196,8 @@ func runCompare(ctx context.Context, cfg *config) error {
 					s = ps
 				}
 			}
+		case "receipts-pg-aged": // a store as old as its retention + tombstone window (OpenPGAged)
+			s, err = engine.OpenPGAged(ctx, pool, "bench_receipts_pg_aged", cfg.agedN)
 		case "receipts-pg-notomb": // tombstones off: the cost of tombstones is receipts-pg next to it
 			var ps *engine.PGStore
 			if ps, err = engine.OpenPGWith(ctx, pool, "bench_receipts_pg_notomb", false, func(o *pgstore.Options) { o.TombstoneWindow = -1 }); err == nil {

@@ -57,6 +57,7 @@ type config struct {
 	dir       string
 	mem       memFlag
 	replayN   int
+	agedN     int // -aged-receipts: receipts-pg-aged's receipts per epoch while it ages
 	memStore  string
 	cpuProf   string
 	pprofAddr string // -pprof: serve net/http/pprof here during the run
@@ -117,22 +118,23 @@ func main() {
 	}
 }
 
-var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-sealed", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb", "receipts-prom", "receipts-otel", "receipts-otel-sdk"}
+var allStores = []string{"pebble-floor", "receipts", "receipts-notomb", "bbolt", "sqlite", "postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-sealed", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb", "receipts-pg-aged", "receipts-prom", "receipts-otel", "receipts-otel-sdk"}
 
 // defaultStores run unless -stores names others: all but receipts-notomb,
 // receipts-pg-lookup (a measurement of pgstore's plain read, not a path a retry takes),
 // receipts-pg-notomb and receipts-pg-tx-notomb (the engine's, pgstore's Do and DoTx with
-// tombstones off: a measurement of what they cost), and receipts-sealed and
-// receipts-pg-sealed (results encrypted, Options.Keyring: a measurement of what encryption
-// costs, next to receipts and receipts-pg), and the observer stores (observerStores: what an
-// observer costs, next to receipts).
+// tombstones off: a measurement of what they cost), receipts-pg-aged (receipts-pg aged to its
+// retention + tombstone window before the run: what a long-running store's partitions cost),
+// and receipts-sealed and receipts-pg-sealed (results encrypted, Options.Keyring: a
+// measurement of what encryption costs, next to receipts and receipts-pg), and the observer
+// stores (observerStores: what an observer costs, next to receipts).
 var defaultStores = slices.DeleteFunc(slices.Clone(allStores), func(s string) bool {
 	return s == "receipts-notomb" || s == "receipts-pg-lookup" || s == "receipts-pg-notomb" || s == "receipts-pg-tx-notomb" ||
-		s == "receipts-sealed" || s == "receipts-pg-sealed" || slices.Contains(observerStores, s)
+		s == "receipts-pg-aged" || s == "receipts-sealed" || s == "receipts-pg-sealed" || slices.Contains(observerStores, s)
 })
 
 // pgStores are the stores that run on PostgreSQL (one cluster, one shared pool).
-var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb"}
+var pgStores = []string{"postgres", "pg-floor", "receipts-pg", "pg-tx-floor", "receipts-pg-tx", "fgi-style", "receipts-pg-sealed", "receipts-pg-lookup", "receipts-pg-notomb", "receipts-pg-tx-notomb", "receipts-pg-aged"}
 var allWorkloads = []string{"new", "replay", "hot", "hot-retry"}
 
 func parseFlags(args []string) (*config, error) {
@@ -152,6 +154,7 @@ func parseFlags(args []string) (*config, error) {
 		"workloads: new (first calls on new keys), replay (retries of committed keys), hot (64 goroutines on 16 keys, 1 first call per 32), hot-retry (64 goroutines on 16 committed keys)")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the stores' temporary files (default: the system temp dir)")
 	fs.IntVar(&cfg.replayN, "replay-keys", 0, "committed keys replays read (default 10000, 2000 with -quick)")
+	fs.IntVar(&cfg.agedN, "aged-receipts", 200, "receipts-pg-aged: receipts written in each epoch while the store ages (Retention + TombstoneWindow, an epoch at a time)")
 	fs.StringVar(&cfg.memStore, "mem-store", "receipts", "memory mode: the store to load (receipts, receipts-sealed or pebble-floor)")
 	fs.IntVar(&cfg.cacheMiB, "cache", stores.CacheSize>>20, "Pebble block cache in MiB for the floor and receipts (0: Pebble's default, 8 MiB, which its memtables fill)")
 	fs.StringVar(&cfg.fromJSON, "table", "", "print the table of an earlier -json run (a file) and exit")
@@ -187,6 +190,9 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if cfg.replayN < 1 {
 		return nil, errors.New("-replay-keys must be positive")
+	}
+	if cfg.agedN < 1 {
+		return nil, errors.New("-aged-receipts must be positive")
 	}
 	if cfg.wakeN < 1 {
 		return nil, errors.New("-wake-samples must be positive")

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"errors"
+	"github.com/jackc/pgx/v5"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -250,7 +251,7 @@ func testPG(t *testing.T) string {
 // sizes.
 func TestComparePG(t *testing.T) {
 	dsn := testPG(t)
-	rep, _ := compareJSON(t, "-dsn", dsn, "-duration", "50ms", "-replay-keys", "32", "-conc", "1,4",
+	rep, _ := compareJSON(t, "-dsn", dsn, "-duration", "50ms", "-replay-keys", "32", "-aged-receipts", "2", "-conc", "1,4",
 		"-stores", strings.Join(pgStores, ","), "-workloads", "new,replay", "-dir", t.TempDir())
 	seen := map[string]int{}
 	for _, r := range rep.Results {
@@ -269,6 +270,48 @@ func TestComparePG(t *testing.T) {
 		if seen[s] != 4 {
 			t.Errorf("%s: %d rows, want 4 (new and replay at 1 and 4)", s, seen[s])
 		}
+	}
+	// receipts-pg-aged ran on an aged schema: a records partition with receipts for every
+	// live epoch (Retention 1h, epochs of 15 min) beside the two ahead, and the markers GC
+	// wrote in the partitions in force; receipts-pg on a young one.
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	shape := func(schema string) (records, filled, markerParts, markers int) {
+		t.Helper()
+		rows, err := conn.Query(context.Background(), `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname ~ '^(records|markers)_e'`, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			var n int
+			if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{schema, name}.Sanitize()).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasPrefix(name, "records_") {
+				records++
+				if n > 0 {
+					filled++
+				}
+			} else {
+				markerParts++
+				markers += n
+			}
+		}
+		return records, filled, markerParts, markers
+	}
+	if r, f, mp, m := shape("bench_receipts_pg_aged"); r < 6 || f < 4 || mp < 3 || m == 0 {
+		t.Errorf("receipts-pg-aged: %d records partitions (%d with records), %d markers partitions holding %d markers: not aged", r, f, mp, m)
+	}
+	if r, _, mp, _ := shape("bench_receipts_pg"); r > 3 || mp > 1 {
+		t.Errorf("receipts-pg: %d records partitions, %d markers partitions: not a young store", r, mp)
 	}
 
 	out := capture(t)

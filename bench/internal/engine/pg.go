@@ -3,8 +3,10 @@ package engine
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,6 +81,58 @@ func OpenPGWith(ctx context.Context, pool *pgxpool.Pool, schema string, tx bool,
 		}
 	}
 	return s, nil
+}
+
+// OpenPGAged opens receipts-pg's store in schema after aging it the way a store that has run
+// for Retention + TombstoneWindow is aged: from that long before the database's time to an
+// epoch before it, an epoch at a time on an injected clock, perEpoch receipts are written
+// and GC runs (it creates the partitions ahead, and drops the records partitions past
+// retention after writing their records' tombstone markers). The schema then holds a records
+// partition with receipts for every live epoch and the markers partitions in force with
+// markers, where a store younger than its retention (receipts-pg) holds the current records
+// partition, two ahead and one markers partition: a first claim's probe covers more
+// partitions (docs/performance.md, "Anatomy of a first call on PostgreSQL"). The store is
+// then reopened on the database's clock, as OpenPG's.
+func OpenPGAged(ctx context.Context, pool *pgxpool.Pool, schema string, perEpoch int) (*PGStore, error) {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return nil, err
+	}
+	var dbNow time.Time
+	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&dbNow); err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var now time.Time
+	o := PGOptions(schema, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	set := func(t time.Time) { mu.Lock(); now = t; mu.Unlock() }
+	width := max(o.Retention/4, time.Millisecond) // pgstore's default EpochWidth
+	set(dbNow.Add(-o.Retention - receipts.DefaultTombstoneWindow(o.Retention) - width))
+	db, err := pgstore.Open(ctx, pool, o)
+	if err != nil {
+		return nil, err
+	}
+	fn := func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("aged result"), nil }
+	for t := o.Now(); t.Before(dbNow.Add(-width)); t = t.Add(width) {
+		set(t)
+		for i := range perEpoch {
+			k := receipts.Key{Scope: "aged", ID: fmt.Sprintf("%d/%d", t.UnixMicro(), i)}
+			if _, err := db.Do(ctx, k, []byte("fp"), fn); err != nil {
+				_ = db.Close()
+				return nil, fmt.Errorf("age the store: %w", err)
+			}
+		}
+		if _, err := db.GC(ctx); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("age the store: GC: %w", err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		return nil, err
+	}
+	if db, err = pgstore.Open(ctx, pool, PGOptions(schema, nil)); err != nil {
+		return nil, err
+	}
+	return &PGStore{DB: db, Label: "receipts-pg-aged"}, nil
 }
 
 // Name is the row label in reports.
