@@ -306,9 +306,7 @@ func failoverRun(t *testing.T, sync bool) {
 	case raceEnabled:
 		secs = 20
 	}
-	// The window of keys moves on by two every 20 ms instead of 200: about 100 new keys a
-	// second, so that commits are in flight when the primary is killed.
-	t.Setenv(envSlide, "20ms")
+	t.Parallel() // clusters of its own
 	lag := time.Duration(envInt("RECEIPTS_FAILOVER_LAG_MS", 10)) * time.Millisecond
 	f := startFailoverDB(t, sync, lag)
 	var fig failoverFigures
@@ -320,6 +318,9 @@ func failoverRun(t *testing.T, sync bool) {
 		restarts: envInt("RECEIPTS_FAILOVERS", failovers),
 		restart:  f.failover,
 		lossy:    !sync,
+		// The window of keys moves on by two every 20 ms instead of 200: about 100 new keys a
+		// second, so that commits are in flight when the primary is killed.
+		slide: 20 * time.Millisecond,
 	}
 	p.after = func(dir string, evs []Event, rep *Report) {
 		fig = f.checkFailover(evs, rep, dir)

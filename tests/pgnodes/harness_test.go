@@ -97,8 +97,9 @@ const (
 	readyLine   = "PGNODES READY"
 )
 
-// envSlide, if set in the parent, is the window's Slide in node processes (they inherit the
-// environment): the failover harness moves it faster, so that more is written.
+// envSlide, if set, is the window's Slide in node processes (set in the parent's environment,
+// which they inherit, or by plan.slide): the failover harness moves it faster, so that more is
+// written.
 const envSlide = "RECEIPTS_PGNODES_SLIDE"
 
 func workload(start time.Time) Workload {
@@ -205,6 +206,9 @@ type plan struct {
 	lossy bool
 	// after, if set, checks more once the run is checked (the failover harness's own checks).
 	after func(dir string, evs []Event, rep *Report)
+	// slide, if not zero, is the window's Slide in the node processes (envSlide), passed to
+	// them rather than set in the parent's environment, so that harnesses run in parallel.
+	slide time.Duration
 }
 
 func envInt(name string, def int) int {
@@ -257,6 +261,9 @@ func (r *runner) spawn(role, inc string, env ...string) *child {
 		envRole+"="+role, envEngine+"="+r.p.engine, envDSN+"="+r.p.dsn, envDir+"="+r.dir, envInc+"="+inc,
 		envSeed+"="+strconv.FormatUint(r.rng.Uint64(), 10), envStart+"="+strconv.FormatInt(r.start.UnixNano(), 10),
 		envDeadline+"="+strconv.FormatInt(r.end.UnixNano(), 10))
+	if r.p.slide > 0 {
+		cmd.Env = append(cmd.Env, envSlide+"="+r.p.slide.String())
+	}
 	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := os.Create(filepath.Join(r.dir, "stderr-"+inc+".txt"))
@@ -484,6 +491,7 @@ func TestCrossNodePebble(t *testing.T) {
 	if os.Getenv(envRole) != "" {
 		t.Skip("in a node process")
 	}
+	t.Parallel() // a directory of its own; beside the failover harness, after the restarts of TestCrossNodePostgres
 	secs, kills := 24, 30
 	switch {
 	case soak():
