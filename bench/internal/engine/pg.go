@@ -37,13 +37,16 @@ type PGStore struct {
 	effects string // Tx: the table fn writes its effect row to (quoted)
 }
 
+// retention is the PostgreSQL benchmarks' Retention (PGOptions).
+const retention = time.Hour
+
 // PGOptions are the options PostgreSQL benchmarks open pgstore with: a 1h retention,
 // background GC off, poll-only (no LISTEN session: nothing waits across nodes here),
 // quiet logging. now may be nil (the database's clock).
 func PGOptions(schema string, now func() time.Time) *pgstore.Options {
 	return &pgstore.Options{
 		Options: receipts.Options{
-			Retention:  time.Hour,
+			Retention:  retention,
 			LeaseTTL:   30 * time.Second,
 			GCInterval: -1,
 			Now:        now,
@@ -101,16 +104,17 @@ func OpenPGAged(ctx context.Context, pool *pgxpool.Pool, schema string, perEpoch
 	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&dbNow); err != nil {
 		return nil, err
 	}
+	// the clock starts a retention earlier than the store needs to have run: whatever the
+	// epoch width, the oldest epochs then hold only what GC has dropped
 	var mu sync.Mutex
-	var now time.Time
+	now := dbNow.Add(-2*retention - receipts.DefaultTombstoneWindow(retention))
 	o := PGOptions(schema, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 	set := func(t time.Time) { mu.Lock(); now = t; mu.Unlock() }
-	width := max(o.Retention/4, time.Millisecond) // pgstore's default EpochWidth
-	set(dbNow.Add(-o.Retention - receipts.DefaultTombstoneWindow(o.Retention) - width))
 	db, err := pgstore.Open(ctx, pool, o)
 	if err != nil {
 		return nil, err
 	}
+	width := db.Options().EpochWidth // the one in force
 	fn := func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("aged result"), nil }
 	for t := o.Now(); t.Before(dbNow.Add(-width)); t = t.Add(width) {
 		set(t)
