@@ -141,16 +141,24 @@ func attr(s sdktrace.ReadOnlySpan, key string) string {
 	return ""
 }
 
-// A replay's receipts.do and receipts.claim spans link to the receipts.do
-// span that recorded the receipt, also from another trace and after a
-// restart (the traceparent is stored with the receipt); a first call's
-// spans have no link.
-func TestReplayLinksToRecordedExecution(t *testing.T) {
+// traced is an Observer that traces every operation (no metrics) into the recorder it
+// returns, with its TracerProvider (shut down when t ends).
+func traced(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider, *receiptsotel.Observer) {
+	t.Helper()
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(bg) })
 	obs, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp})
 	require.NoError(t, err)
+	return spans, tp, obs
+}
+
+// A replay's receipts.do and receipts.claim spans link to the receipts.do
+// span that recorded the receipt, also from another trace and after a
+// restart (the traceparent is stored with the receipt); a first call's
+// spans have no link.
+func TestReplayLinksToRecordedExecution(t *testing.T) {
+	spans, tp, obs := traced(t)
 	fs := vfs.NewMem()
 	open := func() *receipts.DB {
 		db, err := pebblestore.Open("db", &pebblestore.Options{Options: receipts.Options{GCInterval: -1, Observer: obs}, Pebble: &pebble.Options{FS: fs}})
@@ -216,11 +224,7 @@ func TestReplayLinksToRecordedExecution(t *testing.T) {
 // nowhere; TraceContext gives nil for such a context and the traceparent
 // for a sampled one.
 func TestUnsampledExecutionStoresNoTrace(t *testing.T) {
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(bg) })
-	obs, err := receiptsotel.New(&receiptsotel.Options{TracerProvider: tp})
-	require.NoError(t, err)
+	spans, tp, obs := traced(t)
 	db, err := pebblestore.Open("db", &pebblestore.Options{Options: receipts.Options{GCInterval: -1, Observer: obs}, Pebble: &pebble.Options{FS: vfs.NewMem()}})
 	require.NoError(t, err)
 	defer db.Close()

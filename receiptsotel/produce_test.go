@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -74,7 +75,7 @@ func TestProducerMatchesInstruments(t *testing.T) {
 	require.Contains(t, want, "receipts.claims{receipts.class=,receipts.engine=pebble,receipts.outcome=replayed}")
 	require.Contains(t, want, "receipts.wait.duration{receipts.class=,receipts.engine=pebble,receipts.outcome=in_progress}")
 	require.Contains(t, want, "receipts.gc.runs{receipts.class=,receipts.engine=pebble,receipts.outcome=ok}")
-	require.Equal(t, keys(want), keys(got), "the same series")
+	require.Equal(t, slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(got)), "the same series")
 	for k, w := range want {
 		g := got[k]
 		require.Equal(t, w.count, g.count, k)
@@ -127,15 +128,6 @@ func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]point {
 
 func attrString(s attribute.Set) string {
 	return "{" + string(s.Encoded(attribute.DefaultEncoder())) + "}"
-}
-
-func keys(m map[string]point) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
 
 // Buckets that do not increase are refused with ErrInvalidArgument.
