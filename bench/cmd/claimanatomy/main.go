@@ -31,6 +31,9 @@
 //   - floor: the floor's INSERT … ON CONFLICT DO NOTHING; its UPDATE (bench/internal/stores);
 //   - shipped-fresh, shipped-aged: pgstore's claim_fresh_v1 call as the engine sends it; the
 //     finish aimed at the key's records partition (finishIn);
+//   - fresh-aimed: shipped-fresh with the function's insert aimed at the current records
+//     partition instead of the partitioned parent (the issue's "statements aimed at one
+//     partition", for the insert: the probe has to look in every live partition anyway);
 //   - markers-flat: shipped-aged with the markers in one table that is not partitioned;
 //   - flat-function: claim_fresh_v1 over the flat table; the fenced finish on it;
 //   - flat-pipelined: the function's locks as one statement, then one statement doing its
@@ -259,6 +262,17 @@ func setUp(ctx context.Context, pool *pgxpool.Pool, n int) (params, error) {
 			return p, fmt.Errorf("the function in %s: %w", s, err)
 		}
 	}
+	// fresh-aimed: anat_fresh's function (read from anat_aged, the same text) with its insert
+	// aimed at the current records partition instead of the partitioned parent
+	aimed := strings.ReplaceAll(strings.ReplaceAll(fn, `"anat_aged".`, `anat_fresh.`), `anat_aged.`, `anat_fresh.`)
+	aimed = strings.Replace(aimed, "claim_fresh_v1(", "claim_fresh_aimed(", 1)
+	if n := strings.Count(aimed, "INSERT INTO anat_fresh.records AS r"); n != 2 { // the two branches: tombstones on and off
+		return p, fmt.Errorf("fresh-aimed: the function has %d inserts into the records table, want 2", n)
+	}
+	aimed = strings.ReplaceAll(aimed, "INSERT INTO anat_fresh.records AS r", fmt.Sprintf("INSERT INTO anat_fresh.records_e%d AS r", p.ep))
+	if _, err := pool.Exec(ctx, aimed); err != nil {
+		return p, fmt.Errorf("fresh-aimed's function: %w", err)
+	}
 	_, err := pool.Exec(ctx, `ANALYZE`)
 	return p, err
 }
@@ -308,6 +322,8 @@ var variants = []variant{
   ON CONFLICT (scope, id) DO NOTHING RETURNING 1;`,
 		finish: `UPDATE pg_floor SET state = 2, result = '\x02', updated_at = now() WHERE scope = 's' AND id = 'k' || :k || ':' || :client_id AND token = :k;`},
 	{name: "shipped-fresh", schema: "anat_fresh", part: "anat_fresh.records_e@ep@", claim: callFn, finish: finishIn},
+	{name: "fresh-aimed", schema: "anat_fresh", part: "anat_fresh.records_e@ep@",
+		claim: strings.Replace(callFn, "claim_fresh_v1(", "claim_fresh_aimed(", 1), finish: finishIn},
 	{name: "shipped-aged", schema: "anat_aged", part: "anat_aged.records_e@ep@", claim: callFn, finish: finishIn},
 	{name: "markers-flat", schema: "anat_mflat", part: "anat_mflat.records_e@ep@", claim: callFn, finish: finishIn},
 	{name: "flat-function", schema: "anat_flat", part: "anat_flat.records", claim: callFn, finish: finishIn},
