@@ -474,7 +474,7 @@ func (e *engine) lookupOn(ctx context.Context, q querier, k driver.Key) (driver.
 	var rec driver.Record
 	var now time.Time
 	arg := e.nowArg()
-	err := scanRecord(q.QueryRow(ctx, e.q.lookup, []byte(k.Scope), []byte(k.ID), e.oldest(), arg), &rec, &now, &rec.Journal)
+	err := queryRecord(ctx, q, e.q.lookup, []any{[]byte(k.Scope), []byte(k.ID), e.oldest(), arg}, &rec, &now, &rec.Journal)
 	if err == nil || errors.Is(err, errAbsent) {
 		now = e.saw(now, arg)
 	}
@@ -618,7 +618,7 @@ func (e *engine) sendFresh(ctx context.Context, conn querier, req driver.ClaimRe
 	}
 	if err == nil {
 		var claimed bool
-		err = scanRecord(br.QueryRow(), &row.rec, &row.now, &claimed)
+		err = batchRecord(br, &row.rec, &row.now, &claimed)
 		switch {
 		case err == nil && claimed:
 			got = freshClaimed
@@ -887,7 +887,7 @@ func (e *engine) freshMany(ctx context.Context, self *freshCall, batch []*freshC
 			var row claimRow
 			var claimed *bool
 			var i int64
-			serr := scanRecord(rows, &row.rec, &row.now, &claimed, &i)
+			serr := scanRow(rows, &row.rec, &row.now, &claimed, &i)
 			switch {
 			case claimed == nil && errors.Is(serr, errAbsent): // key i was locked and decided
 				if i < 1 || i > int64(n) || locked[i-1] {

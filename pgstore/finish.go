@@ -34,9 +34,9 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 		var xid string
 		var err error
 		if inTx {
-			err = scanRecord(q.QueryRow(ctx, sql, args...), &rec, &now, &xid)
+			err = queryRecord(ctx, q, sql, args, &rec, &now, &xid)
 		} else { // the statement commits on its own
-			err = e.commitRow(ctx, sql, args, func(r pgx.Row) error { return scanRecord(r, &rec, &now, &xid) })
+			err = e.commitRow(ctx, func(q querier) error { return queryRecord(ctx, q, sql, args, &rec, &now, &xid) })
 		}
 		if err == nil && !inTx && e.testLoseReply != nil {
 			err = e.testLoseReply()
@@ -77,15 +77,15 @@ func (e *engine) write(ctx context.Context, q querier, op, sql string, k driver.
 	}
 }
 
-// commitRow runs sql, a statement that commits on its own, on one of the pool's connections,
-// and scans its row with scan; the COMMIT goes through checkedCommit.
-func (e *engine) commitRow(ctx context.Context, sql string, args []any, scan func(pgx.Row) error) error {
+// commitRow runs read, which sends a statement that commits on its own and reads its row, on
+// one of the pool's connections; the COMMIT goes through checkedCommit.
+func (e *engine) commitRow(ctx context.Context, read func(q querier) error) error {
 	c, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Release()
-	return e.checkedCommit(c.Conn().PgConn(), func() error { return scan(c.QueryRow(ctx, sql, args...)) })
+	return e.checkedCommit(c.Conn().PgConn(), func() error { return read(c) })
 }
 
 // finished reports whether rec is the outcome a lost Finish of token would have written.
@@ -246,7 +246,7 @@ func (e *engine) delete(ctx context.Context, op string, k driver.Key, token uint
 		if e.q.tombs {
 			args = append(args, e.markerBottom()) // its markers go too
 		}
-		err := e.commitRow(ctx, e.q.del, args, func(r pgx.Row) error { return r.Scan(&now) })
+		err := e.commitRow(ctx, func(q querier) error { return q.QueryRow(ctx, e.q.del, args...).Scan(&now) })
 		if err == nil && e.testLoseReply != nil {
 			err = e.testLoseReply()
 		}
@@ -505,7 +505,7 @@ func (e *engine) finishMany(ctx context.Context, self *finishCall, in []*finishC
 			w := &wrote{}
 			var xid string
 			var i int64
-			if err = scanRecord(rows, &w.rec, &w.now, &xid, &i); err != nil {
+			if err = scanRow(rows, &w.rec, &w.now, &xid, &i); err != nil {
 				break
 			}
 			i = member(i, n)

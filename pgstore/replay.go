@@ -81,7 +81,7 @@ func (e *engine) lookupInAlone(ctx context.Context, k driver.Key, epoch int64) (
 	var rec driver.Record
 	var now time.Time
 	arg := e.nowArg()
-	err := scanRecord(e.pool.QueryRow(ctx, e.lookupInSQL(epoch), []byte(k.Scope), []byte(k.ID), arg), &rec, &now)
+	err := queryRecord(ctx, e.pool, e.lookupInSQL(epoch), []any{[]byte(k.Scope), []byte(k.ID), arg}, &rec, &now)
 	if err != nil {
 		return e.Lookup(ctx, k)
 	}
@@ -216,7 +216,7 @@ func (e *engine) lookupMany(ctx context.Context, self *lookupCall, in []*lookupC
 	for rows.Next() {
 		r := &read{}
 		var i int64
-		err = scanRecord(rows, &r.rec, &r.now, &i)
+		err = scanRow(rows, &r.rec, &r.now, &i)
 		i = member(i, n)
 		if err == errAbsent { // no row of that key in the partition: it reads alone
 			err = nil

@@ -343,7 +343,7 @@ func (e *engine) commitDoTx(ctx context.Context, tx *txConn, li driver.LeaseInfo
 		if ferr == nil {
 			var now time.Time
 			var xid string
-			if ferr = scanRecord(br.QueryRow(), &fin, &now, &xid); ferr == nil {
+			if ferr = batchRecord(br, &fin, &now, &xid); ferr == nil {
 				fin.Key = li.Key
 				e.fill(&fin)
 				e.saw(now, nil)
