@@ -92,8 +92,41 @@ func checkLayout(t *testing.T, r *encoding.Record, enc []byte) {
 	}
 }
 
+// checkDecoders checks that the decoders decode b exactly as msgpack's
+// decoder alone does (the canonical fast path changes no answer): the same
+// record, or the same error.
+func checkDecoders(t *testing.T, b []byte) {
+	t.Helper()
+	for _, shared := range []bool{false, true} {
+		var got, want encoding.Record
+		var err error
+		if shared {
+			err = encoding.DecodeRecordShared(&got, b)
+		} else {
+			err = encoding.DecodeRecordInto(&got, b)
+		}
+		werr := encoding.DecodeRecordMsgpack(&want, b, shared)
+		if (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
+			t.Fatalf("shared %v: decoded with %v, msgpack's decoder with %v: %x", shared, err, werr, b)
+		}
+		if err == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("shared %v: decoded %+v, msgpack's decoder %+v: %x", shared, got, want, b)
+		}
+	}
+}
+
+// checkEncoding checks that enc, r's encoding, is what msgpack's encoder
+// writes for it.
+func checkEncoding(t *testing.T, r *encoding.Record, enc []byte) {
+	t.Helper()
+	if want := encoding.AppendRecordMsgpack(nil, r); !bytes.Equal(enc, want) {
+		t.Fatalf("encoded %+v as %x, msgpack's encoder as %x", r, enc, want)
+	}
+}
+
 func checkRecord(t *testing.T, b []byte) {
 	_, _ = encoding.RecordLayout(b) // never panics
+	checkDecoders(t, b)
 	_, _ = encoding.Checksum(b)
 	in := append([]byte{}, b...)
 	var r *encoding.Record
@@ -138,6 +171,7 @@ func checkRecord(t *testing.T, b []byte) {
 		t.Fatalf("accepted a record with no fingerprint or a bad state: %+v", r)
 	}
 	enc := encoding.EncodeRecord(r)
+	checkEncoding(t, r, enc)
 	checkLayout(t, r, enc)
 	r2, err := encoding.DecodeRecord(enc)
 	if err != nil {
@@ -237,6 +271,8 @@ func FuzzRecordRoundTrip(f *testing.F) {
 	f.Fuzz(func(t *testing.T, state uint8, fp, result []byte, attempts uint32, token uint64, created, updated, lease int64) {
 		r := &encoding.Record{State: encoding.State(state%3 + 1), Fingerprint: fp, Result: result, Attempts: attempts, Token: token, CreatedAt: created, UpdatedAt: updated, LeaseExpiresAt: lease}
 		enc := encoding.EncodeRecord(r)
+		checkEncoding(t, r, enc)
+		checkDecoders(t, enc)
 		got, err := encoding.DecodeRecord(enc)
 		if len(fp) == 0 {
 			if !errors.Is(err, encoding.ErrCorrupt) {
