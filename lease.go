@@ -1,7 +1,6 @@
 package receipts
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -164,10 +163,12 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receip
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	result = bytes.Clone(result)
-	if result == nil {
-		result = []byte{} // a committed result is never nil, first time or replayed
-	}
+	// The receipt to return, with the result's copy beside it (one
+	// allocation): the copy is what the engine records, and it is never
+	// nil, so neither is a committed result, first time or replayed.
+	rc, room := newReceiptRoom(len(result))
+	copy(room, result)
+	result = room
 	var effect Effect
 	if state == Succeeded { // a Failed receipt is written without the effects
 		effect = l.stagedEffect()
@@ -199,7 +200,7 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receip
 		return nil, err
 	}
 	l.clearStaged()
-	r := l.db.finished(l, &rec)
+	r := l.db.finishedInto(l, &rec, rc)
 	out := observe.OutcomeSucceeded
 	if rec.State == driver.Failed {
 		out = observe.OutcomeFailed
@@ -210,13 +211,18 @@ func (l *Lease) settle(ctx context.Context, state State, result []byte) (*Receip
 
 // finished counts l's finished record and returns its receipt.
 func (db *DB) finished(l *Lease, rec *driver.Record) *Receipt {
+	return db.finishedInto(l, rec, new(Receipt))
+}
+
+// finishedInto is finished, the receipt written into rc.
+func (db *DB) finishedInto(l *Lease, rec *driver.Record, rc *Receipt) *Receipt {
 	db.settled(l)
 	if rec.State == driver.Succeeded {
 		db.hot.Commits.Add(1)
 	} else {
 		db.n.fails.Add(1)
 	}
-	r := newReceipt(rec)
+	r := fillReceipt(rc, rec)
 	r.Key = l.key // the caller's (the record's is the stored key: Options.HashKeys)
 	return r
 }

@@ -89,8 +89,20 @@ func (r *Receipt) Abandoned(now time.Time) bool {
 // fingerprint and a 128-byte result took 480 bytes, and take 384.
 func newReceiptCopy(r *driver.Record) *Receipt {
 	n := len(r.Fingerprint) + len(r.Result)
-	var rc *Receipt
-	var buf []byte
+	rc, buf := newReceiptRoom(n)
+	*rc = receiptFields(r)
+	nf := copy(buf, r.Fingerprint)
+	rc.Fingerprint = buf[:nf:nf]
+	if r.Result != nil {
+		copy(buf[nf:], r.Result)
+		rc.Result = buf[nf:n:n]
+	}
+	return rc
+}
+
+// newReceiptRoom returns a zero receipt and n bytes of room beside it (not
+// nil, capacity n), in one allocation when n is small (newReceiptCopy).
+func newReceiptRoom(n int) (rc *Receipt, buf []byte) {
 	switch {
 	case n <= len(receiptWith88{}.b):
 		x := new(receiptWith88)
@@ -107,14 +119,7 @@ func newReceiptCopy(r *driver.Record) *Receipt {
 	default:
 		rc, buf = new(Receipt), make([]byte, n)
 	}
-	*rc = receiptFields(r)
-	nf := copy(buf, r.Fingerprint)
-	rc.Fingerprint = buf[:nf:nf]
-	if r.Result != nil {
-		copy(buf[nf:], r.Result)
-		rc.Result = buf[nf:n:n]
-	}
-	return rc
+	return rc, buf
 }
 
 // A receipt with room for its fingerprint and result (newReceiptCopy).
@@ -140,9 +145,14 @@ type (
 // newReceipt is the receipt of the engine's record r. It shares r's
 // fingerprint and result.
 func newReceipt(r *driver.Record) *Receipt {
-	rc := receiptFields(r)
+	return fillReceipt(new(Receipt), r)
+}
+
+// fillReceipt makes rc the receipt of r (newReceipt) and returns it.
+func fillReceipt(rc *Receipt, r *driver.Record) *Receipt {
+	*rc = receiptFields(r)
 	rc.Fingerprint, rc.Result = r.Fingerprint, r.Result
-	return &rc
+	return rc
 }
 
 // receiptFields is the receipt of r without its fingerprint and result.
