@@ -85,20 +85,41 @@ type ClaimResult struct {
 // with fingerprint fp. token is called only when a new lease is granted and
 // must return a fresh, store-wide unique token larger than any before it.
 func Claim(cur *encoding.Record, fp []byte, now, ttl int64, token func() (uint64, error)) (ClaimResult, error) {
+	return claimInto(nil, cur, fp, true, now, ttl, token)
+}
+
+// ClaimInto is Claim writing Next into room, which it returns as Next: no
+// allocation. Next's fingerprint, for a key with no record, is fp itself,
+// not a copy, so keep fp unchanged while Next is in use.
+func ClaimInto(room, cur *encoding.Record, fp []byte, now, ttl int64, token func() (uint64, error)) (ClaimResult, error) {
+	return claimInto(room, cur, fp, false, now, ttl, token)
+}
+
+// claimInto is Claim and ClaimInto: Next goes into room (a new record if
+// nil), with a copy of fp as its fingerprint for a key with no record if
+// clone.
+func claimInto(room, cur *encoding.Record, fp []byte, clone bool, now, ttl int64, token func() (uint64, error)) (ClaimResult, error) {
 	if cur == nil {
 		t, err := token()
 		if err != nil {
 			return ClaimResult{}, err
 		}
-		return ClaimResult{Outcome: Claimed, Next: &encoding.Record{
+		if clone {
+			fp = bytes.Clone(fp)
+		}
+		if room == nil {
+			room = new(encoding.Record)
+		}
+		*room = encoding.Record{
 			State:          encoding.StatePending,
-			Fingerprint:    bytes.Clone(fp),
+			Fingerprint:    fp,
 			Attempts:       1,
 			Token:          t,
 			CreatedAt:      now,
 			UpdatedAt:      now,
 			LeaseExpiresAt: now + ttl,
-		}}, nil
+		}
+		return ClaimResult{Outcome: Claimed, Next: room}, nil
 	}
 	if !bytes.Equal(cur.Fingerprint, fp) {
 		return ClaimResult{Outcome: Mismatch}, nil
@@ -113,12 +134,15 @@ func Claim(cur *encoding.Record, fp []byte, now, ttl int64, token func() (uint64
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	next := *cur
-	next.Token = t
-	next.Attempts++
-	next.UpdatedAt = now
-	next.LeaseExpiresAt = now + ttl
-	return ClaimResult{Outcome: Claimed, Next: &next, Recovered: true}, nil
+	if room == nil {
+		room = new(encoding.Record)
+	}
+	*room = *cur
+	room.Token = t
+	room.Attempts++
+	room.UpdatedAt = now
+	room.LeaseExpiresAt = now + ttl
+	return ClaimResult{Outcome: Claimed, Next: room, Recovered: true}, nil
 }
 
 // holds reports whether a lease with token still holds cur.
@@ -142,15 +166,24 @@ func Renew(cur *encoding.Record, token uint64, now, ttl int64) (next *encoding.R
 // Finish records the outcome (Succeeded or Failed) and result of token's
 // attempt.
 func Finish(cur *encoding.Record, token uint64, state encoding.State, result []byte, now int64) (next *encoding.Record, ok bool) {
+	return FinishInto(nil, cur, token, state, result, now)
+}
+
+// FinishInto is Finish writing next into room (a new record if nil), which
+// it returns: no allocation. room must not be cur.
+func FinishInto(room, cur *encoding.Record, token uint64, state encoding.State, result []byte, now int64) (next *encoding.Record, ok bool) {
 	if !holds(cur, token) {
 		return nil, false
 	}
-	n := *cur
-	n.State = state
-	n.Result = result
-	n.UpdatedAt = now
-	n.LeaseExpiresAt = 0
-	return &n, true
+	if room == nil {
+		room = new(encoding.Record)
+	}
+	*room = *cur
+	room.State = state
+	room.Result = result
+	room.UpdatedAt = now
+	room.LeaseExpiresAt = 0
+	return room, true
 }
 
 // Release gives up token's lease on cur, its holder saying that its own

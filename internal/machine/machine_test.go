@@ -2,6 +2,7 @@ package machine
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -252,6 +253,45 @@ func TestBoundaries(t *testing.T) {
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: got %t, want %t", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// TestIntoMatches: ClaimInto and FinishInto decide as Claim and Finish do,
+// writing Next into the room they are given (a first claim's fingerprint
+// is the caller's slice), and leave cur as it was.
+func TestIntoMatches(t *testing.T) {
+	tok := func() (uint64, error) { return 7, nil }
+	fp := []byte("fp")
+	abandoned := with(claimedBy(1), func(r *encoding.Record) { r.LeaseExpiresAt = 11 })
+	for _, cur := range []*encoding.Record{nil, abandoned, claimedBy(1)} {
+		var before encoding.Record
+		if cur != nil {
+			before = *cur
+		}
+		want, werr := Claim(cur, fp, 20, ttl, tok)
+		var room encoding.Record
+		got, err := ClaimInto(&room, cur, fp, 20, ttl, tok)
+		if (err == nil) != (werr == nil) || got.Outcome != want.Outcome || got.Recovered != want.Recovered || got.RetryAfter != want.RetryAfter {
+			t.Fatalf("cur %+v: ClaimInto %+v, %v; Claim %+v, %v", cur, got, err, want, werr)
+		}
+		if want.Next != nil && (got.Next != &room || !reflect.DeepEqual(*got.Next, *want.Next)) {
+			t.Fatalf("cur %+v: ClaimInto's Next %+v (room: %v), Claim's %+v", cur, got.Next, got.Next == &room, want.Next)
+		}
+		if cur == nil && &room.Fingerprint[0] != &fp[0] {
+			t.Fatalf("a first claim's fingerprint is a copy")
+		}
+		if cur != nil && !reflect.DeepEqual(*cur, before) {
+			t.Fatalf("ClaimInto changed cur: %+v, was %+v", cur, before)
+		}
+	}
+	for _, token := range []uint64{1, 2} {
+		cur := claimedBy(1)
+		want, wok := Finish(cur, token, encoding.StateSucceeded, []byte("r"), 30)
+		var room encoding.Record
+		got, ok := FinishInto(&room, cur, token, encoding.StateSucceeded, []byte("r"), 30)
+		if ok != wok || (ok && (got != &room || !reflect.DeepEqual(*got, *want))) || !reflect.DeepEqual(cur, claimedBy(1)) {
+			t.Fatalf("token %d: FinishInto %+v, %v; Finish %+v, %v", token, got, ok, want, wok)
 		}
 	}
 }

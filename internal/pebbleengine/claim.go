@@ -27,12 +27,16 @@ func (e *Engine) Claim(ctx context.Context, req driver.ClaimRequest) (driver.Cla
 	}
 	var tomb tombOut
 	var erased erasedSpan
+	sc := scratch() // the claim's record is built in sc.next, read into res below
+	defer sc.release()
 	wo := writeOpts{noSync: claimUnsynced(ctx), claim: true, tomb: &tomb, erased: &erased}
 	var mres machine.ClaimResult
 	var seen encoding.Record // the visible record, when nothing is written
-	next, now, err := e.rmw(ctx, k, lockKey, nil, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
+	next, now, err := e.rmw(ctx, k, lockKey, nil, wo, sc, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
 		var err error
-		mres, err = machine.Claim(cur, req.Fingerprint, now, int64(req.LeaseTTL), e.tokenFn)
+		// The claim's fingerprint is the request's (not a copy): encoded by
+		// rmw, and the record's in the answer, which the caller handed in.
+		mres, err = machine.ClaimInto(&sc.next, cur, req.Fingerprint, now, int64(req.LeaseTTL), e.tokenFn)
 		if err != nil {
 			return nil, false, err
 		}

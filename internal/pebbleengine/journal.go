@@ -22,7 +22,7 @@ func (e *Engine) Journal(ctx context.Context, k driver.Key, token uint64, journa
 		b = e.pdb.NewBatch()
 		defer b.Close()
 	}
-	next, err := e.fenced(ctx, k, token, b, writeOpts{}, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+	next, err := e.fenced(ctx, k, token, b, writeOpts{}, nil, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
 		next, ok := machine.Journal(cur, token, journal, now)
 		if !ok {
 			return nil, false, false, nil // the effect is not applied

@@ -19,12 +19,12 @@ import (
 
 // fenced is rmw for the lease of k with token; decide returns ok=false if
 // the lease is lost.
-func (e *Engine) fenced(ctx context.Context, k driver.Key, token uint64, b *pebble.Batch, wo writeOpts,
+func (e *Engine) fenced(ctx context.Context, k driver.Key, token uint64, b *pebble.Batch, wo writeOpts, sc *rmwScratch,
 	decide func(cur *encoding.Record, now int64) (next *encoding.Record, del, ok bool, err error),
 ) (*encoding.Record, error) {
 	var lk [keys.MaxLockKeyLen]byte
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
-	next, _, err := e.rmw(ctx, k, lockKey, b, wo, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
+	next, _, err := e.rmw(ctx, k, lockKey, b, wo, sc, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
 		next, del, ok, err := decide(cur, now)
 		if err == nil && !ok {
 			err = fmt.Errorf("%w: token %d", driver.ErrLeaseLost, token)
@@ -37,7 +37,7 @@ func (e *Engine) fenced(ctx context.Context, k driver.Key, token uint64, b *pebb
 // Renew extends the lease to now + ttl. Renewals are not synced: a crash
 // ends the lease anyway.
 func (e *Engine) Renew(ctx context.Context, k driver.Key, token uint64, ttl time.Duration) (driver.Record, error) {
-	next, err := e.fenced(ctx, k, token, nil, unsynced, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+	next, err := e.fenced(ctx, k, token, nil, unsynced, nil, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
 		next, ok := machine.Renew(cur, token, now, int64(ttl))
 		return next, false, ok, nil
 	})
@@ -81,8 +81,10 @@ func (e *Engine) FinishBatch(ctx context.Context, k driver.Key, token uint64, st
 		b = e.pdb.NewBatch()
 		defer b.Close()
 	}
-	next, err := e.fenced(ctx, k, token, b, notified, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
-		next, ok := machine.Finish(cur, token, encoding.State(state), result, now)
+	sc := scratch() // the finished record is built in sc.next, read into the answer below
+	defer sc.release()
+	next, err := e.fenced(ctx, k, token, b, notified, sc, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+		next, ok := machine.FinishInto(&sc.next, cur, token, encoding.State(state), result, now)
 		if !ok {
 			return nil, false, false, nil // the effect is not applied
 		}
@@ -132,7 +134,7 @@ func (e *Engine) FinishWith(ctx context.Context, k driver.Key, token uint64, sta
 // the record itself) the claim is kept, abandoned, so that the next claim
 // is Recovered too.
 func (e *Engine) Release(ctx context.Context, k driver.Key, token uint64, _ bool) error {
-	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+	_, err := e.fenced(ctx, k, token, nil, notified, nil, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
 		next, ok := machine.Release(cur, token, now)
 		return next, ok && next == nil, ok, nil
 	})
@@ -141,7 +143,7 @@ func (e *Engine) Release(ctx context.Context, k driver.Key, token uint64, _ bool
 
 // Forget deletes the record, whatever the attempt.
 func (e *Engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
-	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, _ int64) (*encoding.Record, bool, bool, error) {
+	_, err := e.fenced(ctx, k, token, nil, notified, nil, func(cur *encoding.Record, _ int64) (*encoding.Record, bool, bool, error) {
 		ok := machine.Forget(cur, token)
 		return nil, ok, ok, nil
 	})
@@ -150,7 +152,7 @@ func (e *Engine) Forget(ctx context.Context, k driver.Key, token uint64) error {
 
 // Abandon ends the lease at once, keeping the claim.
 func (e *Engine) Abandon(ctx context.Context, k driver.Key, token uint64) error {
-	_, err := e.fenced(ctx, k, token, nil, notified, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
+	_, err := e.fenced(ctx, k, token, nil, notified, nil, func(cur *encoding.Record, now int64) (*encoding.Record, bool, bool, error) {
 		next, ok := machine.Abandon(cur, token, now)
 		return next, false, ok, nil
 	})

@@ -25,7 +25,7 @@ func (e *Engine) Lookup(ctx context.Context, k driver.Key) (driver.Record, bool,
 	}
 	var rec driver.Record
 	found := false
-	_, now, err := e.rmw(ctx, k, lockKey, nil, writeOpts{read: true}, func(cur *encoding.Record, _ int64) (*encoding.Record, bool, error) {
+	_, now, err := e.rmw(ctx, k, lockKey, nil, writeOpts{read: true}, nil, func(cur *encoding.Record, _ int64) (*encoding.Record, bool, error) {
 		if cur != nil { // a copy: cur may alias the memo's bytes (readMemo)
 			rec, found = e.recordCopy(k, cur), true
 		}

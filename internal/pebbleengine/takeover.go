@@ -21,7 +21,7 @@ func (e *Engine) TakeOver(ctx context.Context, req driver.ClaimRequest, token ui
 	lockKey := keys.AppendLockKey(lk[:0], k.Scope, k.ID)
 	var seen encoding.Record // the live attempt, when nothing is written
 	live := false
-	next, now, err := e.rmw(ctx, k, lockKey, nil, writeOpts{claim: true}, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
+	next, now, err := e.rmw(ctx, k, lockKey, nil, writeOpts{claim: true}, nil, func(cur *encoding.Record, now int64) (*encoding.Record, bool, error) {
 		if cur == nil || cur.State != encoding.StatePending || cur.Token != token {
 			return nil, false, fmt.Errorf("%w: the key is no longer the attempt with token %d", driver.ErrLeaseLost, token)
 		}

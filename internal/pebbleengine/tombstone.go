@@ -140,7 +140,7 @@ func (e *Engine) deleteMarker(b *pebble.Batch, stored []byte) error {
 func (e *Engine) Tombstone(ctx context.Context, k driver.Key) (driver.Tombstone, bool, error) {
 	var lk [keys.MaxLockKeyLen]byte
 	var out tombOut
-	_, _, err := e.rmw(ctx, k, keys.AppendLockKey(lk[:0], k.Scope, k.ID), nil, writeOpts{tomb: &out, read: true},
+	_, _, err := e.rmw(ctx, k, keys.AppendLockKey(lk[:0], k.Scope, k.ID), nil, writeOpts{tomb: &out, read: true}, nil,
 		func(*encoding.Record, int64) (*encoding.Record, bool, error) { return nil, false, nil })
 	if err != nil || !out.ok {
 		return driver.Tombstone{}, false, err

@@ -63,7 +63,14 @@ type decideFunc func(cur *encoding.Record, now int64) (next *encoding.Record, de
 //
 // The lock is held across the sync, so no same-key caller sees a write
 // before it is durable. It returns the record written and the store's time.
-func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebble.Batch, wo writeOpts, decide decideFunc) (*encoding.Record, int64, error) {
+//
+// sc, if not nil, is rmw's memory, from scratch(): the caller's, who
+// releases it once done with the record rmw returns, so that decide may
+// build that record in sc.next (machine's Into functions) instead of
+// allocating one. (A parameter, not a field of wo: escape analysis does not
+// tell a struct's fields apart, and wo's tomb and erased would go to the
+// heap with it.)
+func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebble.Batch, wo writeOpts, sc *rmwScratch, decide decideFunc) (*encoding.Record, int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -92,8 +99,10 @@ func (e *Engine) rmw(ctx context.Context, k driver.Key, lockKey []byte, b *pebbl
 		*wo.erased = sp
 		return nil, now, nil
 	}
-	sc := rmwBufs.Get().(*rmwScratch)
-	defer sc.release()
+	if sc == nil {
+		sc = rmwBufs.Get().(*rmwScratch)
+		defer sc.release()
+	}
 	rec, bp := &sc.rec, &sc.read
 	found, stored, raw, err := true, []byte(nil), []byte(nil), error(nil)
 	var memoed bool
@@ -180,12 +189,18 @@ func (e *Engine) closing() bool { return e.cfg.Closing != nil && e.cfg.Closing()
 // the buffers of the keys read and of the key and bytes written. Pebble's
 // batch, the replay cache and the memo copy what they keep, and decide
 // functions copy what they keep of the record they are shown, so nothing
-// refers to it once rmw has returned.
+// refers to it once rmw has returned (or, given to rmw by its caller, once
+// the caller releases it: the record written may then be next).
 type rmwScratch struct {
 	rec      encoding.Record
-	read     []byte // readInto's keys (stored, raw)
-	key, enc []byte // put's: the key and the bytes written
+	next     encoding.Record // room for the record to write (rmw's sc)
+	read     []byte          // readInto's keys (stored, raw)
+	key, enc []byte          // put's: the key and the bytes written
 }
+
+// scratch returns an rmwScratch for rmw's sc; release it once done
+// with the record rmw returned.
+func scratch() *rmwScratch { return rmwBufs.Get().(*rmwScratch) }
 
 var rmwBufs = sync.Pool{New: func() any { return &rmwScratch{read: make([]byte, 0, 128)} }}
 
@@ -194,7 +209,7 @@ var rmwBufs = sync.Pool{New: func() any { return &rmwScratch{read: make([]byte, 
 const maxPooledBuf = 4 << 10
 
 func (sc *rmwScratch) release() {
-	sc.rec = encoding.Record{} // nothing kept alive by the pool
+	sc.rec, sc.next = encoding.Record{}, encoding.Record{} // nothing kept alive by the pool
 	if cap(sc.read) > maxPooledBuf {
 		sc.read = make([]byte, 0, 128)
 	}
