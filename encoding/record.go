@@ -29,6 +29,8 @@ import (
 	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // RecordVersion is the record format this package writes.
@@ -454,6 +456,9 @@ func uintCanonical(body []byte, i int) (u uint64, next int, ok bool) {
 	case c == codeUint8 && len(v) >= 1:
 		return uint64(v[0]), i + 2, true
 	case c == codeUint16 && len(v) >= 2:
+		if mutate.Name == mutate.RecCanon {
+			return uint64(v[1]), i + 3, true
+		}
 		return uint64(binary.BigEndian.Uint16(v)), i + 3, true
 	case c == codeUint32 && len(v) >= 4:
 		return uint64(binary.BigEndian.Uint32(v)), i + 5, true

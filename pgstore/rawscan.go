@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/receiptstore/receipts/driver"
+	"github.com/receiptstore/receipts/internal/mutate"
 )
 
 // Reading a record without pgx's scan machinery.
@@ -193,8 +194,8 @@ func decodeRecord(v [][]byte, r *driver.Record, now *time.Time) error {
 // cloneBytea is a bytea's value as pgx's Scan into a []byte gives it: nil for NULL, a copy
 // otherwise (an empty value is an empty slice, not nil).
 func cloneBytea(v []byte) []byte {
-	if v == nil {
-		return nil
+	if v == nil || mutate.Name == mutate.PgRawAlias {
+		return v
 	}
 	b := make([]byte, len(v))
 	copy(b, v)

@@ -40,6 +40,10 @@
 #              model's TestModelSteps and the kit's Steps topic catch it)
 #   steprerun  Lease.Step treats a finished step as started: a recorded step
 #              runs again (TestModelSteps and the kit's Steps topic catch it)
+#   pgrawalias a record pgstore decodes from its binary columns keeps pgx's read
+#              buffer as its byte slices (TestReadRecordAsScan catches it)
+#   reccanon   the record decoder's fast path reads a uint 16 as its low byte
+#              (TestRecordCodecMatchesMsgpack catches it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -91,6 +95,8 @@ suites=(
 	"./pgstore ^(TestClaimBatch|TestFinishBatch|TestLookupBatch)$"
 	"./pgstore ^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply|TestDoTxAbandonLostCommitReply)$"
 	"./pgstore ^(TestFinishInOnePartition|TestReplayFastOnePartition)$"
+	"./pgstore ^TestReadRecordAsScan$"
+	"./encoding ^TestRecordCodecMatchesMsgpack$"
 )
 
 harnesses=()      # harness ids: the test's name, or name@package when two packages have it
@@ -131,7 +137,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow pgwrongpart stepanypos steprerun)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow pgwrongpart stepanypos steprerun pgrawalias reccanon)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

@@ -51,6 +51,10 @@ var suites = []struct{ pkg, list string }{
 	{"./pgstore", "^(TestDoTxLostCommitReply|TestStagedEffectLostCommitReply|TestDoTxAbandonLostCommitReply)$"},
 	// Statements aimed at one records partition: used, and at the right one.
 	{"./pgstore", "^(TestFinishInOnePartition|TestReplayFastOnePartition)$"},
+	// A record decoded from PostgreSQL's binary columns, and from the forms AppendRecord
+	// writes, reads as pgx's Scan and msgpack's decoder read it.
+	{"./pgstore", "^TestReadRecordAsScan$"},
+	{"./encoding", "^TestRecordCodecMatchesMsgpack$"},
 }
 
 // TestMutationCheck is scripts/mutation-check.sh in short form, for CI to
@@ -59,7 +63,8 @@ var suites = []struct{ pkg, list string }{
 // that every harness passes unmutated, runs every harness under every
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
 // cacheraw, nocopy, memokeep, memoraw, histshard, otelunmarked, unknownfree, nogcmarkers,
-// pgnogcmarkers, pgbatchswap, pgreadnow, pgwrongpart, stepanypos, steprerun), logs the table,
+// pgnogcmarkers, pgbatchswap, pgreadnow, pgwrongpart, stepanypos, steprerun, pgrawalias,
+// reccanon), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -140,7 +145,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow", "pgwrongpart", "stepanypos", "steprerun"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow", "pgwrongpart", "stepanypos", "steprerun", "pgrawalias", "reccanon"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

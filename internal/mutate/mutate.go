@@ -44,6 +44,10 @@
 //	           without checking its position, name or fingerprint
 //	steprerun  Lease.Step treats a finished step of the journal as started: it runs again,
 //	           Recovered
+//	pgrawalias PostgreSQL: a record decoded from its binary columns (rawscan.go) keeps
+//	           pgx's read buffer as its byte slices instead of copies
+//	reccanon   encoding: the record decoder's fast path for the forms AppendRecord writes
+//	           reads a uint 16 as its low byte
 package mutate
 
 // Mutation names.
@@ -99,4 +103,10 @@ const (
 	StepAnyPos = "stepanypos"
 	// StepRerun: Lease.Step treats a finished entry as started (a recorded step runs again).
 	StepRerun = "steprerun"
+	// PgRawAlias: pgstore's decoding of a record's binary columns (rawscan.go) hands out
+	// pgx's read buffer, which the connection's next message overwrites, instead of copies.
+	PgRawAlias = "pgrawalias"
+	// RecCanon: encoding's decodeCanonical reads a uint 16 as its low byte (msgpack's
+	// decoder, the fallback, would not).
+	RecCanon = "reccanon"
 )
