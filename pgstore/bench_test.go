@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,4 +214,60 @@ func BenchmarkClaimFinishAged(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		claimFinish(fmt.Sprint("f", i))
 	}
+}
+
+// BenchmarkDBReplay and BenchmarkDBDo: a retry of a finished key, and a first call, through
+// DB.Do at one caller, with the process's CPU per call (getrusage: the client's, the server
+// being other processes). docs/performance.md ("Session 23: two more shapes, and the client's
+// side"): go test -run '^$' -bench 'BenchmarkDB(Replay|Do)$' -benchtime 30000x ./pgstore
+func BenchmarkDBReplay(b *testing.B) {
+	db := benchOpen(b)
+	fn := func(context.Context, *receipts.Lease) ([]byte, error) {
+		return []byte("0123456789abcdef0123456789abcdef"), nil
+	}
+	for i := range 1000 {
+		if _, err := db.Do(context.Background(), receipts.Key{Scope: "s", ID: fmt.Sprint("r", i)}, []byte("fp"), fn); err != nil {
+			b.Fatal(err)
+		}
+	}
+	keys := make([]receipts.Key, 1000)
+	for i := range keys {
+		keys[i] = receipts.Key{Scope: "s", ID: fmt.Sprint("r", i)}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	c0 := cpuTime()
+	n := 0
+	for i := 0; b.Loop(); i++ {
+		if _, err := db.Do(context.Background(), keys[i%1000], []byte("fp"), fn); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(cpuTime()-c0)/float64(n)/1e3, "cpu-us/op")
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func BenchmarkDBDo(b *testing.B) {
+	db := benchOpen(b)
+	fn := func(context.Context, *receipts.Lease) ([]byte, error) {
+		return []byte("0123456789abcdef0123456789abcdef"), nil
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	c0 := cpuTime()
+	n := 0
+	for i := 0; b.Loop(); i++ {
+		if _, err := db.Do(context.Background(), receipts.Key{Scope: "s", ID: fmt.Sprint("n", benchSeq.Add(1))}, []byte("fp"), fn); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(cpuTime()-c0)/float64(n)/1e3, "cpu-us/op")
 }
