@@ -364,6 +364,17 @@ type result struct {
 	err error
 }
 
+// bounded returns a context that ends after a generous bound, for a test whose calls
+// could wait on the kit's fake clock: a store that never ended a lease would leave a Do
+// waiting for it for good, and the test binary's timeout would then name no cause. With
+// it, the call returns the in-progress error and "context deadline exceeded", in the
+// test that broke. A bound on a hang, never a wait for correctness.
+func bounded(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // recv receives from ch, failing the test after a generous bound instead of
 // hanging (a bound on a hang, never a wait for correctness).
 func recv[T any](t testing.TB, ch <-chan T, what string) T {

@@ -94,6 +94,7 @@ func (a *action) wantRuns(t *testing.T, runs ...int32) {
 // An attempt dies in the third step (an unknown error): the next attempt replays the first
 // two, runs the third Recovered with the same step key, and the receipt is recorded once.
 func testStepsResume(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "trip")
 	a := &action{fail: 3, failErr: errors.New("connection reset")}
@@ -130,6 +131,7 @@ func testStepsResume(t *testing.T, s Store) {
 
 // A recorded step is replayed to every later attempt of the key, whatever it does after.
 func testStepsReplay(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -154,6 +156,7 @@ func testStepsReplay(t *testing.T, s Store) {
 // A claim abandoned between two steps resumes with the next step not Recovered (it never
 // started); one abandoned inside a step's fn resumes with that step Recovered.
 func testStepsStartedVsNever(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -195,6 +198,7 @@ func testStepsStartedVsNever(t *testing.T, s Store) {
 // Step keys: stable across attempts and restarts, one per (key, step), none equal to a
 // key's ProviderKey, in ProviderKey's form.
 func testStepsProviderKeys(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	seen := map[string]string{}
 	collect := func(k receipts.Key, names ...string) {
@@ -230,6 +234,7 @@ func testStepsProviderKeys(t *testing.T, s Store) {
 // Another name or fingerprint at a recorded position: ErrStepMismatch, nothing runs,
 // nothing changes; the lease's later steps are refused too.
 func testStepsMismatch(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -269,6 +274,7 @@ func testStepsMismatch(t *testing.T, s Store) {
 
 // Permanent records a failed step, replayed with ErrFailed; NotPerformed records nothing.
 func testStepsOutcomes(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "perm")
 	a := &action{fail: 2, failErr: receipts.Permanent(errors.New("card declined"))}
@@ -316,6 +322,7 @@ func testStepsOutcomes(t *testing.T, s Store) {
 
 // NotPerformed after recorded steps: the claim is kept, and the next attempt replays them.
 func testStepsReleaseKeeps(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	a := &action{fail: 3, failErr: receipts.NotPerformed(errors.New("rate limited"))}
@@ -335,6 +342,7 @@ func testStepsReleaseKeeps(t *testing.T, s Store) {
 // Limits: MaxSteps; a result over MaxStepResultSize is recorded as failed and never run
 // again.
 func testStepsLimits(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "big")
 	runs := 0
@@ -370,6 +378,7 @@ func testStepsLimits(t *testing.T, s Store) {
 
 // A step of a lease that was taken over records nothing: its record is fenced.
 func testStepsFenced(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l1 := e.claim(k, "fp")
@@ -391,6 +400,7 @@ func testStepsFenced(t *testing.T, s Store) {
 
 // The journal is durable: a restart resumes from it.
 func testStepsRestart(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "trip")
 	a := &action{fail: 2, failErr: errors.New("timeout")}
@@ -407,6 +417,7 @@ func testStepsRestart(t *testing.T, s Store) {
 
 // With Options.Keyring a step's result is sealed, and read back in the clear.
 func testStepsEncrypted(t *testing.T, s Store) {
+	bg := bounded(t)
 	e, _ := sealEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -431,6 +442,7 @@ func testStepsEncrypted(t *testing.T, s Store) {
 
 // Erasing the scope erases the journal with the claim: a late retry is refused, never run.
 func testStepsErased(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -455,6 +467,7 @@ func testStepsErased(t *testing.T, s Store) {
 // neither, and the step's outcome is unknown (it ran); on the next attempt it runs again,
 // Recovered.
 func testStepsStaged(t *testing.T, s Store) {
+	bg := bounded(t)
 	stepsEnv(t, s, nil) // skips without steps
 	f := newFaceEnv(t, s)
 	x := newEffects(t, f)
@@ -495,6 +508,7 @@ func testStepsStaged(t *testing.T, s Store) {
 // An operator settles the uncertain step without running it: as done (the next attempt gets
 // its result) or as not done (the next attempt runs it, not Recovered).
 func testStepsSettle(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	for _, c := range []struct {
 		state receipts.State
@@ -526,6 +540,7 @@ func testStepsSettle(t *testing.T, s Store) {
 // A lease whose step's outcome is unknown records no receipt, and is never released: its
 // step may have happened.
 func testStepsUnknownRefusesCommit(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -543,6 +558,7 @@ func testStepsUnknownRefusesCommit(t *testing.T, s Store) {
 // Release called from a step's fn (the step is under way: what it does may happen) keeps the
 // claim, abandoned, rather than freeing the key.
 func testStepsReleaseInside(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	l := e.claim(k, "fp")
@@ -558,6 +574,7 @@ func testStepsReleaseInside(t *testing.T, s Store) {
 // Forget says no attempt's effect happened; a recorded step did, so Forget of a claim that
 // has one is refused and the journal stays (Release keeps the claim to resume).
 func testStepsForgetRefused(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	k := key("a", "k")
 	a := &action{fail: 2, failErr: errors.New("timeout")}
@@ -584,6 +601,7 @@ func testStepsForgetRefused(t *testing.T, s Store) {
 // Under Options.HashKeys a key's steps are kept, replayed and listed as without it; the
 // step keys are the same for the listed (hashed) key as for the raw one.
 func testStepsHashKeys(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := hashEnv(t, s, nil)
 	k := key("tenant-secret", "order-1")
 	a := &action{fail: 3, failErr: errors.New("timeout")}
@@ -616,6 +634,7 @@ func testStepsHashKeys(t *testing.T, s Store) {
 // GC), its steps are gone with it, and a late retry is refused as expired, never resumed or
 // run afresh.
 func testStepsRetention(t *testing.T, s Store) {
+	bg := bounded(t)
 	e := stepsEnv(t, s, nil)
 	if e.window() <= 0 {
 		t.Skip("tombstones are off")
