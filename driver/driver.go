@@ -136,6 +136,9 @@ type ClaimResult struct {
 	// Shared: Record's Fingerprint and Result alias memory the engine
 	// keeps (and other calls read): the root copies them before handing
 	// them out. Engines that hand out their own copies leave it false.
+	// Either way, a Claimed record's Fingerprint may be the request's own
+	// slice (the Pebble engine's is): a caller that changes that slice
+	// afterwards and keeps the record copies it first.
 	Shared bool
 }
 
