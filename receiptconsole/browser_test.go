@@ -257,9 +257,9 @@ func namedControls(t *testing.T, ctx context.Context) {
 }
 
 // TestBrowserSettleStep drives a real browser through settling the uncertain step of an
-// action of several steps: the key page marks the step, its Settle step form is filled by
-// keyboard (the step's name typed to confirm), and a real retry then resumes the action
-// after the settled step.
+// action of several steps: the key page marks the step, Needs a person names it and its
+// provider key and links to its Settle step form, which is filled by keyboard (the step's
+// name typed to confirm), and a real retry then resumes the action after the settled step.
 func TestBrowserSettleStep(t *testing.T) {
 	for _, e := range engines {
 		t.Run(e.name, func(t *testing.T) {
@@ -282,9 +282,17 @@ func TestBrowserSettleStep(t *testing.T) {
 			page := mainText(t, ctx)
 			require.Contains(t, page, "Uncertain: started, outcome unknown")
 			require.Contains(t, page, "Step 1 charge is uncertain")
+			steps, err := db.Steps(bg, k)
+			require.NoError(t, err)
 
 			require.NoError(t, chromedp.Do(ctx,
-				chromedp.Focus(chromedp.Search(`//a[text()="Settle step charge"]`)),
+				chromedp.Navigate(cs.url("needs")),
+				chromedp.WaitVisible(chromedp.CSS(`table`)),
+			))
+			needs := mainText(t, ctx)
+			require.Contains(t, needs, "uncertain: step 1 charge, provider key "+steps[1].ProviderKey)
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Focus(chromedp.Search(`//tr[contains(., "trip-1")]//a[text()="Settle step"]`)),
 				chromedp.KeyEvent(kb.Enter),
 				chromedp.WaitVisible(chromedp.ID(`confirm`)),
 			))

@@ -102,7 +102,8 @@ type Options struct {
 //
 //	.../          Overview
 //	.../needs     Needs a person: the abandoned claims, oldest first, filtered by scope,
-//	              face and age (?scope=S&face=http|mcp|library&older=1h)
+//	              face and age (?scope=S&face=http|mcp|library&older=1h), each with its
+//	              uncertain step if its action has steps
 //	.../bulk      Forget every claim a filter selects, as not performed (POST)
 //	.../key       One key (?scope=S&id=I, as typed, or a link's reference)
 //	.../settle    Settle an abandoned claim (GET the form, POST the change)

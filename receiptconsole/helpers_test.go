@@ -304,6 +304,19 @@ func (p *page) form(t *testing.T, action string) url.Values {
 	return v
 }
 
+// rowText returns the text of the table row of p that shows cell.
+func (p *page) rowText(t *testing.T, cell string) string {
+	t.Helper()
+	row := ""
+	walk(p.doc, func(n *html.Node) {
+		if n.Data == "tr" && strings.Contains(text(n), cell) {
+			row = text(n)
+		}
+	})
+	require.NotEmpty(t, row, "no table row shows %q on %s", cell, p.url)
+	return row
+}
+
 // rowLink returns the href of the link txt in the table row of p that shows cell.
 func (p *page) rowLink(t *testing.T, cell, txt string) string {
 	t.Helper()

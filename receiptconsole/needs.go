@@ -30,6 +30,9 @@ type keyRow struct {
 	LeaseEnds   time.Time
 	ExpiresAt   time.Time
 	ProviderKey string
+	// Step is the claim's step whose outcome is unknown (Needs a person only): for an action
+	// of several steps, the provider key to ask about is this step's, not the action's.
+	Step *stepRow
 }
 
 func (c *console) keyRow(rec *receipts.Receipt, now time.Time) keyRow {
@@ -130,7 +133,18 @@ func (c *console) needs(w http.ResponseWriter, r *http.Request) {
 		recs, d.More = recs[:c.opts.Limit], true
 	}
 	for _, rec := range recs {
-		d.Rows = append(d.Rows, c.keyRow(rec, now))
+		row := c.keyRow(rec, now)
+		// One journal read per row shown (at most Limit): no result is read out of it.
+		_, row.Step, err = c.stepRows(ctx, rec, now, false)
+		switch {
+		case err == nil, errors.Is(err, receipts.ErrNotFound): // settled or forgotten since the scan
+		case ctx.Err() != nil || errors.Is(err, receipts.ErrClosed):
+			c.storeError(w, r, err)
+			return
+		case len(d.Problems) < 20:
+			d.Problems = append(d.Problems, err.Error())
+		}
+		d.Rows = append(d.Rows, row)
 	}
 	c.render(w, r, http.StatusOK, "needs", v)
 }

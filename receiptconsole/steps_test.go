@@ -118,6 +118,19 @@ func TestSettleStep(t *testing.T) {
 			require.Len(t, stepLinks, 1)
 			require.NotContains(t, stepLinks[0], "trip-1", "the link names no key")
 
+			// Needs a person: the trip's row names its uncertain step and that step's provider
+			// key (the one to ask the provider about), with a link to settle that step; a claim
+			// without steps names none.
+			np := cs.get(t, "needs")
+			require.Equal(t, http.StatusOK, np.status)
+			checkPage(t, np, false)
+			require.Contains(t, np.rowText(t, "trip-1"), "uncertain: step 1 charge, provider key "+steps[1].ProviderKey)
+			require.Contains(t, np.rowText(t, "trip-1"), db.ProviderKey(done), "the action's own provider key stays")
+			require.NotContains(t, np.rowText(t, "op-http"), "uncertain")
+			sl := np.rowLink(t, "trip-1", "Settle step")
+			require.NotContains(t, sl, "trip-1", "the link names no key")
+			require.Equal(t, "charge", cs.get(t, sl).form(t, "step").Get("step"))
+
 			// A key without steps shows no journal; a live claim's journal has no uncertain step.
 			kp2 := cs.get(t, "key?"+url.Values{"scope": {"bob"}, "id": {"op-lib"}}.Encode())
 			require.Empty(t, stepsTable(kp2))
