@@ -35,9 +35,10 @@ type DB struct {
 	// observesDo: the Observer takes DoEvents (it is not a KindFilter
 	// that declines them).
 	observesDo bool
-	beginner   observe.Beginner // the Observer, if it is one (asserted once, not per call)
-	engName    string           // eng.Name(), for events
-	ttl        time.Duration    // Options.LeaseTTL
+	beginner   observe.Beginner       // the Observer, if it is one (asserted once, not per call)
+	tally      observe.ReplayObserver // the Observer, if it is one (doTallied)
+	engName    string                 // eng.Name(), for events
+	ttl        time.Duration          // Options.LeaseTTL
 
 	// hot holds the atomics every call touches (the gate and the counters),
 	// on one cache line of their own; an engine keeps its own.

@@ -101,6 +101,7 @@ func openDB(o Options, stored storedSettings, openEngine func(driver.Config) (dr
 		drained:    make(chan struct{}),
 	}
 	db.beginner, _ = o.Observer.(observe.Beginner)
+	db.tally, _ = o.Observer.(observe.ReplayObserver)
 	db.lastGC.Store(&GCStats{})
 	ctx, cancel := context.WithCancel(context.Background())
 	db.bgCancel = cancel

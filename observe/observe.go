@@ -1,8 +1,8 @@
 // Package observe is the vocabulary of receipts' observers, below the root
 // as net/http/httptrace is below net/http: the events a store emits on every
 // transition (Event, with its EventKind and Outcome), the interfaces an
-// observer implements (Observer, and optionally KindFilter, Beginner and
-// TraceRecorder), and the operation class a caller names in its context
+// observer implements (Observer, and optionally KindFilter, Beginner,
+// ReplayObserver and TraceRecorder), and the operation class a caller names in its context
 // (WithOperationClass). Set an Observer in receipts.Options.Observer;
 // packages receiptsprom and receiptsotel adapt the events to Prometheus and
 // OpenTelemetry.
@@ -42,8 +42,10 @@ func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
 // Observers returns an Observer that hands every event to each of obs in
 // turn. It is a Beginner too: Begin passes the context through the Begin of
-// each of obs that is one, in order. Nil entries are skipped; with none
-// left it returns nil.
+// each of obs that is one, in order. If every one of obs is a ReplayObserver,
+// so is the Observer it returns (ObserveReplay and BeginAt go to each in
+// turn, as Observe and Begin do). Nil entries are skipped; with none left it
+// returns nil.
 func Observers(obs ...Observer) Observer {
 	var list multiObserver
 	for _, o := range obs {
@@ -57,7 +59,28 @@ func Observers(obs ...Observer) Observer {
 	case 1:
 		return list[0]
 	}
-	return list
+	for _, o := range list {
+		if _, ok := o.(ReplayObserver); !ok {
+			return list
+		}
+	}
+	return multiReplay{list}
+}
+
+// multiReplay is a multiObserver of ReplayObservers.
+type multiReplay struct{ multiObserver }
+
+func (m multiReplay) ObserveReplay(ctx context.Context, e Event) {
+	for _, o := range m.multiObserver {
+		o.(ReplayObserver).ObserveReplay(ctx, e)
+	}
+}
+
+func (m multiReplay) BeginAt(ctx context.Context, kind EventKind, start time.Time) context.Context {
+	for _, o := range m.multiObserver {
+		ctx = o.(ReplayObserver).BeginAt(ctx, kind, start)
+	}
+	return ctx
 }
 
 type multiObserver []Observer
@@ -168,6 +191,26 @@ func (m multiObserver) ObservesKind(kind EventKind) bool {
 // fn) and the one its events are observed with. It must return quickly.
 type Beginner interface {
 	Begin(ctx context.Context, kind EventKind) context.Context
+}
+
+// ReplayObserver is implemented by observers that take a Do answered at once with a stored
+// receipt (a replay that did not wait) as one call, ObserveReplay, instead of a Begin, a
+// ClaimEvent and a DoEvent: what such a replay costs is then that call, not two events and
+// their operations. For a ReplayObserver the store calls nothing before a Do's claim, and
+// begins the Do's and the claim's operations with BeginAt, from the Do's start, only once
+// the claim is known not to be such a replay; every other event is as for any Observer (a
+// Claim's replay, or a replay after a wait, among them). Packages receiptsprom and
+// receiptsotel implement it; a store whose Options.Logger takes debug records (replays are
+// logged at Debug) uses the events instead.
+type ReplayObserver interface {
+	// ObserveReplay takes a replay: e is its ClaimEvent (OutcomeReplayed, with the stored
+	// attempt and Trace), whose Start and Duration are the whole Do's. e.Trace is valid only
+	// during the call. (e is passed by value, as to Observe: a pointer given to an interface
+	// method makes the store allocate each Event.)
+	ObserveReplay(ctx context.Context, e Event)
+	// BeginAt is Beginner.Begin for an operation that began at start (a Beginner's spans
+	// start there). Observers that are not Beginners return ctx.
+	BeginAt(ctx context.Context, kind EventKind, start time.Time) context.Context
 }
 
 // String returns "claim", "wait", "finish", "gc" or "do".

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/receiptstore/receipts/observe"
 )
@@ -64,5 +65,42 @@ func TestObservers(t *testing.T) {
 	}
 	if !observe.Observes(o, observe.GCEvent) || observe.Observes(nil, observe.GCEvent) {
 		t.Error("Observes")
+	}
+}
+
+// tallier is a ReplayObserver that logs its calls.
+type tallier struct {
+	name string
+	got  *[]string
+}
+
+func (r tallier) Observe(_ context.Context, e observe.Event) {
+	*r.got = append(*r.got, r.name+":"+e.Kind.String())
+}
+func (r tallier) ObserveReplay(_ context.Context, e observe.Event) {
+	*r.got = append(*r.got, r.name+":replay "+e.Kind.String())
+}
+func (r tallier) BeginAt(ctx context.Context, kind observe.EventKind, start time.Time) context.Context {
+	*r.got = append(*r.got, r.name+":begin "+kind.String()+" "+start.Format("15:04"))
+	return ctx
+}
+
+// Observers is a ReplayObserver when every observer it is given is one, and hands each
+// call to each in turn; with one that is not, it is not one.
+func TestObserversOfReplayObservers(t *testing.T) {
+	var got []string
+	a, b := tallier{"a", &got}, tallier{"b", &got}
+	o, ok := observe.Observers(a, nil, b).(observe.ReplayObserver)
+	if !ok {
+		t.Fatal("Observers of ReplayObservers is not one")
+	}
+	o.ObserveReplay(context.Background(), observe.NewEvent(observe.ClaimEvent, nil, "s", "i"))
+	o.BeginAt(context.Background(), observe.DoEvent, time.Date(2026, 1, 1, 12, 30, 0, 0, time.UTC))
+	if want := "a:replay claim,b:replay claim,a:begin do 12:30,b:begin do 12:30"; strings.Join(got, ",") != want {
+		t.Errorf("calls went %v, want %s", got, want)
+	}
+	plain := observe.ObserverFunc(func(context.Context, observe.Event) {})
+	if _, ok := observe.Observers(a, plain).(observe.ReplayObserver); ok {
+		t.Error("Observers with an Observer that is not a ReplayObserver is one")
 	}
 }

@@ -27,6 +27,13 @@
 // starts no span and builds no attribute, and its work runs in a trace that
 // is not sampled. Metrics count every operation.
 //
+// The Observer is a observe.ReplayObserver: a Do answered at once with a
+// stored receipt is one call, made when it ends. Sampled, its receipts.do and
+// receipts.claim spans are made then, with the Do's start and end times;
+// sampled out, it costs its metrics' atomic adds and a draw. Any other Do's
+// receipts.do and receipts.claim spans are started once its claim has
+// answered, with the Do's start time, before its work runs.
+//
 // Attributes: receipts.engine, receipts.outcome, receipts.class (if set),
 // receipts.attempt, receipts.recovered, receipts.key_hash (the key's keyed
 // hash, never its scope or ID; only with Options.KeyHash), and for GC
@@ -120,7 +127,7 @@ type Options struct {
 	Buckets []float64
 }
 
-// Observer is a observe.Observer (and observe.Beginner) that records
+// Observer is a observe.Observer (and observe.Beginner, observe.ReplayObserver) that records
 // spans and metrics. It is safe for concurrent use.
 type Observer struct {
 	tracer  trace.Tracer
@@ -212,6 +219,12 @@ var (
 // the Observer's own sampler (Options.SampleRatio) samples the operation
 // out.
 func (o *Observer) Begin(ctx context.Context, kind observe.EventKind) context.Context {
+	return o.BeginAt(ctx, kind, time.Time{})
+}
+
+// BeginAt is Begin for an operation that began at start (observe.ReplayObserver): its span
+// starts there (now if start is zero).
+func (o *Observer) BeginAt(ctx context.Context, kind observe.EventKind, start time.Time) context.Context {
 	parent := trace.SpanFromContext(ctx)
 	if psc := parent.SpanContext(); psc.IsValid() {
 		if !psc.IsSampled() && !parent.IsRecording() {
@@ -229,12 +242,40 @@ func (o *Observer) Begin(ctx context.Context, kind observe.EventKind) context.Co
 			return trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: newSpanID()}))
 		}
 	}
+	return o.startSpan(ctx, kind, start)
+}
+
+// startSpan starts the span of a Do or a claim, at start if not zero.
+func (o *Observer) startSpan(ctx context.Context, kind observe.EventKind, start time.Time) context.Context {
 	name := "receipts.claim"
 	if kind == observe.DoEvent {
 		name = "receipts.do"
 	}
-	ctx, _ = o.tracer.Start(ctx, name, internalSpan...)
+	if start.IsZero() {
+		ctx, _ = o.tracer.Start(ctx, name, internalSpan...)
+	} else {
+		ctx, _ = o.tracer.Start(ctx, name, internalSpan[0], trace.WithTimestamp(start))
+	}
 	return ctx
+}
+
+// ObserveReplay records a Do's replay answered at once (observe.ReplayObserver): its
+// metrics, as Observe records its ClaimEvent and DoEvent, and, if the operation is sampled
+// (Begin's decision, made here), its receipts.do and receipts.claim spans from e's times. A
+// replay sampled out starts nothing and puts nothing in a context: nothing runs inside it.
+func (o *Observer) ObserveReplay(ctx context.Context, e observe.Event) {
+	if o.records(ctx) {
+		dctx := o.startSpan(ctx, observe.DoEvent, e.Start)
+		o.observe(o.startSpan(dctx, observe.ClaimEvent, e.Start), &e)
+		e.Kind = observe.DoEvent
+		o.observe(dctx, &e)
+		return
+	}
+	row, sh := o.row(&e), hot.Pick() // the claim's and the Do's measurements, as measure makes them
+	o.count(ctx, row, &e, ctrClaims, sh)
+	o.duration(ctx, row, &e, opClaim, e.Duration, sh)
+	e.Kind = observe.DoEvent
+	o.duration(ctx, row, &e, opDo, e.Duration, sh)
 }
 
 // records reports whether a span of its own (a wait, a finish, a GC) is to
@@ -277,7 +318,9 @@ var internalSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInte
 // Observe records e (observe.Observer): it ends the span Begin started
 // for a Do or a claim, records the other events as spans of their own with
 // the event's times, and counts e.
-func (o *Observer) Observe(ctx context.Context, e observe.Event) {
+func (o *Observer) Observe(ctx context.Context, e observe.Event) { o.observe(ctx, &e) }
+
+func (o *Observer) observe(ctx context.Context, e *observe.Event) {
 	switch e.Kind {
 	case observe.ClaimEvent, observe.DoEvent:
 		span := trace.SpanFromContext(ctx)
@@ -285,34 +328,39 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 			if sc, ok := parseTraceparent(e.Trace); ok { // a replay: the recorded execution
 				span.AddLink(trace.Link{SpanContext: sc, Attributes: recordedLinkAttrs})
 			}
-			span.SetAttributes(o.attrs(e)...)
+			span.SetAttributes(o.attrs(*e)...)
 			setStatus(span, e.Outcome)
 			span.End(trace.WithTimestamp(e.Start.Add(e.Duration)))
 		}
 	default:
 		if o.records(ctx) {
-			_, span := o.tracer.Start(ctx, spanName(e), trace.WithTimestamp(e.Start), trace.WithAttributes(o.attrs(e)...), internalSpan[0])
+			_, span := o.tracer.Start(ctx, spanName(*e), trace.WithTimestamp(e.Start), trace.WithAttributes(o.attrs(*e)...), internalSpan[0])
 			setStatus(span, e.Outcome)
 			span.End(trace.WithTimestamp(e.Start.Add(e.Duration)))
 		}
 	}
 
-	row, sh := o.row(&e), hot.Pick()
+	o.measure(ctx, e)
+}
+
+// measure counts e in the metrics.
+func (o *Observer) measure(ctx context.Context, e *observe.Event) {
+	row, sh := o.row(e), hot.Pick()
 	switch e.Kind {
 	case observe.ClaimEvent:
-		o.count(ctx, row, &e, ctrClaims, sh)
-		o.duration(ctx, row, &e, opClaim, e.Duration, sh)
+		o.count(ctx, row, e, ctrClaims, sh)
+		o.duration(ctx, row, e, opClaim, e.Duration, sh)
 	case observe.WaitEvent:
-		o.duration(ctx, row, &e, opNone, e.Duration, sh)
+		o.duration(ctx, row, e, opNone, e.Duration, sh)
 	case observe.FinishEvent:
-		o.count(ctx, row, &e, ctrFinishes, sh)
-		o.duration(ctx, row, &e, opFinish, e.Duration, sh)
-		o.duration(ctx, row, &e, opAttempt, e.Held, sh)
+		o.count(ctx, row, e, ctrFinishes, sh)
+		o.duration(ctx, row, e, opFinish, e.Duration, sh)
+		o.duration(ctx, row, e, opAttempt, e.Held, sh)
 	case observe.GCEvent:
-		o.count(ctx, row, &e, ctrGCRuns, sh)
-		o.duration(ctx, row, &e, opGC, e.Duration, sh)
+		o.count(ctx, row, e, ctrGCRuns, sh)
+		o.duration(ctx, row, e, opGC, e.Duration, sh)
 	case observe.DoEvent:
-		o.duration(ctx, row, &e, opDo, e.Duration, sh)
+		o.duration(ctx, row, e, opDo, e.Duration, sh)
 	}
 }
 
@@ -595,6 +643,7 @@ func parseTraceparent(b []byte) (trace.SpanContext, bool) {
 }
 
 var (
-	_ observe.Beginner      = (*Observer)(nil)
-	_ observe.TraceRecorder = (*Observer)(nil)
+	_ observe.Beginner       = (*Observer)(nil)
+	_ observe.TraceRecorder  = (*Observer)(nil)
+	_ observe.ReplayObserver = (*Observer)(nil)
 )

@@ -27,6 +27,9 @@
 //	receipts_gc_last_run_timestamp_seconds{engine}       gauge: when GC last succeeded (Unix time): alert if it stops moving
 //	receipts_<engine metric>{engine}                     the engine's own figures (Watch; receipts.DB.EngineMetrics): receipts_pebble_compaction_debt_bytes, receipts_pebble_wal_bytes, receipts_postgres_listener_reconnects_total, receipts_postgres_notify_flushes_total, ...
 //
+// The Collector is a observe.ReplayObserver: a Do answered at once with a
+// stored receipt is counted by one call (ObserveReplay), with no events built.
+//
 // The class label multiplies every series by the number of classes: keep
 // classes few and fixed (a dozen operation types, not one per customer).
 package receiptsprom
@@ -302,7 +305,20 @@ func (c *Collector) gcHist(engine string) *hist {
 func (c *Collector) ObservesKind(kind observe.EventKind) bool { return kind != observe.DoEvent }
 
 // Observe counts e (observe.Observer).
-func (c *Collector) Observe(_ context.Context, e observe.Event) {
+func (c *Collector) Observe(_ context.Context, e observe.Event) { c.observe(&e) }
+
+// ObserveReplay counts a Do's replay answered at once, as Observe counts its ClaimEvent
+// (observe.ReplayObserver): the store then builds no events for it.
+func (c *Collector) ObserveReplay(_ context.Context, e observe.Event) { c.observe(&e) }
+
+// BeginAt returns ctx (observe.ReplayObserver): the Collector starts nothing.
+func (c *Collector) BeginAt(ctx context.Context, _ observe.EventKind, _ time.Time) context.Context {
+	return ctx
+}
+
+var _ observe.ReplayObserver = (*Collector)(nil)
+
+func (c *Collector) observe(e *observe.Event) {
 	k := seriesKey{e.Engine, e.Class}
 	switch e.Kind {
 	case observe.ClaimEvent:

@@ -31,10 +31,10 @@ func TestMain(m *testing.M) { pgtest.Main(pgtest.LeakChecked(m)) }
 
 var bg = context.Background()
 
-// store opens one engine's store for the tests, observed by c.
-type store func(t *testing.T, c *receiptsprom.Collector, clock *receiptstest.Clock) *receipts.DB
+// store opens one engine's store for the tests, observed by c (a Collector, or one given every replay as events).
+type store func(t *testing.T, c observe.Observer, clock *receiptstest.Clock) *receipts.DB
 
-func pebbleStore(t *testing.T, c *receiptsprom.Collector, clock *receiptstest.Clock) *receipts.DB {
+func pebbleStore(t *testing.T, c observe.Observer, clock *receiptstest.Clock) *receipts.DB {
 	db, err := pebblestore.Open(filepath.Join(t.TempDir(), "db"), &pebblestore.Options{
 		Options: receipts.Options{
 			Retention:  time.Hour,
@@ -50,7 +50,7 @@ func pebbleStore(t *testing.T, c *receiptsprom.Collector, clock *receiptstest.Cl
 	return db
 }
 
-func pgStore(t *testing.T, c *receiptsprom.Collector, clock *receiptstest.Clock) *receipts.DB {
+func pgStore(t *testing.T, c observe.Observer, clock *receiptstest.Clock) *receipts.DB {
 	dsn, schema := pgtest.Schema(t)
 	pool, err := pgxpool.New(bg, dsn)
 	require.NoError(t, err)

@@ -44,6 +44,9 @@
 #              buffer as its byte slices (TestReadRecordAsScan catches it)
 #   reccanon   the record decoder's fast path reads a uint 16 as its low byte
 #              (TestRecordCodecMatchesMsgpack catches it)
+#   tallydrop  DB.Do reports a replay answered at once to no ReplayObserver
+#              (receiptsprom's and receiptsotel's TestReplayObserverMatchesEvents
+#              catch it)
 #
 # The script builds each harness package's tests once with the tag (the
 # packages and their harnesses are listed below, as in TestMutationCheck in
@@ -86,8 +89,8 @@ suites=(
 	"./tests/isolation ^TestScopeIsolation"
 	"./internal/pebbleengine ^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"
 	". ^TestReplayFromMemoryAllocatesOnce$"
-	"./receiptsprom ^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"
-	"./receiptsotel ^(TestSampledOutStartsNoSpan|TestUnsampledParentStartsNoSpan|TestSampledParentStillRecords|TestSampledOperationsComplete)$"
+	"./receiptsprom ^(TestHistMatchesPrometheus|TestCtrCountsEveryInc|TestReplayObserverMatchesEvents)$"
+	"./receiptsotel ^(TestSampledOutStartsNoSpan|TestUnsampledParentStartsNoSpan|TestSampledParentStillRecords|TestSampledOperationsComplete|TestReplayObserverMatchesEvents)$"
 	". ^TestConformance$"
 	"./pgstore ^TestConformance$"
 	". ^(TestCrashTombstoneSurvivesPowerLoss|TestCrashDuringGCKeepsTombstones)$"
@@ -137,7 +140,7 @@ if [ -n "$only" ]; then
 	harnesses=("${sel[@]}")
 fi
 
-mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow pgwrongpart stepanypos steprerun pgrawalias reccanon)
+mutations=(nosync nolock naivekey nofence stalecache cachekeep cacheraw nocopy memokeep memoraw histshard otelunmarked unknownfree nogcmarkers pgnogcmarkers pgbatchswap pgreadnow pgwrongpart stepanypos steprerun pgrawalias reccanon tallydrop)
 timeout=600s
 envs=()
 if [ "$short" = 1 ]; then

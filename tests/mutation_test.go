@@ -30,10 +30,12 @@ var suites = []struct{ pkg, list string }{
 	// handle) are checked on the engine itself.
 	{"./internal/pebbleengine", "^(TestWriteDeletesCacheEntry|TestReplayFromMemory|TestWriteDeletesMemo|TestFinishDecidesFromMemo)$"},
 	{".", "^TestReplayFromMemoryAllocatesOnce$"},
-	// receiptsprom's striped histograms and counters, against client_golang's own.
-	{"./receiptsprom", "^(TestHistMatchesPrometheus|TestCtrCountsEveryInc)$"},
-	// receiptsotel's own sampler: an operation sampled out, and what is nested in it, start no span.
-	{"./receiptsotel", "^(TestSampledOutStartsNoSpan|TestUnsampledParentStartsNoSpan|TestSampledParentStillRecords|TestSampledOperationsComplete)$"},
+	// receiptsprom's striped histograms and counters, against client_golang's own; and a
+	// replay taken as one ObserveReplay, against the same replay as events.
+	{"./receiptsprom", "^(TestHistMatchesPrometheus|TestCtrCountsEveryInc|TestReplayObserverMatchesEvents)$"},
+	// receiptsotel's own sampler: an operation sampled out, and what is nested in it, start
+	// no span; and a replay taken as one ObserveReplay, against the same replay as events.
+	{"./receiptsotel", "^(TestSampledOutStartsNoSpan|TestUnsampledParentStartsNoSpan|TestSampledParentStillRecords|TestSampledOperationsComplete|TestReplayObserverMatchesEvents)$"},
 	// The outcome protocol, written once (Lease.conclude): the conformance kit on both
 	// engines.
 	{".", "^TestConformance$"},
@@ -64,7 +66,7 @@ var suites = []struct{ pkg, list string }{
 // mutation (nosync, nolock, naivekey, nofence, stalecache, cachekeep,
 // cacheraw, nocopy, memokeep, memoraw, histshard, otelunmarked, unknownfree, nogcmarkers,
 // pgnogcmarkers, pgbatchswap, pgreadnow, pgwrongpart, stepanypos, steprerun, pgrawalias,
-// reccanon), logs the table,
+// reccanon, tallydrop), logs the table,
 // and fails if a mutation survives every harness.
 func TestMutationCheck(t *testing.T) {
 	if os.Getenv("RECEIPTS_MUTATION_CHECK") != "1" {
@@ -145,7 +147,7 @@ func TestMutationCheck(t *testing.T) {
 		return o
 	}
 
-	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow", "pgwrongpart", "stepanypos", "steprerun", "pgrawalias", "reccanon"}
+	mutations := []string{"nosync", "nolock", "naivekey", "nofence", "stalecache", "cachekeep", "cacheraw", "nocopy", "memokeep", "memoraw", "histshard", "otelunmarked", "unknownfree", "nogcmarkers", "pgnogcmarkers", "pgbatchswap", "pgreadnow", "pgwrongpart", "stepanypos", "steprerun", "pgrawalias", "reccanon", "tallydrop"}
 	var table strings.Builder
 	table.WriteString("| harness | unmutated | " + strings.Join(mutations, " | ") + " |\n|---|---|" + strings.Repeat("---|", len(mutations)) + "\n")
 	caught := make(map[string]int)

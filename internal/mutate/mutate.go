@@ -48,6 +48,8 @@
 //	           pgx's read buffer as its byte slices instead of copies
 //	reccanon   encoding: the record decoder's fast path for the forms AppendRecord writes
 //	           reads a uint 16 as its low byte
+//	tallydrop  Do's replays answered at once are not reported to a ReplayObserver
+//	           (ObserveReplay is not called)
 package mutate
 
 // Mutation names.
@@ -106,6 +108,9 @@ const (
 	// PgRawAlias: pgstore's decoding of a record's binary columns (rawscan.go) hands out
 	// pgx's read buffer, which the connection's next message overwrites, instead of copies.
 	PgRawAlias = "pgrawalias"
+	// TallyDrop: DB.Do does not call ObserveReplay for a replay a ReplayObserver takes as
+	// one call (doTallied): the replay is reported to nobody.
+	TallyDrop = "tallydrop"
 	// RecCanon: encoding's decodeCanonical reads a uint 16 as its low byte (msgpack's
 	// decoder, the fallback, would not).
 	RecCanon = "reccanon"

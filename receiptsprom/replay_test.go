@@ -1,0 +1,115 @@
+package receiptsprom_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/receiptstore/receipts"
+	"github.com/receiptstore/receipts/observe"
+	"github.com/receiptstore/receipts/receiptsprom"
+	"github.com/receiptstore/receipts/receiptstest"
+)
+
+// eventsOnly is a Collector without ObserveReplay and BeginAt: the store reports every
+// replay to it as a ClaimEvent, as to any Observer.
+type eventsOnly struct{ c *receiptsprom.Collector }
+
+func (e eventsOnly) Observe(ctx context.Context, ev observe.Event) { e.c.Observe(ctx, ev) }
+func (e eventsOnly) ObservesKind(kind observe.EventKind) bool      { return e.c.ObservesKind(kind) }
+
+// The Collector as an observe.ReplayObserver (a Do's replay answered at once is one
+// ObserveReplay) exports the same series with the same counts as the same Collector given
+// every replay as events, on both engines: first calls, replays (with a class and without),
+// a failed receipt and its replay, a mismatch, a nested Do, a replay after a wait.
+func TestReplayObserverMatchesEvents(t *testing.T) {
+	engines(t, func(t *testing.T, open store) {
+		want := replayScenario(t, open, true)
+		got := replayScenario(t, open, false)
+		require.Contains(t, want, `receipts_claims_total{class="refund",engine=`+want["engine"]+`,outcome="replayed"}`)
+		require.Equal(t, slices.Sorted(maps.Keys(want)), slices.Sorted(maps.Keys(got)), "the same series")
+		require.Equal(t, want, got)
+	})
+}
+
+// replayScenario runs the calls of TestReplayObserverMatchesEvents on a store open opens,
+// observed by a Collector (given every replay as events if events is set), and returns
+// each series' count (a counter's value, a histogram's sample count; gauges left out).
+func replayScenario(t *testing.T, open store, events bool) map[string]string {
+	c := receiptsprom.New(nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	var o observe.Observer = c
+	if events {
+		o = eventsOnly{c}
+	}
+	db := open(t, o, receiptstest.NewClock(time.Time{}))
+	ok := func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil }
+	k := func(id string) receipts.Key { return receipts.Key{Scope: "s-" + fmt.Sprint(events), ID: id} }
+	ctx := observe.WithOperationClass(bg, "refund")
+	for range 3 { // a first call, then its replays
+		_, err := db.Do(ctx, k("a"), []byte("fp"), ok)
+		require.NoError(t, err)
+	}
+	_, err := db.Do(bg, k("a"), []byte("fp"), ok) // no class
+	require.NoError(t, err)
+	for range 2 { // a failed receipt, then its replay
+		_, err = db.Do(ctx, k("f"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+			return nil, receipts.Permanent(errors.New("declined"))
+		})
+		require.ErrorIs(t, err, receipts.ErrFailed)
+	}
+	_, err = db.Do(ctx, k("a"), []byte("other"), ok)
+	require.ErrorIs(t, err, receipts.ErrIntentMismatch)
+	for range 2 { // a nested Do, then the outer one's replay
+		_, err = db.Do(ctx, k("outer"), []byte("fp"), func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
+			r, err := db.Do(ctx, k("inner"), []byte("fp"), ok)
+			if err != nil {
+				return nil, err
+			}
+			return r.Result, nil
+		})
+		require.NoError(t, err)
+	}
+	l, _, err := db.Claim(ctx, k("w"), []byte("fp")) // a replay after a wait
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := db.Do(ctx, k("w"), []byte("fp"), ok)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return db.Stats().Waiters == 1 }, 30*time.Second, time.Millisecond)
+	_, err = l.Commit(ctx, []byte("ok"))
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := ""
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "engine" {
+					out["engine"] = fmt.Sprintf("%q", lp.GetValue())
+				}
+				labels += fmt.Sprintf("%s=%q,", lp.GetName(), lp.GetValue())
+			}
+			name := mf.GetName() + "{" + labels[:max(len(labels)-1, 0)] + "}"
+			switch {
+			case m.Counter != nil:
+				out[name] = fmt.Sprint(m.GetCounter().GetValue())
+			case m.Histogram != nil:
+				out[name] = fmt.Sprint(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
