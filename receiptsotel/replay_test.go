@@ -147,7 +147,7 @@ func replayScenario(t *testing.T, ratio float64, events bool) ([]string, map[str
 		}
 		var attrs []string
 		for _, a := range s.Attributes() {
-			v := a.Value.Emit()
+			v := a.Value.String()
 			if a.Key == "receipts.key_hash" {
 				require.Contains(t, ids, v)
 				v = ids[v]
