@@ -2,7 +2,6 @@ package receiptsotel_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -57,9 +56,10 @@ func TestReplayObserverMatchesEvents(t *testing.T) {
 	}
 }
 
-// replayScenario runs the calls of TestReplayObserverMatchesEvents on a new store observed
-// by an Observer sampling ratio (0: the SDK decides, every operation), given every replay
-// as events if events is set, and returns the spans' shapes and the metrics' series.
+// replayScenario runs receiptstest.ObserverCalls, under a parent span and with a class, on
+// a new store observed by an Observer sampling ratio (0: the SDK decides, every operation),
+// given every replay as events if events is set, and returns the spans' shapes and the
+// metrics' series.
 func replayScenario(t *testing.T, ratio float64, events bool) ([]string, map[string]point) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
@@ -88,54 +88,15 @@ func replayScenario(t *testing.T, ratio float64, events bool) ([]string, map[str
 	}
 	ctx, parent := tr.Start(observe.WithOperationClass(bg, "refund"), "handler")
 	k := func(id string) receipts.Key { return receipts.Key{Scope: "s", ID: id} }
-	for range 2 { // a first call, then its replays
-		_, err = db.Do(ctx, k("a"), []byte("fp"), ok)
-		require.NoError(t, err)
+	ids := map[string]string{} // each store has a secret of its own: keys named by their IDs
+	for _, id := range receiptstest.ObserverCalls(t, db, ctx, "s", ok) {
+		ids[db.LogKey(k(id)).Value.String()] = id
 	}
-	_, err = db.Do(ctx, k("a"), []byte("fp"), ok)
-	require.NoError(t, err)
-	_, err = db.Do(bg, k("a"), []byte("fp"), ok) // a replay at the root of a trace
-	require.NoError(t, err)
-	for range 2 { // a failed receipt, then its replay
-		_, err = db.Do(ctx, k("f"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
-			return nil, receipts.Permanent(errors.New("declined"))
-		})
-		require.ErrorIs(t, err, receipts.ErrFailed)
-	}
-	_, err = db.Do(ctx, k("a"), []byte("other"), ok)
-	require.ErrorIs(t, err, receipts.ErrIntentMismatch)
-	for range 2 { // a nested Do, then the outer one's replay
-		_, err = db.Do(ctx, k("outer"), []byte("fp"), func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
-			r, err := db.Do(ctx, k("inner"), []byte("fp"), ok)
-			if err != nil {
-				return nil, err
-			}
-			return r.Result, nil
-		})
-		require.NoError(t, err)
-	}
-	// A replay after a wait: the holder commits while the Do waits.
-	l, _, err := db.Claim(ctx, k("w"), []byte("fp"))
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		_, err := db.Do(ctx, k("w"), []byte("fp"), ok)
-		done <- err
-	}()
-	require.Eventually(t, func() bool { return db.Stats().Waiters == 1 }, 30*time.Second, time.Millisecond)
-	_, err = l.Commit(ctx, []byte("ok"))
-	require.NoError(t, err)
-	require.NoError(t, <-done)
 	parent.End()
 
 	byID := map[string]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
 		byID[s.SpanContext().SpanID().String()] = s
-	}
-	// Each store has a secret of its own: name keys by their IDs, not their hashes.
-	ids := map[string]string{}
-	for _, id := range []string{"a", "f", "outer", "inner", "w"} {
-		ids[db.LogKey(k(id)).Value.String()] = id
 	}
 	var shapes []string
 	for _, s := range spans.Ended() {

@@ -2,7 +2,6 @@ package receiptsprom_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -39,7 +38,7 @@ func TestReplayObserverMatchesEvents(t *testing.T) {
 	})
 }
 
-// replayScenario runs the calls of TestReplayObserverMatchesEvents on a store open opens,
+// replayScenario runs receiptstest.ObserverCalls (with a class) on a store open opens,
 // observed by a Collector (given every replay as events if events is set), and returns
 // each series' count (a counter's value, a histogram's sample count; gauges left out).
 func replayScenario(t *testing.T, open store, events bool) map[string]string {
@@ -52,43 +51,7 @@ func replayScenario(t *testing.T, open store, events bool) map[string]string {
 	}
 	db := open(t, o, receiptstest.NewClock(time.Time{}))
 	ok := func(context.Context, *receipts.Lease) ([]byte, error) { return []byte("ok"), nil }
-	k := func(id string) receipts.Key { return receipts.Key{Scope: "s-" + fmt.Sprint(events), ID: id} }
-	ctx := observe.WithOperationClass(bg, "refund")
-	for range 3 { // a first call, then its replays
-		_, err := db.Do(ctx, k("a"), []byte("fp"), ok)
-		require.NoError(t, err)
-	}
-	_, err := db.Do(bg, k("a"), []byte("fp"), ok) // no class
-	require.NoError(t, err)
-	for range 2 { // a failed receipt, then its replay
-		_, err = db.Do(ctx, k("f"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
-			return nil, receipts.Permanent(errors.New("declined"))
-		})
-		require.ErrorIs(t, err, receipts.ErrFailed)
-	}
-	_, err = db.Do(ctx, k("a"), []byte("other"), ok)
-	require.ErrorIs(t, err, receipts.ErrIntentMismatch)
-	for range 2 { // a nested Do, then the outer one's replay
-		_, err = db.Do(ctx, k("outer"), []byte("fp"), func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
-			r, err := db.Do(ctx, k("inner"), []byte("fp"), ok)
-			if err != nil {
-				return nil, err
-			}
-			return r.Result, nil
-		})
-		require.NoError(t, err)
-	}
-	l, _, err := db.Claim(ctx, k("w"), []byte("fp")) // a replay after a wait
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		_, err := db.Do(ctx, k("w"), []byte("fp"), ok)
-		done <- err
-	}()
-	require.Eventually(t, func() bool { return db.Stats().Waiters == 1 }, 30*time.Second, time.Millisecond)
-	_, err = l.Commit(ctx, []byte("ok"))
-	require.NoError(t, err)
-	require.NoError(t, <-done)
+	receiptstest.ObserverCalls(t, db, observe.WithOperationClass(bg, "refund"), "s-"+fmt.Sprint(events), ok)
 
 	mfs, err := reg.Gather()
 	require.NoError(t, err)

@@ -527,3 +527,53 @@ func testObserveTrace(t *testing.T, s Store) {
 	claim, _ := replayTraces(plain.take())
 	require.Nil(t, claim, "an observer that is not a TraceRecorder stores nothing")
 }
+
+// ObserverCalls makes, on db, the Do's an observer's tests compare two ways of observing
+// with (package receiptsprom's and receiptsotel's TestReplayObserverMatchesEvents): in scope,
+// with ctx (which may carry a class and a span) unless said otherwise, a first call and its
+// replays, a replay with a bare context, a failed receipt and its replay, a mismatch, a Do
+// nested in another's fn and the outer one's replay, and a replay after a wait (the holder
+// commits while the Do waits). ok is the fn of the calls that succeed. It returns the keys'
+// IDs, for a test that names keys by their hashes.
+func ObserverCalls(t testing.TB, db *receipts.DB, ctx context.Context, scope string,
+	ok func(context.Context, *receipts.Lease) ([]byte, error),
+) []string {
+	t.Helper()
+	k := func(id string) receipts.Key { return receipts.Key{Scope: scope, ID: id} }
+	for range 3 { // a first call, then its replays
+		_, err := db.Do(ctx, k("a"), []byte("fp"), ok)
+		require.NoError(t, err)
+	}
+	_, err := db.Do(context.Background(), k("a"), []byte("fp"), ok) // no class, no span
+	require.NoError(t, err)
+	for range 2 { // a failed receipt, then its replay
+		_, err = db.Do(ctx, k("f"), []byte("fp"), func(context.Context, *receipts.Lease) ([]byte, error) {
+			return nil, receipts.Permanent(errors.New("declined"))
+		})
+		require.ErrorIs(t, err, receipts.ErrFailed)
+	}
+	_, err = db.Do(ctx, k("a"), []byte("other"), ok)
+	require.ErrorIs(t, err, receipts.ErrIntentMismatch)
+	for range 2 { // a nested Do, then the outer one's replay
+		_, err = db.Do(ctx, k("outer"), []byte("fp"), func(ctx context.Context, _ *receipts.Lease) ([]byte, error) {
+			r, err := db.Do(ctx, k("inner"), []byte("fp"), ok)
+			if err != nil {
+				return nil, err
+			}
+			return r.Result, nil
+		})
+		require.NoError(t, err)
+	}
+	l, _, err := db.Claim(ctx, k("w"), []byte("fp"))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := db.Do(ctx, k("w"), []byte("fp"), ok)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return db.Stats().Waiters == 1 }, 30*time.Second, time.Millisecond)
+	_, err = l.Commit(ctx, []byte("ok"))
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	return []string{"a", "f", "outer", "inner", "w"}
+}
