@@ -59,26 +59,32 @@ func Observers(obs ...Observer) Observer {
 	case 1:
 		return list[0]
 	}
-	for _, o := range list {
-		if _, ok := o.(ReplayObserver); !ok {
+	rs := make([]ReplayObserver, len(list))
+	for i, o := range list {
+		r, ok := o.(ReplayObserver)
+		if !ok {
 			return list
 		}
+		rs[i] = r
 	}
-	return multiReplay{list}
+	return multiReplay{list, rs}
 }
 
-// multiReplay is a multiObserver of ReplayObservers.
-type multiReplay struct{ multiObserver }
+// multiReplay is a multiObserver of ReplayObservers; rs holds the same observers.
+type multiReplay struct {
+	multiObserver
+	rs []ReplayObserver
+}
 
 func (m multiReplay) ObserveReplay(ctx context.Context, e Event) {
-	for _, o := range m.multiObserver {
-		o.(ReplayObserver).ObserveReplay(ctx, e)
+	for _, r := range m.rs {
+		r.ObserveReplay(ctx, e)
 	}
 }
 
 func (m multiReplay) BeginAt(ctx context.Context, kind EventKind, start time.Time) context.Context {
-	for _, o := range m.multiObserver {
-		ctx = o.(ReplayObserver).BeginAt(ctx, kind, start)
+	for _, r := range m.rs {
+		ctx = r.BeginAt(ctx, kind, start)
 	}
 	return ctx
 }

@@ -271,7 +271,7 @@ func (o *Observer) ObserveReplay(ctx context.Context, e observe.Event) {
 		o.observe(dctx, &e)
 		return
 	}
-	row, sh := o.row(&e), hot.Pick() // the claim's and the Do's measurements, as measure makes them
+	row, sh := o.row(&e), hot.Pick() // the claim's and the Do's measurements, as observe makes them
 	o.count(ctx, row, &e, ctrClaims, sh)
 	o.duration(ctx, row, &e, opClaim, e.Duration, sh)
 	e.Kind = observe.DoEvent
@@ -340,11 +340,6 @@ func (o *Observer) observe(ctx context.Context, e *observe.Event) {
 		}
 	}
 
-	o.measure(ctx, e)
-}
-
-// measure counts e in the metrics.
-func (o *Observer) measure(ctx context.Context, e *observe.Event) {
 	row, sh := o.row(e), hot.Pick()
 	switch e.Kind {
 	case observe.ClaimEvent:
