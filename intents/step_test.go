@@ -93,7 +93,11 @@ func TestUncertainStep(t *testing.T) {
 	if got.UncertainStep != "charge" {
 		t.Fatalf("UncertainStep = %q, want charge: %+v", got.UncertainStep, got)
 	}
-	if !strings.Contains(got.LastError, "503") || !strings.Contains(got.LastError, `step "charge" uncertain`) {
+	// LastError is the last attempt's: the service's 503 naming the step, unless that attempt
+	// was still waiting for its reply when the 300 ms deadline cut it (on a loaded machine),
+	// and then the cut. UncertainStep, above, is kept from the answers either way.
+	if cut := strings.HasSuffix(got.LastError, "context deadline exceeded"); !cut &&
+		(!strings.Contains(got.LastError, "503") || !strings.Contains(got.LastError, `step "charge" uncertain`)) {
 		t.Fatalf("LastError = %q", got.LastError)
 	}
 	if err := j.Close(); err != nil {
