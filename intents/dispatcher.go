@@ -334,7 +334,12 @@ func (d *Dispatcher) deliver(key string) {
 				err = errors.New("intents: recording the answer failed")
 			}
 		}
-		last = err
+		// An attempt that the deadline cut while it waited for its reply learned nothing: the
+		// action turns Uncertain with the last thing the service did say (a 503 naming the
+		// step that was uncertain, say), not with the cut.
+		if last == nil || !errors.Is(err, context.DeadlineExceeded) || a.Deadline.After(d.j.Now()) {
+			last = err
+		}
 		d.log.Debug("intents: attempt got no answer", "key", a.Key, "target", a.Target, "attempt", a.Attempts, "err", err)
 		wait := min(d.backoff(a.Attempts, err), a.Deadline.Sub(d.j.Now()))
 		var until time.Time
